@@ -1,0 +1,34 @@
+"""Plain dataclasses that cross the scheduler/runner boundary (numpy only, backend-neutral)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    """Right-padded encoder inputs of a text model (QG or TQA)."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+
+
+@dataclass(frozen=True)
+class VisualBatch:
+    """Visual-T5 inputs: 64 question slots plus 36 region features per row (spec section 4)."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    features: np.ndarray
+
+
+@dataclass(frozen=True)
+class Generated:
+    """Greedy outputs of one batch, row-aligned with its inputs."""
+
+    tokens: list[list[int]]
+    """Generated ids per row, without the decoder start token and cut before EOS."""
+    answerability: np.ndarray | None
+    """``1 - softmax(first-step logits)[unanswerable]`` per row, when asked for (spec section 5)."""

@@ -1,0 +1,130 @@
+"""The engine: de-duplicate work across captions, pack it into batches, run them, map results back.
+
+Every stage of the metric is one call here with the work of a whole chunk of captions, so a batch is
+filled from many captions and identical inputs (the same question on the same reference, say) run once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from qace.engine.batches import Generated, TextBatch, VisualBatch
+from qace.engine.scheduler import dedupe, pad_batch, plan_batches
+from qace.engine.tokenize import decode, encode_texts
+from qace.metric.prompts import MAX_NEW_TOKENS
+
+
+class Runner(Protocol):
+    """What the engine needs from a backend (PyTorch now, ONNX Runtime alike)."""
+
+    def generate(
+        self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
+    ) -> Generated: ...
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """Decoded outputs of one stage, aligned with the inputs it was given."""
+
+    texts: list[str]
+    answerability: np.ndarray | None
+    truncated: list[bool]
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """Scheduler budgets: padded tokens and rows per batch."""
+
+    max_batch_tokens: int = 16384
+    max_batch_rows: int = 256
+
+
+def _run_planned(
+    runner: Runner,
+    lengths: Sequence[int],
+    make_batch: Callable[[np.ndarray], TextBatch | VisualBatch],
+    limits: BatchLimits,
+    unanswerable_id: int | None,
+    desc: str,
+    progress: bool,
+) -> tuple[list[list[int]], np.ndarray | None]:
+    """Plan batches over unique items, run them, and scatter the results back to item order."""
+    tokens: list[list[int]] = [[] for _ in lengths]
+    answerability = np.zeros(len(lengths), dtype=np.float64) if unanswerable_id is not None else None
+    batches = plan_batches(lengths, limits.max_batch_tokens, limits.max_batch_rows)
+    for index in tqdm(batches, desc=desc, disable=not progress or len(batches) < 2, leave=False):
+        out = runner.generate(make_batch(index), max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id)
+        for row, item in enumerate(index):
+            tokens[item] = out.tokens[row]
+        if answerability is not None and out.answerability is not None:
+            answerability[index] = out.answerability
+    return tokens, answerability
+
+
+def generate_text(
+    runner: Runner,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    max_input_tokens: int,
+    limits: BatchLimits,
+    unanswerable_id: int | None = None,
+    desc: str = "generate",
+    progress: bool = False,
+) -> StageOutput:
+    """Greedy outputs of a text model for every prompt; identical prompts run once."""
+    unique = dedupe(list(prompts))
+    ids, truncated = encode_texts(tokenizer, unique.unique, max_input_tokens)
+
+    def make_batch(index: np.ndarray) -> TextBatch:
+        input_ids, mask = pad_batch([ids[i] for i in index], tokenizer.pad_token_id)
+        return TextBatch(input_ids, mask)
+
+    tokens, an = _run_planned(runner, [len(x) for x in ids], make_batch, limits, unanswerable_id, desc, progress)
+    texts = decode(tokenizer, tokens)
+    return StageOutput(
+        texts=[texts[i] for i in unique.inverse],
+        answerability=None if an is None else an[unique.inverse],
+        truncated=[truncated[i] for i in unique.inverse],
+    )
+
+
+def generate_visual(
+    runner: Runner,
+    tokenizer: Any,
+    questions: Sequence[str],
+    image_ids: Sequence[str],
+    features: Callable[[str], np.ndarray],
+    *,
+    limits: BatchLimits,
+    unanswerable_id: int | None,
+    desc: str = "visual QA",
+    progress: bool = False,
+) -> StageOutput:
+    """Visual-T5 answers for (question, image) pairs; identical pairs run once.
+
+    Every row has the same fixed 102-position encoder input, so batches are cut by rows only.
+    """
+    from qace.models.visual_t5 import visual_question_inputs
+
+    unique = dedupe(list(zip(questions, image_ids, strict=True)))
+    input_ids, mask, truncated = visual_question_inputs(tokenizer, [q for q, _ in unique.unique])
+    input_ids, mask = np.asarray(input_ids, dtype=np.int64), np.asarray(mask, dtype=np.int64)
+
+    def make_batch(index: np.ndarray) -> VisualBatch:
+        feats = np.stack([features(unique.unique[i][1]) for i in index]).astype(np.float32, copy=False)
+        return VisualBatch(input_ids[index], mask[index], feats)
+
+    width = input_ids.shape[1] + 38
+    tokens, an = _run_planned(runner, [width] * len(unique.unique), make_batch, limits, unanswerable_id, desc, progress)
+    texts = decode(tokenizer, tokens)
+    return StageOutput(
+        texts=[texts[i] for i in unique.inverse],
+        answerability=None if an is None else an[unique.inverse],
+        truncated=[bool(truncated[i]) for i in unique.inverse],
+    )

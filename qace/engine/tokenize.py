@@ -1,0 +1,45 @@
+"""Tokenisation shared by the engine and the reference implementation, so both see identical ids."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from qace.metric.prompts import UNANSWERABLE
+
+log = logging.getLogger(__name__)
+
+
+def encode_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> tuple[list[list[int]], list[bool]]:
+    """Token ids (with EOS) per text, cut to ``max_tokens`` keeping EOS last; and which were cut.
+
+    T5 has relative positions, so nothing forces a cut; the cap bounds memory for pathological inputs and
+    is part of the score signature.
+    """
+    encoded = tokenizer(list(texts), add_special_tokens=True)["input_ids"]
+    eos = tokenizer.eos_token_id
+    out, truncated = [], []
+    for ids in encoded:
+        cut = len(ids) > max_tokens
+        out.append([*ids[: max_tokens - 1], eos] if cut else list(ids))
+        truncated.append(cut)
+    return out, truncated
+
+
+def decode(tokenizer: Any, tokens: Sequence[Sequence[int]]) -> list[str]:
+    """Generated ids to text, special tokens dropped and surrounding whitespace stripped."""
+    return [text.strip() for text in tokenizer.batch_decode(list(tokens), skip_special_tokens=True)]
+
+
+def unanswerable_id(tokenizer: Any, override: int | None = None) -> int:
+    """Id of the first piece of ``unanswerable`` (73 in T5's vocabulary), looked up, not hard-coded."""
+    if override is not None:
+        return override
+    pieces = tokenizer(UNANSWERABLE, add_special_tokens=False)["input_ids"]
+    if len(pieces) != 1:
+        log.warning(
+            "the QA tokenizer splits %r into %d pieces; answerability uses the first one (id %d)",
+            UNANSWERABLE, len(pieces), pieces[0],
+        )
+    return int(pieces[0])
