@@ -1,0 +1,450 @@
+"""Crash-safe, resumable result output: the final file never exists half-written.
+
+Layout while a run is going: a sibling directory ``<path>.partial/`` holds
+
+- ``manifest.json``: format version, score signature, output format, the committed chunk list
+  (name, rows, errors) and total counts;
+- per committed chunk ``NNNNNN.rows.jsonl`` (one JSON line per scored row, exactly the bytes the
+  final JSONL will hold) and, when it has any, ``NNNNNN.errors.jsonl`` (``{"id","reason"}`` lines).
+
+Commit protocol (`flush`): each chunk file is written as ``*.tmp``, fsynced and ``os.replace``d into
+place; only then is the chunk added to the manifest, which is itself written tmp + fsync +
+replace, and the directory is fsynced. A run killed at any moment therefore leaves whole,
+manifest-listed chunks plus maybe a stray ``.tmp`` or an unlisted chunk file; on resume those
+are deleted and their rows are simply produced again.
+
+`close()` concatenates the chunks in order into ``<path>.tmp`` and replaces ``<path>`` with it;
+errors go to ``<stem>.errors.jsonl`` the same way (written only when there are errors); then the
+partial directory is removed. JSONL output is the concatenated lines. Parquet output is one table
+whose schema is unified over all rows: booleans, integers, floats (integers widen to float when
+mixed) and strings become typed columns; lists, dicts and columns of mixed kinds are stored as
+JSON strings, and their names are listed in the schema metadata key ``qace.json_columns``
+(``qace.signature`` holds the signature). Row groups have a fixed size, independent of chunk
+boundaries, so a resumed run writes the same bytes as an uninterrupted one.
+
+Resume rules: the scorer adds rows in input order and skips `done_ids()`, so a resumed output is
+byte-identical to an uninterrupted run. ``resume=True`` continues an existing partial directory
+(its signature and format must match, else `ResumeError` naming both); with a complete final
+output it reports all its ids as done and rewrites nothing; adding a new row to a complete output
+is refused (`ResumeError`: write to a new path or remove the old output), because reopening a
+finished file in place would break the never-half-written guarantee. ``resume=False`` refuses to
+touch any existing output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from qace.errors import QACEError, ResumeError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_VERSION = 1
+PARQUET_ROW_GROUP = 65536
+_FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
+
+
+class ResultWriter:
+    """Write scored rows and per-record errors crash-safely; see the module docstring."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        signature: str,
+        fmt: str = "auto",
+        resume: bool = False,
+        chunk_size: int = 256,
+    ) -> None:
+        self.path = Path(path)
+        self.signature = signature
+        self.fmt = _format_for(self.path, fmt)
+        if chunk_size < 1:
+            raise QACEError(f"chunk_size must be at least 1, got {chunk_size}")
+        self.chunk_size = chunk_size
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.errors_path = self.path.with_name(self.path.stem + ".errors.jsonl")
+        self._rows: list[str] = []
+        self._errors: list[str] = []
+        self._seen: set[str] = set()
+        self._done: set[str] = set()
+        self._complete = False
+        self._closed = False
+        self._manifest: dict[str, Any] = {}
+        self._open(resume)
+
+    def _open(self, resume: bool) -> None:
+        """Apply the resume rules: start fresh, continue a partial run, or accept a finished one."""
+        existing = [p for p in (self.path, self.partial, self.errors_path) if p.exists()]
+        if existing and not resume:
+            names = ", ".join(str(p) for p in existing)
+            raise ResumeError(f"output already exists ({names}); pass --resume to continue it or remove it")
+        if self.path.exists():
+            self._open_complete()
+        elif self.partial.is_dir() and (self.partial / "manifest.json").exists():
+            self._open_partial()
+        else:
+            if self.partial.exists():
+                shutil.rmtree(self.partial)  # killed before its first manifest: nothing committed
+            self.partial.mkdir(parents=True)
+            self._manifest = {
+                "version": MANIFEST_VERSION,
+                "signature": self.signature,
+                "format": self.fmt,
+                "chunks": [],
+                "rows": 0,
+                "errors": 0,
+            }
+            self._write_manifest()
+
+    def _open_complete(self) -> None:
+        """A finished output: check its signature when it records one, and load its ids."""
+        found = _final_signature(self.path, self.fmt)
+        if found is not None and found != self.signature:
+            raise ResumeError(_mismatch(self.path, found, self.signature))
+        if found is None:
+            log.warning("%s records no signature; cannot verify it matches %s", self.path, self.signature)
+        self._done = set(_final_ids(self.path, self.fmt))
+        if self.errors_path.exists():
+            self._done.update(_jsonl_ids(self.errors_path))
+        if self.partial.exists():
+            log.info("removing leftover %s of a run that finished", self.partial)
+            shutil.rmtree(self.partial)
+        self._complete = True
+        log.info("%s is complete (%d ids); nothing to do", self.path, len(self._done))
+
+    def _open_partial(self) -> None:
+        """Continue a killed run: check the manifest, drop uncommitted files, load committed ids."""
+        try:
+            manifest = json.loads((self.partial / "manifest.json").read_text("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ResumeError(
+                f"{self.partial}/manifest.json is unreadable ({exc}); remove {self.partial}"
+            ) from exc
+        if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
+            raise ResumeError(f"{self.partial} was written by an unknown version; remove it to start over")
+        if manifest.get("signature") != self.signature:
+            raise ResumeError(_mismatch(self.partial, str(manifest.get("signature")), self.signature))
+        if manifest.get("format") != self.fmt:
+            raise ResumeError(
+                f"{self.partial} holds {manifest.get('format')} output but {self.fmt} was requested"
+            )
+        listed = {"manifest.json"}
+        for chunk in manifest["chunks"]:
+            names = [f"{chunk['name']}.rows.jsonl"] + (
+                [f"{chunk['name']}.errors.jsonl"] if chunk["errors"] else []
+            )
+            for name in names:
+                if not (self.partial / name).is_file():
+                    raise ResumeError(
+                        f"{self.partial} is missing committed chunk {name}; remove it to start over"
+                    )
+                listed.add(name)
+            self._done.update(_jsonl_ids(self.partial / names[0]))
+            if chunk["errors"]:
+                self._done.update(_jsonl_ids(self.partial / names[1]))
+        for stray in self.partial.iterdir():
+            if stray.name not in listed:
+                log.info("removing uncommitted %s", stray)
+                stray.unlink()
+        self._manifest = manifest
+        self._seen = set(self._done)
+        log.info("resuming %s: %d ids already done", self.path, len(self._done))
+
+    def done_ids(self) -> set[str]:
+        """Ids already committed (scored rows and errors) by an earlier run of this output."""
+        return set(self._done)
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Queue one scored row (must have a string `id`); commits a chunk every `chunk_size` rows."""
+        record_id = row.get("id") if isinstance(row, dict) else None
+        if not isinstance(record_id, str):
+            raise QACEError(f"a result row needs a string 'id', got {record_id!r}")
+        self._claim(record_id)
+        try:
+            line = json.dumps(row, ensure_ascii=False, allow_nan=False, default=_plain)
+        except (TypeError, ValueError) as exc:
+            self._seen.discard(record_id)
+            raise QACEError(f"result row {record_id!r} cannot be written as JSON: {exc}") from exc
+        self._rows.append(line + "\n")
+        self._maybe_flush()
+
+    def add_error(self, id: str, reason: str) -> None:
+        """Queue a per-record error; it counts as done on resume, like a scored row."""
+        self._claim(id)
+        self._errors.append(json.dumps({"id": id, "reason": reason}, ensure_ascii=False) + "\n")
+        self._maybe_flush()
+
+    def _claim(self, record_id: str) -> None:
+        """Refuse a second row for one id (a caller bug) and any new row for a finished output."""
+        if self._closed:
+            raise QACEError(f"{self.path}: writer is closed")
+        if record_id in self._seen or record_id in self._done:
+            raise QACEError(f"duplicate result for id {record_id!r} in {self.path} (caller bug)")
+        if self._complete:
+            raise ResumeError(
+                f"{self.path} is already complete; a row for new id {record_id!r} cannot be appended. "
+                "Write to a new output path or remove the old output."
+            )
+        self._seen.add(record_id)
+
+    def _maybe_flush(self) -> None:
+        if len(self._rows) + len(self._errors) >= self.chunk_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit the pending rows and errors as one whole chunk (no-op when nothing is pending)."""
+        if not self._rows and not self._errors:
+            return
+        name = f"{len(self._manifest['chunks']):06d}"
+        _atomic_write(self.partial / f"{name}.rows.jsonl", self._rows)
+        if self._errors:
+            _atomic_write(self.partial / f"{name}.errors.jsonl", self._errors)
+        self._manifest["chunks"].append({"name": name, "rows": len(self._rows), "errors": len(self._errors)})
+        self._manifest["rows"] += len(self._rows)
+        self._manifest["errors"] += len(self._errors)
+        self._write_manifest()
+        self._rows, self._errors = [], []
+
+    def close(self) -> None:
+        """Commit what is pending, then assemble the final output and errors files atomically."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._complete:
+            return
+        self.flush()
+        chunks = self._manifest["chunks"]
+        error_files = [self.partial / f"{c['name']}.errors.jsonl" for c in chunks if c["errors"]]
+        if error_files:
+            _concatenate(error_files, self.errors_path)
+        elif self.errors_path.exists():
+            self.errors_path.unlink()  # stale, from an older run of this path
+        row_files = [self.partial / f"{c['name']}.rows.jsonl" for c in chunks]
+        if self.fmt == "jsonl":
+            _concatenate(row_files, self.path)
+        else:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            _write_parquet(row_files, tmp, self.signature)
+            _fsync_path(tmp)
+            os.replace(tmp, self.path)
+            _fsync_dir(self.path.parent)
+        shutil.rmtree(self.partial)
+        log.info("wrote %s (%d rows, %d errors)", self.path, self._manifest["rows"], self._manifest["errors"])
+
+    def _write_manifest(self) -> None:
+        _atomic_write(self.partial / "manifest.json", [json.dumps(self._manifest, indent=1) + "\n"])
+
+    def __enter__(self) -> ResultWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Assemble on normal exit; on an exception keep the committed work (and pending rows) for resume."""
+        if exc_type is None:
+            self.close()
+            return
+        self._closed = True
+        if self._complete:
+            return
+        try:
+            self.flush()
+        except Exception:  # the original exception matters more; the pending rows will be redone
+            log.exception("could not commit pending rows of %s", self.path)
+
+
+def _format_for(path: Path, fmt: str) -> str:
+    if fmt == "auto":
+        found = _FORMATS.get(path.suffix.lower())
+        if found is None:
+            raise QACEError(f"cannot tell the output format of {str(path)!r}; use .jsonl or .parquet")
+        return found
+    if fmt not in _FORMATS.values():
+        raise QACEError(f"unknown output format {fmt!r}; use jsonl or parquet")
+    return fmt
+
+
+def _mismatch(where: Path, found: str, wanted: str) -> str:
+    return (
+        f"{where} was written with signature {found!r} but this run has {wanted!r}; "
+        "scores made differently cannot be mixed: write to a new path or remove the old output"
+    )
+
+
+def _plain(value: Any) -> Any:
+    """Let numpy scalars and arrays through json.dumps without importing numpy here."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _atomic_write(path: Path, lines: list[str]) -> None:
+    """Write `path` via an fsynced `.tmp` sibling and os.replace, so it is whole or absent."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8", newline="") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _concatenate(sources: list[Path], target: Path) -> None:
+    """Concatenate `sources` byte for byte into `target` through an fsynced `.tmp`."""
+    tmp = target.with_name(target.name + ".tmp")
+    with tmp.open("wb") as out:
+        for source in sources:
+            with source.open("rb") as f:
+                shutil.copyfileobj(f, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename durable; a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _iter_rows(files: list[Path]) -> Iterator[dict[str, Any]]:
+    for path in files:
+        with path.open("rb") as f:
+            for line in f:
+                yield json.loads(line)
+
+
+def _jsonl_ids(path: Path) -> Iterator[str]:
+    with path.open("rb") as f:
+        for line in f:
+            if line.strip():
+                yield str(json.loads(line)["id"])
+
+
+def _final_ids(path: Path, fmt: str) -> Iterator[str]:
+    if fmt == "jsonl":
+        yield from _jsonl_ids(path)
+        return
+    import pyarrow.parquet as pq
+
+    for value in pq.read_table(path, columns=["id"]).column("id").to_pylist():
+        yield str(value)
+
+
+def _final_signature(path: Path, fmt: str) -> str | None:
+    """The signature a finished output records: parquet metadata, else the first row's field."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.read_schema(path).metadata or {}
+        value = meta.get(b"qace.signature")
+        return value.decode("utf-8") if value is not None else None
+    with path.open("rb") as f:
+        for line in f:
+            if line.strip():
+                found = json.loads(line).get("signature")
+                return found if isinstance(found, str) else None
+    return None
+
+
+def _column_kind(value: Any) -> str:
+    """Classify a value for schema unification; lists, dicts and odd types become JSON."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int" if -(2**63) <= value < 2**63 else "json"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    return "json"
+
+
+def _unify(kinds: set[str]) -> str:
+    kinds = kinds - {"null"}
+    if not kinds:
+        return "null"
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    if kinds == {"int", "float"}:
+        return "float"
+    return "json"
+
+
+def _write_parquet(files: list[Path], target: Path, signature: str) -> None:
+    """Two passes over the chunks: unify the schema, then stream fixed-size row groups."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kinds: dict[str, set[str]] = {}
+    for row in _iter_rows(files):
+        for key, value in row.items():
+            kinds.setdefault(key, set()).add(_column_kind(value))
+    columns = {key: _unify(found) for key, found in kinds.items()}
+    arrow_types = {
+        "null": pa.null(),
+        "bool": pa.bool_(),
+        "int": pa.int64(),
+        "float": pa.float64(),
+        "str": pa.string(),
+        "json": pa.string(),
+    }
+    json_columns = [key for key, kind in columns.items() if kind == "json"]
+    schema = pa.schema(
+        [pa.field(key, arrow_types[kind]) for key, kind in columns.items()],
+        metadata={"qace.signature": signature, "qace.json_columns": json.dumps(json_columns)},
+    )
+
+    def cell(key: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if columns[key] == "json":
+            return json.dumps(value, ensure_ascii=False)
+        return float(value) if columns[key] == "float" else value
+
+    with pq.ParquetWriter(target, schema) as writer:
+        batch: list[dict[str, Any]] = []
+        for row in _iter_rows(files):
+            batch.append(row)
+            if len(batch) == PARQUET_ROW_GROUP:
+                writer.write_table(_table(batch, schema, cell), row_group_size=PARQUET_ROW_GROUP)
+                batch = []
+        if batch or not columns:
+            writer.write_table(_table(batch, schema, cell), row_group_size=PARQUET_ROW_GROUP)
+
+
+def _table(rows: list[dict[str, Any]], schema: Any, cell: Any) -> Any:
+    """One Arrow table of `rows` under the unified `schema` (absent keys become null)."""
+    import pyarrow as pa
+
+    arrays = [
+        pa.array([cell(field.name, row.get(field.name)) for row in rows], type=field.type) for field in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)

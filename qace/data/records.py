@@ -1,0 +1,331 @@
+"""Input readers: JSONL, CSV and COCO-style results -> a stream of `Record` or `RecordError`.
+
+Why a stream of values instead of exceptions: one bad line in a 100k-caption file must not stop
+the run. The reader yields a `RecordError` naming the record (or its line) and the problem, and
+goes on; the scorer writes those errors next to the scores. Only problems that make the whole file
+unreadable (missing file, a COCO results file that is not JSON) raise `InputError`.
+
+Files are read in binary and decoded one line at a time, so a stray non-UTF-8 byte costs one
+record, not the file, and a JSONL file is never held in memory as a whole.
+
+Whether references or an image id are required depends on the metric variant (QACE-Ref needs
+references, QACE-Img an image id), so the reader accepts records without them and `require()`
+says what is missing for a given variant.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qace.errors import InputError
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "jsonl", "csv", "coco")
+_REF_COLUMN = re.compile(r"^ref(erence)?s?[_ -]?\d+$", re.IGNORECASE)
+_CSV_FIELD_LIMIT = 2**31 - 1  # very long captions are the metric's business (it flags truncation)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One caption to score; `references`/`image_id` are None when the input has none."""
+
+    id: str
+    caption: str
+    image_id: str | None = None
+    references: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RecordError:
+    """A record the reader could not accept: `id` is the record id if known, else e.g. `line 17`."""
+
+    id: str
+    reason: str
+
+
+def require(record: Record, *, references: bool, image: bool) -> str | None:
+    """Return why `record` cannot be scored by a variant needing references and/or an image, else None."""
+    if references and not record.references:
+        return "missing references (QACE-Ref needs at least one reference caption)"
+    if image and not record.image_id:
+        return "missing image_id (QACE-Img needs the image's region features)"
+    return None
+
+
+def read_records(
+    path: str | Path, *, references: str | Path | None = None, fmt: str = "auto"
+) -> Iterator[Record | RecordError]:
+    """Yield the records of `path` in input order, with a `RecordError` for each bad one.
+
+    Formats (`fmt`, or detected from the extension, then from the first byte):
+
+    - ``jsonl`` (``.jsonl``/``.ndjson``, or a file starting with ``{``): one object a line with
+      ``id``, ``caption`` and optional ``image_id`` and ``references`` (a list of strings). Blank
+      lines are skipped.
+    - ``csv`` (``.csv``): a header row; columns ``id``, ``caption``, optional ``image_id``, and
+      references either as one ``references`` column holding a JSON list string, or as several
+      numbered columns (``reference_1``, ``ref2``, ``refs_3``, ...) read in header order with empty
+      cells skipped, so images with fewer references fit the same table. A non-empty
+      ``references`` column wins over numbered columns. Errors name the physical line.
+    - ``coco`` (a ``.json`` file starting with ``[``): COCO-style results ``[{image_id, caption}]``;
+      record ids are the positions in the array (``"0"``, ``"1"``, ...). This one is a single JSON
+      document and is loaded whole.
+
+    `references`, if given, is a COCO annotations file ``{"annotations": [{image_id, caption}]}``
+    or a JSON list of ``{image_id, caption}``; an image's references are its unique captions in
+    first-seen order. Records that carry no references of their own get them by ``image_id``.
+    """
+    path = Path(path)
+    if fmt not in FORMATS:
+        raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if not path.is_file():
+        raise InputError(f"input file {str(path)!r} does not exist")
+    if fmt == "auto":
+        fmt = detect_format(path)
+    refs = load_references(references) if references is not None else None
+    if fmt == "jsonl":
+        rows: Iterable[tuple[str, Any]] = _jsonl_rows(path)
+    elif fmt == "csv":
+        rows = _csv_rows(path)
+    else:
+        rows = _coco_rows(path)
+    yield from _records(rows, refs, ids_from_position=fmt == "coco")
+
+
+def detect_format(path: Path) -> str:
+    """Guess the format from the extension, else from the first non-blank byte."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head.startswith(b"["):
+        return "coco"
+    if head.startswith(b"{"):
+        return "jsonl"
+    if suffix == ".json":
+        raise InputError(f"{str(path)!r}: a .json input must be a results array or JSON lines")
+    return "csv"
+
+
+def load_references(path: str | Path) -> dict[str, tuple[str, ...]]:
+    """Map image id -> its unique reference captions in first-seen order (bad entries are logged)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read references file {str(path)!r}: {exc}") from exc
+    if isinstance(data, dict):
+        data = data.get("annotations")
+    if not isinstance(data, list):
+        raise InputError(
+            f"references file {str(path)!r} must be a JSON list of {{image_id, caption}} "
+            "or a COCO annotations file with an 'annotations' list"
+        )
+    seen: dict[str, dict[str, None]] = {}
+    skipped = 0
+    for entry in data:
+        image_id = entry.get("image_id") if isinstance(entry, dict) else None
+        caption = entry.get("caption") if isinstance(entry, dict) else None
+        key = _as_id(image_id)
+        if key is None or not isinstance(caption, str) or not caption.strip():
+            skipped += 1
+            continue
+        seen.setdefault(key, {})[caption] = None
+    if skipped:
+        log.warning("references file %s: skipped %d entries without image_id or caption", path, skipped)
+    return {key: tuple(caps) for key, caps in seen.items()}
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """Yield (position, parsed object or error reason) per non-blank line, decoding line by line."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
+            if not raw.strip():
+                continue
+            where = f"line {number}"
+            bad_bytes = False
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text, bad_bytes = raw.decode("utf-8", errors="surrogateescape"), True
+            try:
+                obj = json.loads(text)
+            except ValueError as exc:
+                yield where, _Bad("non-UTF-8 bytes" if bad_bytes else f"malformed JSON ({exc.msg})")
+                continue
+            if bad_bytes:
+                obj = _Bad("non-UTF-8 bytes", obj.get("id") if isinstance(obj, dict) else None)
+            yield where, obj
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """Yield (position, row dict or error) per CSV row; references gathered as described above."""
+    if csv.field_size_limit() < _CSV_FIELD_LIMIT:
+        csv.field_size_limit(_CSV_FIELD_LIMIT)
+    with path.open("rb") as f:
+        lines = (raw.decode("utf-8", errors="surrogateescape") for raw in f)
+        first = next(lines, "").removeprefix("\ufeff")
+        reader = csv.reader(_chain(first, lines), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        header = next(reader, None)
+        if not header:
+            return
+        header = [name.strip() for name in header]
+        if "caption" not in header:
+            raise InputError(f"CSV {str(path)!r} has no 'caption' column (columns: {header})")
+        ref_cols = [i for i, name in enumerate(header) if _REF_COLUMN.match(name)]
+        while True:
+            start = reader.line_num + 1
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                yield f"line {start}", _Bad(f"malformed CSV ({exc})")
+                continue
+            if not any(cell.strip() for cell in cells):
+                continue
+            where = f"line {start}"
+            row: dict[str, Any] = {
+                name: cell
+                for name, cell in zip(header, cells, strict=False)
+                if cell != "" or name == "caption"
+            }
+            if any(_has_surrogate(cell) for cell in cells):
+                yield where, _Bad("non-UTF-8 bytes", row.get("id"))
+                continue
+            if len(cells) > len(header):
+                yield where, _Bad(f"{len(cells)} cells but {len(header)} columns", row.get("id"))
+                continue
+            yield where, _csv_references(row, [cells[i] for i in ref_cols if i < len(cells)])
+
+
+def _csv_references(row: dict[str, Any], numbered: list[str]) -> Any:
+    """Turn the `references` JSON cell, or the numbered reference cells, into a list."""
+    cell = row.get("references")
+    if isinstance(cell, str) and cell.strip():
+        try:
+            row["references"] = json.loads(cell)
+        except ValueError:
+            return _Bad("references column is not a JSON list of strings", row.get("id"))
+    else:
+        row.pop("references", None)
+        kept = [c for c in numbered if c.strip()]
+        if kept:
+            row["references"] = kept
+    return row
+
+
+def _coco_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """Yield (index, object) for a COCO-style results array (ids are the array positions)."""
+    try:
+        with path.open("rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read COCO results {str(path)!r}: {exc}") from exc
+    if not isinstance(data, list):
+        raise InputError(f"COCO results {str(path)!r} must be a JSON array of {{image_id, caption}}")
+    for index, obj in enumerate(data):
+        if isinstance(obj, dict):
+            obj = {**obj, "id": str(index)}
+        yield f"result {index}", obj
+
+
+class _Bad:
+    """A row that failed before field checks; carries the id when it could still be read."""
+
+    def __init__(self, reason: str, record_id: Any = None) -> None:
+        self.reason = reason
+        self.record_id = record_id
+
+
+def _records(
+    rows: Iterable[tuple[str, Any]], refs: dict[str, tuple[str, ...]] | None, *, ids_from_position: bool
+) -> Iterator[Record | RecordError]:
+    """Validate parsed rows into records; the second occurrence of an id is an error."""
+    seen: dict[str, str] = {}
+    for where, obj in rows:
+        if isinstance(obj, _Bad):
+            record_id = _as_id(obj.record_id)
+            yield RecordError(record_id or where, f"{where}: {obj.reason}")
+            continue
+        if not isinstance(obj, dict):
+            label = str(where.split()[-1]) if ids_from_position else where
+            yield RecordError(label, f"{where}: expected a JSON object, got {type(obj).__name__}")
+            continue
+        record_id = _as_id(obj.get("id"))
+        if record_id is None:
+            yield RecordError(where, f"{where}: missing id")
+            continue
+        if record_id in seen:
+            yield RecordError(record_id, f"{where}: duplicate id {record_id!r} (first on {seen[record_id]})")
+            continue
+        seen[record_id] = where
+        result = _record(record_id, obj, refs)
+        if isinstance(result, str):
+            yield RecordError(record_id, f"{where}: {result}")
+        else:
+            yield result
+
+
+def _record(record_id: str, obj: dict[str, Any], refs: dict[str, tuple[str, ...]] | None) -> Record | str:
+    """Build a Record from a parsed row, or return the reason it is invalid."""
+    caption = obj.get("caption")
+    if caption is None:
+        return "missing caption"
+    if not isinstance(caption, str):
+        return f"caption must be a string, got {type(caption).__name__}"
+    if not caption.strip():
+        return "empty or whitespace-only caption"
+    raw_image = obj.get("image_id")
+    image_id = _as_id(raw_image)
+    if raw_image not in (None, "") and image_id is None:
+        return f"image_id must be a string or integer, got {type(raw_image).__name__}"
+    references = obj.get("references")
+    if references is not None:
+        if not isinstance(references, list) or not all(isinstance(r, str) for r in references):
+            return "references must be a list of strings"
+        if not references:
+            return "references is an empty list"
+        if any(not r.strip() for r in references):
+            return "references contain an empty string"
+        ref_tuple: tuple[str, ...] | None = tuple(references)
+    else:
+        ref_tuple = refs.get(image_id) if refs is not None and image_id is not None else None
+    return Record(record_id, caption, image_id, ref_tuple)
+
+
+def _as_id(value: Any) -> str | None:
+    """Accept string or integer ids (COCO uses integers); anything else or empty is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and value.strip() and not _has_surrogate(value):
+        return value
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    """True when `text` holds bytes that were not valid UTF-8 (decoded with surrogateescape)."""
+    return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
+    """Put the BOM-stripped first line back in front of the remaining lines."""
+    if first:
+        yield first
+    yield from rest
