@@ -1,0 +1,203 @@
+"""Readers: every format, every bad-input case yields a RecordError and the rest still come through."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qace.data.records import Record, RecordError, read_records, require
+from qace.errors import InputError
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def _write_lines(path: Path, lines: list[bytes | str]) -> Path:
+    path.write_bytes(b"".join((x.encode() if isinstance(x, str) else x) + b"\n" for x in lines))
+    return path
+
+
+def _by_id(items: list[Record | RecordError]) -> dict[str, Record | RecordError]:
+    return {item.id: item for item in items}
+
+
+def test_jsonl_good_records_in_order(tmp_path: Path) -> None:
+    path = _write_lines(
+        tmp_path / "in.jsonl",
+        [
+            json.dumps({"id": "a", "caption": "A dog.", "image_id": "1.jpg", "references": ["A dog runs."]}),
+            "",
+            json.dumps({"id": "b", "caption": "A cat."}),
+            json.dumps({"id": 7, "caption": "Integer ids are accepted.", "image_id": 42}),
+        ],
+    )
+    items = list(read_records(path))
+    assert items == [
+        Record("a", "A dog.", "1.jpg", ("A dog runs.",)),
+        Record("b", "A cat."),
+        Record("7", "Integer ids are accepted.", "42"),
+    ]
+
+
+BAD_JSONL: list[tuple[bytes | str, str, str]] = [
+    ('{"id": "m1", "caption": ', "line 2", "malformed JSON"),
+    (b'{"id": "u1", "caption": "caf\xe9 au lait"}', "u1", "non-UTF-8"),
+    (b'{"caption": "caf\xe9", "id"', "line 4", "non-UTF-8"),
+    ('["not", "an", "object"]', "line 5", "expected a JSON object"),
+    ('{"id": "c1"}', "c1", "missing caption"),
+    ('{"id": "c2", "caption": 5}', "c2", "caption must be a string"),
+    ('{"id": "c3", "caption": ""}', "c3", "empty"),
+    ('{"id": "c4", "caption": " \\t "}', "c4", "whitespace-only"),
+    ('{"id": "r1", "caption": "x", "references": "one ref"}', "r1", "references must be a list of strings"),
+    ('{"id": "r2", "caption": "x", "references": ["ok", 3]}', "r2", "references must be a list of strings"),
+    ('{"id": "r3", "caption": "x", "references": ["ok", "  "]}', "r3", "empty string"),
+    ('{"id": "r4", "caption": "x", "references": []}', "r4", "empty list"),
+    ('{"caption": "no id"}', "line 14", "line 14: missing id"),
+    ('{"id": "good", "caption": "duplicate of this id follows"}', "", ""),
+    ('{"id": "i1", "caption": "x", "image_id": [1]}', "i1", "image_id must be"),
+]
+
+
+def test_jsonl_bad_inputs_each_named_and_reading_continues(tmp_path: Path) -> None:
+    lines: list[bytes | str] = ['{"id": "first", "caption": "A first caption."}']
+    lines += [line for line, _, _ in BAD_JSONL]
+    lines += [
+        '{"id": "good", "caption": "second one is the error"}',
+        json.dumps({"id": "long", "caption": "word " * 50_000}),
+        '{"id": "last", "caption": "A last caption."}',
+    ]
+    items = list(read_records(_write_lines(tmp_path / "in.jsonl", lines)))
+    errors = [item for item in items if isinstance(item, RecordError)]
+    records = [item for item in items if isinstance(item, Record)]
+    assert [r.id for r in records] == ["first", "good", "long", "last"]  # long caption is not an error
+    expected = [(rid, reason) for _, rid, reason in BAD_JSONL if rid]
+    expected.append(("good", "duplicate id 'good'"))
+    assert len(errors) == len(expected)
+    for error, (rid, reason) in zip(errors, expected, strict=True):
+        assert error.id == rid
+        assert reason in error.reason
+    # errors name their physical line
+    assert errors[0].reason.startswith("line 2:")
+    assert errors[-1].reason.startswith("line 17:") and "first on line 15" in errors[-1].reason
+
+
+def test_csv_references_json_column(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text(
+        "id,image_id,caption,references\n"
+        'a,1.jpg,"A dog, running.","[""A dog runs."", ""A brown dog.""]"\n'
+        "b,,A cat.,\n"
+        'c,2.jpg,A bird.,"not json"\n'
+        'd,2.jpg,,"[]"\n'
+        'e,3.jpg,"multi\nline caption","[""r""]"\n'
+        ",3.jpg,no id,\n"
+        "a,4.jpg,duplicate,\n",
+        encoding="utf-8",
+    )
+    items = list(read_records(path))
+    assert items[0] == Record("a", "A dog, running.", "1.jpg", ("A dog runs.", "A brown dog."))
+    assert items[1] == Record("b", "A cat.")
+    assert isinstance(items[2], RecordError) and items[2].id == "c" and "JSON list" in items[2].reason
+    assert isinstance(items[3], RecordError) and items[3].id == "d" and "empty" in items[3].reason
+    assert items[4] == Record("e", "multi\nline caption", "3.jpg", ("r",))
+    assert items[5] == RecordError("line 8", "line 8: missing id")
+    assert isinstance(items[6], RecordError) and items[6].id == "a" and "duplicate" in items[6].reason
+
+
+def test_csv_numbered_reference_columns_and_bad_bytes(tmp_path: Path) -> None:
+    path = _write_lines(
+        tmp_path / "in.csv",
+        [
+            "\ufeffid,caption,image_id,reference_1,reference_2,ref3",
+            "a,A dog.,1.jpg,r1,,r3",
+            b"b,caf\xe9,1.jpg,r1,r2,r3",
+            "c,x,1.jpg,r1,r2,r3,extra",
+            "d,   ,1.jpg,r1,,",
+            "e,A cat.,2.jpg,,,",
+        ],
+    )
+    items = _by_id(list(read_records(path)))
+    assert items["a"] == Record("a", "A dog.", "1.jpg", ("r1", "r3"))
+    assert isinstance(items["b"], RecordError) and "non-UTF-8" in items["b"].reason
+    assert isinstance(items["c"], RecordError) and "7 cells but 6 columns" in items["c"].reason
+    assert isinstance(items["d"], RecordError) and "whitespace-only" in items["d"].reason
+    assert items["e"] == Record("e", "A cat.", "2.jpg", None)
+
+
+def test_csv_long_caption_is_not_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text("id,caption\nlong," + "w" * 300_000 + "\nnext,ok\n", encoding="utf-8")
+    items = list(read_records(path))
+    assert [type(i) for i in items] == [Record, Record] and len(items[0].caption) == 300_000
+
+
+def test_coco_results_with_annotation_references(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(
+        json.dumps(
+            [
+                {"image_id": 1, "caption": "A dog."},
+                {"image_id": 2, "caption": ""},
+                "junk",
+                {"image_id": 9, "caption": "No refs for this image."},
+                {"image_id": 2, "caption": "A cat."},
+            ]
+        )
+    )
+    annotations = tmp_path / "captions_val.json"
+    anns = [
+        {"image_id": 1, "caption": "r1"},
+        {"image_id": 2, "caption": "s1"},
+        {"image_id": 1, "caption": "r2"},
+        {"image_id": 1, "caption": "r1"},
+    ]
+    annotations.write_text(json.dumps({"images": [], "annotations": anns}))
+    items = list(read_records(results, references=annotations))
+    assert items[0] == Record("0", "A dog.", "1", ("r1", "r2"))
+    assert isinstance(items[1], RecordError) and items[1].id == "1" and "empty" in items[1].reason
+    assert isinstance(items[2], RecordError) and items[2].id == "2" and "JSON object" in items[2].reason
+    assert items[3] == Record("3", "No refs for this image.", "9", None)
+    assert items[4] == Record("4", "A cat.", "2", ("s1",))
+
+
+def test_jsonl_gets_references_from_file_by_image_id(tmp_path: Path) -> None:
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps([{"image_id": "1.jpg", "caption": "r"}, {"image_id": "1.jpg", "caption": "r"}]))
+    path = _write_lines(
+        tmp_path / "in.jsonl",
+        ['{"id": "a", "caption": "x", "image_id": "1.jpg"}', '{"id": "b", "caption": "y", "references": ["own"]}'],
+    )
+    assert list(read_records(path, references=refs)) == [
+        Record("a", "x", "1.jpg", ("r",)),
+        Record("b", "y", None, ("own",)),
+    ]
+
+
+def test_unreadable_files_raise_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        list(read_records(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("[{")
+    with pytest.raises(InputError, match="cannot read COCO results"):
+        list(read_records(bad))
+    with pytest.raises(InputError, match="unknown input format"):
+        list(read_records(bad, fmt="xml"))
+
+
+def test_require() -> None:
+    bare = Record("a", "x")
+    assert require(bare, references=False, image=False) is None
+    assert "references" in (require(bare, references=True, image=False) or "")
+    assert "image_id" in (require(bare, references=False, image=True) or "")
+    assert require(Record("a", "x", "1", ("r",)), references=True, image=True) is None
+
+
+def test_flickr8k_expert_release_files() -> None:
+    if not SHARED.is_dir():
+        pytest.skip(f"shared data folder {SHARED} is absent")
+    base = SHARED / "flickr8k_expert"
+    items = list(read_records(base / "candidates.json", references=base / "refs.json"))
+    assert len(items) == 5822 and all(isinstance(i, Record) for i in items)
+    counts = sorted(len(i.references or ()) for i in items if isinstance(i, Record))
+    assert counts[0] == 4 and counts[-1] == 5
