@@ -403,7 +403,7 @@ def _write_parquet(files: list[Path], target: Path, signature: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    kinds: dict[str, set[str]] = {}
+    kinds: dict[str, set[str]] = {"id": {"str"}}  # always present, so even an empty table has it
     for row in _iter_rows(files):
         for key, value in row.items():
             kinds.setdefault(key, set()).add(_column_kind(value))

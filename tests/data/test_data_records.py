@@ -163,10 +163,15 @@ def test_coco_results_with_annotation_references(tmp_path: Path) -> None:
 
 def test_jsonl_gets_references_from_file_by_image_id(tmp_path: Path) -> None:
     refs = tmp_path / "refs.json"
-    refs.write_text(json.dumps([{"image_id": "1.jpg", "caption": "r"}, {"image_id": "1.jpg", "caption": "r"}]))
+    refs.write_text(
+        json.dumps([{"image_id": "1.jpg", "caption": "r"}, {"image_id": "1.jpg", "caption": "r"}])
+    )
     path = _write_lines(
         tmp_path / "in.jsonl",
-        ['{"id": "a", "caption": "x", "image_id": "1.jpg"}', '{"id": "b", "caption": "y", "references": ["own"]}'],
+        [
+            '{"id": "a", "caption": "x", "image_id": "1.jpg"}',
+            '{"id": "b", "caption": "y", "references": ["own"]}',
+        ],
     )
     assert list(read_records(path, references=refs)) == [
         Record("a", "x", "1.jpg", ("r",)),

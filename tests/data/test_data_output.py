@@ -1,0 +1,206 @@
+"""ResultWriter: commit, kill, resume, signature checks and byte equality with an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from qace.data.output import ResultWriter
+from qace.errors import QACEError, ResumeError
+
+SIG = "QACE-Ref|qg:t5-base|version:0.1.0"
+N = 23
+
+
+def _row(i: int) -> dict[str, Any]:
+    """Rows with nested fields and kinds that vary between rows, like real explanations."""
+    row: dict[str, Any] = {
+        "id": f"r{i}",
+        "score": i / 7,
+        "n_questions": i % 4,
+        "questions": [{"q": f"what is {i}?", "a": "a dog", "f1": 0.5}] * (i % 3),
+        "flags": ["truncated"] if i % 5 == 0 else [],
+        "signature": SIG,
+    }
+    if i % 6 == 0:
+        row["note"] = "only some rows have this"
+    if i == 4:
+        row["score"] = 1  # an int among floats
+    return row
+
+
+def _feed(writer: ResultWriter, ids: range) -> None:
+    done = writer.done_ids()
+    for i in ids:
+        if f"r{i}" in done:
+            continue
+        if i % 9 == 3:
+            writer.add_error(f"r{i}", "line {i}: empty caption")
+        else:
+            writer.add(_row(i))
+
+
+def _uninterrupted(path: Path) -> None:
+    with ResultWriter(path, signature=SIG, chunk_size=4) as writer:
+        _feed(writer, range(N))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_kill_and_resume_is_byte_identical(tmp_path: Path, suffix: str) -> None:
+    reference = tmp_path / "ref" / f"scores{suffix}"
+    reference.parent.mkdir()
+    _uninterrupted(reference)
+
+    path = tmp_path / f"scores{suffix}"
+    killed = ResultWriter(path, signature=SIG, chunk_size=4)
+    _feed(killed, range(10))  # commits chunks at 4 and 8 items; 2 stay pending and are lost
+    partial = path.with_name(path.name + ".partial")
+    (partial / "000002.rows.jsonl.tmp").write_text('{"id": "half-writ')  # killed mid-commit
+    (partial / "000002.rows.jsonl").write_text('{"id": "r8"}\n')  # replaced but not in the manifest
+    del killed
+    assert not path.exists()
+
+    with ResultWriter(path, signature=SIG, resume=True, chunk_size=5) as resumed:
+        done = resumed.done_ids()
+        assert done == {f"r{i}" for i in range(8)}
+        _feed(resumed, range(N))
+
+    assert path.read_bytes() == reference.read_bytes()
+    errors = path.with_name("scores.errors.jsonl")
+    assert errors.read_bytes() == reference.with_name("scores.errors.jsonl").read_bytes()
+    assert not partial.exists() and not path.with_name(path.name + ".tmp").exists()
+    assert [json.loads(x)["id"] for x in errors.read_text().splitlines()] == ["r3", "r12", "r21"]
+
+
+def test_jsonl_content_and_order(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    _uninterrupted(path)
+    rows = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+    assert [r["id"] for r in rows] == [f"r{i}" for i in range(N) if i % 9 != 3]
+    assert rows[0] == _row(0)
+
+
+def test_parquet_unifies_schema_and_stores_nested_as_json(tmp_path: Path) -> None:
+    path = tmp_path / "out.parquet"
+    _uninterrupted(path)
+    table = pq.read_table(path)
+    meta = table.schema.metadata
+    assert meta[b"qace.signature"].decode() == SIG
+    assert set(json.loads(meta[b"qace.json_columns"])) == {"questions", "flags"}
+    assert str(table.schema.field("score").type) == "double"
+    assert str(table.schema.field("n_questions").type) == "int64"
+    rows = table.to_pylist()
+    assert (
+        rows[3]["id"] == "r4"
+        and rows[3]["score"] == 1.0
+        and rows[1]["note"] is None
+        and rows[0]["note"] == "only some rows have this"
+    )
+    assert json.loads(rows[2]["questions"]) == _row(2)["questions"]
+
+
+def test_signature_mismatch_on_partial_names_both(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    writer = ResultWriter(path, signature=SIG, chunk_size=2)
+    _feed(writer, range(3))
+    with pytest.raises(ResumeError) as info:
+        ResultWriter(path, signature="QACE-Img|other", resume=True)
+    assert SIG in str(info.value) and "QACE-Img|other" in str(info.value)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_signature_mismatch_on_complete_output(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"out{suffix}"
+    _uninterrupted(path)
+    with pytest.raises(ResumeError, match="QACE-Img"):
+        ResultWriter(path, signature="QACE-Img|other", resume=True)
+
+
+def test_without_resume_existing_output_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    writer = ResultWriter(path, signature=SIG)
+    writer.add(_row(0))
+    with pytest.raises(ResumeError, match="--resume"):
+        ResultWriter(path, signature=SIG)  # partial exists
+    writer.close()
+    with pytest.raises(ResumeError, match="--resume"):
+        ResultWriter(path, signature=SIG)  # final exists
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_resume_complete_output_reports_all_ids_and_rewrites_nothing(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"out{suffix}"
+    _uninterrupted(path)
+    before = path.stat().st_mtime_ns, path.read_bytes()
+    with ResultWriter(path, signature=SIG, resume=True) as writer:
+        assert writer.done_ids() == {f"r{i}" for i in range(N)}
+        _feed(writer, range(N))  # everything done: nothing added
+        with pytest.raises(ResumeError, match="already complete"):
+            writer.add(_row(N))
+    assert (path.stat().st_mtime_ns, path.read_bytes()) == before
+
+
+def test_duplicate_id_is_a_caller_bug(tmp_path: Path) -> None:
+    writer = ResultWriter(tmp_path / "out.jsonl", signature=SIG)
+    writer.add(_row(1))
+    with pytest.raises(QACEError, match="duplicate"):
+        writer.add(_row(1))
+    with pytest.raises(QACEError, match="duplicate"):
+        writer.add_error("r1", "also a duplicate")
+    with pytest.raises(QACEError, match="string 'id'"):
+        writer.add({"score": 1.0})
+
+
+def test_resumed_done_id_cannot_be_added_again(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    writer = ResultWriter(path, signature=SIG, chunk_size=1)
+    writer.add(_row(0))
+    resumed = ResultWriter(path, signature=SIG, resume=True)
+    with pytest.raises(QACEError, match="duplicate"):
+        resumed.add(_row(0))
+
+
+def test_exception_inside_context_keeps_work_for_resume(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError), ResultWriter(path, signature=SIG, chunk_size=100) as writer:
+        writer.add(_row(0))
+        writer.add(_row(1))
+        raise RuntimeError("model crashed")
+    assert not path.exists()
+    with ResultWriter(path, signature=SIG, resume=True) as writer:
+        assert writer.done_ids() == {"r0", "r1"}
+
+
+def test_numpy_values_and_non_finite(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with ResultWriter(path, signature=SIG) as writer:
+        writer.add({"id": "a", "score": np.float32(0.5), "per_q": np.array([1.0, 0.0])})
+        with pytest.raises(QACEError, match="'b'"):
+            writer.add({"id": "b", "score": float("nan")})
+        writer.add({"id": "b", "score": 0.0})  # the failed row did not claim its id
+    assert json.loads(path.read_text().splitlines()[0]) == {"id": "a", "score": 0.5, "per_q": [1.0, 0.0]}
+
+
+def test_format_and_format_mismatch(tmp_path: Path) -> None:
+    with pytest.raises(QACEError, match="output format"):
+        ResultWriter(tmp_path / "out.csv", signature=SIG)
+    path = tmp_path / "out.data"
+    writer = ResultWriter(path, signature=SIG, fmt="jsonl", chunk_size=1)
+    writer.add(_row(0))
+    with pytest.raises(ResumeError, match="jsonl"):
+        ResultWriter(path, signature=SIG, fmt="parquet", resume=True)
+
+
+def test_empty_run_writes_empty_output(tmp_path: Path) -> None:
+    for suffix in (".jsonl", ".parquet"):
+        path = tmp_path / f"empty{suffix}"
+        with ResultWriter(path, signature=SIG):
+            pass
+        assert path.exists() and not path.with_name(f"empty{suffix}.partial").exists()
+        with ResultWriter(path, signature=SIG, resume=True) as writer:
+            assert writer.done_ids() == set()
