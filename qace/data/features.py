@@ -276,7 +276,8 @@ def pack_features(
                 if image_id in seen:
                     raise FeatureError(f"image {image_id!r} appears twice in the packing source")
                 seen.add(image_id)
-                stored = validate(image_id, np.asarray(array), "packing source").astype(dtype)
+                with np.errstate(over="ignore"):  # overflow is reported just below, by image
+                    stored = validate(image_id, np.asarray(array), "packing source").astype(dtype)
                 if not np.isfinite(stored).all():
                     raise FeatureError(f"image {image_id!r}: values overflow {dtype.name}; pack with float32")
                 row = len(seen) - 1

@@ -1,0 +1,156 @@
+"""Feature stores: the release .npz layout, HDF5 packing round trip, and validation errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from qace.data.features import (
+    FeatureStore,
+    HDF5Store,
+    NpzDirStore,
+    RandomFeatureStore,
+    open_feature_store,
+    pack_features,
+)
+from qace.errors import ConfigError, FeatureError
+
+SAMPLE = (
+    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "region_features" / "butd_sample.npz"
+)
+FLICKR_ID = "1056338697_4f7d7ce270.jpg"
+
+
+@pytest.fixture()
+def sample_dir(tmp_path: Path) -> Path:
+    """A release-layout directory holding the real sample under a Flickr-style id (extension stripped)."""
+    if not SAMPLE.is_file():
+        pytest.skip(f"real region-feature sample {SAMPLE} is absent (../shared/data next to the repo)")
+    directory = tmp_path / "npz"
+    directory.mkdir()
+    shutil.copy(SAMPLE, directory / "1056338697_4f7d7ce270.npz")
+    return directory
+
+
+def test_npz_dir_store_reads_release_layout(sample_dir: Path) -> None:
+    store = open_feature_store(sample_dir)
+    assert isinstance(store, NpzDirStore) and isinstance(store, FeatureStore)
+    features = store.get(FLICKR_ID)  # extension stripped to find the file
+    with np.load(SAMPLE) as raw:
+        expected = np.concatenate([raw["features"], raw["norm_bb"]], 1).astype(np.float32)
+    assert features.shape == (36, 2054) and features.dtype == np.float32
+    np.testing.assert_array_equal(features, expected)
+    assert FLICKR_ID in store and "1056338697_4f7d7ce270" in store and "other.jpg" not in store
+    assert store.ids() == ["1056338697_4f7d7ce270"]
+
+
+def test_hdf5_round_trip_of_real_sample(sample_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "features.h5"
+    assert pack_features(NpzDirStore(sample_dir), out, progress=False) == 1
+    assert not out.with_name("features.h5.tmp").exists()
+    store = open_feature_store(out)
+    assert isinstance(store, HDF5Store) and store.dtype == np.float16
+    np.testing.assert_array_equal(
+        store.get(FLICKR_ID), NpzDirStore(sample_dir).get(FLICKR_ID)
+    )  # fp16 is lossless
+    with h5py.File(out) as f:
+        assert f["features"].chunks == (1, 36, 2054) and f["features"].dtype == np.float16
+
+
+def test_hdf5_pack_pairs_float32_and_random_access(tmp_path: Path) -> None:
+    random = RandomFeatureStore(seed=3)
+    ids = [f"img{i}" for i in range(7)]
+    out = tmp_path / "rand.hdf5"
+    count = pack_features(((i, random.get(i)) for i in ids), out, dtype=np.float32, progress=False)
+    assert count == 7
+    with HDF5Store(out) as store:
+        assert store.ids() == ids and len(store) == 7 and "img9" not in store
+        for image_id in reversed(ids):
+            np.testing.assert_array_equal(store.get(image_id), random.get(image_id))
+    fp16 = tmp_path / "rand16.h5"
+    pack_features(((i, random.get(i)) for i in ids), fp16, progress=False)
+    with HDF5Store(fp16) as store:
+        np.testing.assert_allclose(store.get("img2"), random.get("img2"), rtol=1e-3, atol=1e-3)
+
+
+def test_random_store_is_deterministic_and_well_formed() -> None:
+    a, b, other = RandomFeatureStore(1), RandomFeatureStore(1), RandomFeatureStore(2)
+    x = a.get("cat.jpg")
+    np.testing.assert_array_equal(x, b.get("cat.jpg"))
+    assert not np.array_equal(x, other.get("cat.jpg")) and not np.array_equal(x, a.get("dog.jpg"))
+    assert x.shape == (36, 2054) and x.dtype == np.float32 and (x[:, :2048] >= 0).all()
+    boxes = x[:, 2048:]
+    assert (boxes >= 0).all() and (boxes <= 1).all() and (boxes[:, 2] >= boxes[:, 0]).all()
+    assert isinstance(open_feature_store("random:1"), RandomFeatureStore)
+
+
+def _npz(directory: Path, name: str, features: np.ndarray, norm_bb: np.ndarray) -> None:
+    np.savez(directory / f"{name}.npz", features=features, norm_bb=norm_bb)
+
+
+def test_validation_errors_name_image_and_problem(tmp_path: Path) -> None:
+    good_f, good_b = np.ones((36, 2048), np.float16), np.full((36, 6), 0.5, np.float16)
+    nan_f = good_f.copy()
+    nan_f[3, 7] = np.nan
+    inf_b = good_b.copy()
+    inf_b[0, 0] = np.inf
+    _npz(tmp_path, "nan", nan_f, good_b)
+    _npz(tmp_path, "inf", good_f, inf_b)
+    _npz(tmp_path, "short", good_f[:10], good_b[:10])
+    _npz(tmp_path, "wide", np.ones((36, 2000)), good_b)
+    np.savez(tmp_path / "nokey.npz", features=good_f)
+    store = NpzDirStore(tmp_path)
+    cases = {
+        "nan": "1 non-finite values (1 NaN, 0 Inf)",
+        "inf": "(0 NaN, 1 Inf)",
+        "short": "shape (10, 2048)",
+        "wide": "shape (36, 2000)",
+        "nokey": "norm_bb",
+    }
+    for image_id, problem in cases.items():
+        with pytest.raises(FeatureError, match=image_id) as info:
+            store.get(image_id)
+        assert problem in str(info.value)
+    with pytest.raises(FeatureError, match="no region features for image 'absent.jpg'") as missing:
+        store.get("absent.jpg")
+    assert missing.value.record_id is None and str(tmp_path) in str(missing.value)
+    with pytest.raises(FeatureError, match="no region features"):
+        store.get("../nan")
+
+
+def test_pack_refuses_bad_input_and_leaves_no_file(tmp_path: Path) -> None:
+    good = np.zeros((36, 2054), np.float32)
+    nan = good.copy()
+    nan[0, 0] = np.nan
+    big = good.copy()
+    big[0, 0] = 1e6
+    out = tmp_path / "f.h5"
+    for pairs, problem in [
+        ([("a", good), ("b", nan)], "'b'.*non-finite"),
+        ([("a", good), ("a", good)], "'a' appears twice"),
+        ([("a", good[:, :2048])], "'a'.*shape"),
+        ([("big", big)], "'big'.*overflow float16"),
+    ]:
+        with pytest.raises(FeatureError, match=problem):
+            pack_features(pairs, out, progress=False)
+        assert not out.exists() and not out.with_name("f.h5.tmp").exists()
+    with pytest.raises(ConfigError, match="float16 or float32"):
+        pack_features([("a", good)], out, dtype=np.int8, progress=False)
+
+
+def test_open_feature_store_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        open_feature_store(tmp_path / "missing.h5")
+    with pytest.raises(ConfigError, match="directory of .npz"):
+        open_feature_store(tmp_path / "features.lmdb")
+    with pytest.raises(ConfigError, match="integer seed"):
+        open_feature_store("random:abc")
+    not_ours = tmp_path / "other.h5"
+    with h5py.File(not_ours, "w") as f:
+        f["x"] = np.zeros(3)
+    with pytest.raises(ConfigError, match="not a qace feature file"):
+        open_feature_store(not_ours)
