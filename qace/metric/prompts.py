@@ -11,9 +11,6 @@ QG_TEMPLATE = "answer: {answer}  context: {context} </s>"
 TQA_TEMPLATE = "question: {question}  context: {context} </s>"
 """Text-QA input, same quirks as :data:`QG_TEMPLATE`."""
 
-VQA_PREFIX = "visual answer: "
-"""Visual-T5 question prefix; tokenised without EOS and padded to 64 slots by the model's helper."""
-
 QUESTION_PREFIX = "question: "
 """What the QG model writes before each question; stripped from its output."""
 

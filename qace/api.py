@@ -1,0 +1,221 @@
+"""The public entry points: ``QACE`` (a reusable scorer) and ``score()`` (one shot).
+
+Most users need nothing else: build a ``QACE`` once (it loads the models), then score lists of
+captions, streams of records, or whole files with crash-safe, resumable output.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from qace.config import QACEConfig, build_signature
+from qace.data.records import Record, RecordError, require
+from qace.errors import ConfigError, FeatureError
+from qace.metric.pipeline import Models, score_chunk
+
+log = logging.getLogger(__name__)
+
+_CONFIG_FIELDS = {f.name for f in fields(QACEConfig)}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a file run did: counts, mean score and throughput."""
+
+    scored: int
+    errors: int
+    skipped: int
+    mean_qace: float | None
+    seconds: float
+
+    @property
+    def captions_per_second(self) -> float:
+        return self.scored / self.seconds if self.seconds > 0 else 0.0
+
+    def line(self) -> str:
+        mean = "n/a" if self.mean_qace is None else f"{self.mean_qace:.4f}"
+        return (
+            f"scored {self.scored} captions ({self.errors} errors, {self.skipped} already done) "
+            f"mean QACE {mean} | {self.captions_per_second:.1f} captions/s"
+        )
+
+
+class QACE:
+    """A reusable QACE scorer: models are loaded once, then any number of captions are scored.
+
+    ``models`` is a directory holding ``qg/``, ``tqa/`` and ``vqa/`` (as ``qace make-test-models``
+    writes them); ``qg``/``tqa``/``vqa`` override single models (hub id or directory); without any,
+    the paper's models are loaded (spec defaults). ``features`` is a feature store or a path to one
+    (a directory of per-image ``.npz`` files or an HDF5 store), needed for QACE-Img. Any
+    :class:`~qace.config.QACEConfig` field can be passed by keyword (``variant="img"``, ``precision="bf16"``).
+    """
+
+    def __init__(
+        self,
+        config: QACEConfig | None = None,
+        *,
+        models: str | Path | None = None,
+        qg: str | Path | None = None,
+        tqa: str | Path | None = None,
+        vqa: str | Path | None = None,
+        features: Any = None,
+        **settings: Any,
+    ) -> None:
+        unknown = set(settings) - _CONFIG_FIELDS
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
+        self.config = (config or QACEConfig()).with_(**settings)
+        from qace.engine.feature_cache import FeatureCache
+        from qace.kernels.bertscore import BertScoreMatcher
+        from qace.metric.candidates import load_spacy
+        from qace.engine.models import build_models
+
+        self.models, fingerprints, self.uses_test_models = build_models(self.config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa)
+        self.matcher = BertScoreMatcher(
+            self.config.bertscore_model, layer=self.config.bertscore_layer, device=self.config.device
+        )
+        self.nlp = load_spacy(self.config.spacy_model)
+        self.features = None
+        if self.config.variant == "img" and features is not None:
+            from qace.data.features import open_feature_store
+
+            store = open_feature_store(features) if isinstance(features, str | Path) else features
+            self.features = FeatureCache(store)
+        self.signature = build_signature(
+            self.config, qg=fingerprints["qg"], qa=fingerprints["tqa"], vqa=fingerprints.get("vqa"),
+            bertscore=self.matcher.signature,
+        )
+
+    # -- scoring -------------------------------------------------------------------------------
+
+    def score(
+        self,
+        captions: Sequence[str],
+        references: Sequence[Sequence[str]] | None = None,
+        image_ids: Sequence[str] | None = None,
+        ids: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Score captions given as lists; one row per caption, in order.
+
+        A caption that cannot be scored gets a row ``{"id", "error"}`` instead of raising, so one bad
+        caption never costs the others.
+        """
+        ids = [str(i) for i in (ids if ids is not None else range(len(captions)))]
+        records = [
+            _record(ids[i], captions[i], references[i] if references is not None else None,
+                    image_ids[i] if image_ids is not None else None)
+            for i in range(len(captions))
+        ]
+        return [
+            {"id": r.id, "error": r.reason} if isinstance(r, RecordError) else r
+            for r in self.score_records(records)
+        ]
+
+    def score_records(self, records: Iterable[Record | RecordError]) -> Iterator[dict[str, Any] | RecordError]:
+        """Stream results (rows or ``RecordError``) in input order, a chunk of captions at a time."""
+        iterator = iter(records)
+        while chunk := list(itertools.islice(iterator, self.config.chunk_size)):
+            yield from self._score_chunk(chunk)
+
+    def _score_chunk(self, chunk: list[Record | RecordError]) -> list[dict[str, Any] | RecordError]:
+        results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)
+        valid: list[int] = []
+        for pos, item in enumerate(chunk):
+            problem = item if isinstance(item, RecordError) else self._check(item)
+            if problem is None:
+                valid.append(pos)
+            else:
+                results[pos] = problem
+        rows = score_chunk(
+            [chunk[i] for i in valid], self.models, self.config, self.matcher, self.nlp,  # type: ignore[misc]
+            features=self.features, signature=self.signature,
+        )
+        for pos, row in zip(valid, rows, strict=True):
+            results[pos] = row
+        return results  # type: ignore[return-value]
+
+    def _check(self, record: Record) -> RecordError | None:
+        """Why ``record`` cannot be scored by this variant, as an error naming it; else None."""
+        img = self.config.variant == "img"
+        reason = require(record, references=not img, image=img)
+        if reason is None and not record.caption.strip():
+            reason = "empty or whitespace-only caption"
+        if reason is None and img:
+            if self.features is None:
+                raise ConfigError("QACE-Img needs region features: pass features=PATH (or --features PATH)")
+            try:
+                self.features.get(record.image_id or "")
+            except FeatureError as exc:
+                reason = exc.reason
+        return None if reason is None else RecordError(record.id, reason)
+
+    def score_file(
+        self,
+        input_path: str | Path,
+        output_path: str | Path,
+        *,
+        references: str | Path | None = None,
+        fmt: str = "auto",
+        resume: bool = False,
+    ) -> Summary:
+        """Score a JSONL/CSV/COCO file into JSONL or Parquet, committing whole chunks (resumable)."""
+        from tqdm.auto import tqdm
+
+        from qace.data.output import ResultWriter
+        from qace.data.records import read_records
+
+        start = time.perf_counter()
+        scored = errors = skipped = 0
+        total = 0.0
+        with ResultWriter(output_path, signature=self.signature, resume=resume,
+                          chunk_size=self.config.chunk_size) as writer:
+            done = writer.done_ids()
+
+            def pending() -> Iterator[Record | RecordError]:
+                nonlocal skipped
+                for record in read_records(input_path, references=references, fmt=fmt):
+                    if record.id in done:
+                        skipped += 1
+                    else:
+                        yield record
+
+            bar = tqdm(desc="scoring", unit="caption", disable=not self.config.progress)
+            for result in self.score_records(pending()):
+                if isinstance(result, RecordError):
+                    writer.add_error(result.id, result.reason)
+                    log.warning("record %s: %s", result.id, result.reason)
+                    errors += 1
+                else:
+                    writer.add(result)
+                    scored += 1
+                    total += result["qace"]
+                bar.update(1)
+            bar.close()
+        seconds = time.perf_counter() - start
+        return Summary(scored, errors, skipped, total / scored if scored else None, seconds)
+
+
+def _record(
+    record_id: str, caption: Any, references: Sequence[str] | None, image_id: str | None
+) -> Record | RecordError:
+    """Validate list-API inputs into a ``Record`` (or an error naming it)."""
+    if not isinstance(caption, str):
+        return RecordError(record_id, f"caption must be a string, got {type(caption).__name__}")
+    if references is not None and (
+        isinstance(references, str) or not all(isinstance(r, str) and r.strip() for r in references)
+    ):
+        return RecordError(record_id, "references must be a list of non-empty strings")
+    refs = tuple(references) if references is not None else None
+    return Record(record_id, caption, None if image_id is None else str(image_id), refs)
+
+
+def score(captions: Sequence[str], references: Sequence[Sequence[str]] | None = None,
+          image_ids: Sequence[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    """One-shot convenience: build a :class:`QACE` with ``kwargs`` and score the captions."""
+    return QACE(**kwargs).score(captions, references=references, image_ids=image_ids)

@@ -1,0 +1,153 @@
+"""Command line: ``qace score``, ``qace demo``, ``qace make-test-models``, ``qace features``, ``qace meta``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from qace import __version__
+from qace.errors import QACEError
+
+log = logging.getLogger("qace")
+
+TEST_MODEL_WARNING = """
+!!! WARNING: scoring with qace's TINY TEST MODELS (random weights, trained for seconds on a toy task).
+!!! These scores MEAN NOTHING. They only show that the pipeline runs.
+!!! For real QACE scores, give the paper's models: either let qace download them once
+!!!   (huggingface-cli download mrm8488/t5-base-finetuned-question-generation-ap / valhalla/t5-base-qa-qg-hl)
+!!! or pass --models DIR with qg/, tqa/ and vqa/ checkpoints (see README, "Real models").
+"""
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("score", help="score captions from a JSONL/CSV/COCO file")
+    p.add_argument("input", help="JSONL (id, image_id, caption, references), CSV, or COCO results JSON")
+    p.add_argument("--output", "-o", required=True, help="output .jsonl or .parquet")
+    p.add_argument("--references", help="references file for COCO-style results")
+    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "csv", "coco"], help="input format")
+    _add_model_args(p)
+    p.add_argument("--resume", action="store_true", help="continue a killed run (same settings required)")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--variant", default="ref", choices=["ref", "img"], help="QACE-Ref or QACE-Img")
+    p.add_argument("--models", help="directory with qg/, tqa/, vqa/ (default: the paper's models)")
+    p.add_argument("--qg", help="QG model (hub id or directory), overrides --models")
+    p.add_argument("--tqa", help="text-QA model (hub id or directory), overrides --models")
+    p.add_argument("--vqa", help="Visual-T5 model (directory or state-dict file), overrides --models")
+    p.add_argument("--features", help="region features: directory of per-image .npz files or an HDF5 store")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--backend", default="torch", choices=["torch", "onnx"])
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
+    p.add_argument("--bertscore-model", help="BERTScore encoder (default: offline all-MiniLM-L6-v2)")
+    p.add_argument("--bertscore-layer", type=int)
+    p.add_argument("--explain", action="store_true", help="attach per-question evidence to every row")
+    p.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per model batch")
+    p.add_argument("--batch-rows", type=int, default=256, help="sequences per model batch")
+    p.add_argument("--chunk-size", type=int, default=512, help="captions per committed output chunk")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _scorer(args: argparse.Namespace, models: str | None = None):  # noqa: ANN202
+    from qace.api import QACE
+
+    return QACE(
+        models=models or args.models, qg=args.qg, tqa=args.tqa, vqa=args.vqa, features=args.features,
+        variant=args.variant, precision=args.precision, backend=args.backend, device=args.device,
+        bertscore_model=args.bertscore_model, bertscore_layer=args.bertscore_layer, explain=args.explain,
+        max_batch_tokens=args.batch_tokens, max_batch_rows=args.batch_rows, chunk_size=args.chunk_size,
+        progress=not args.no_progress,
+    )
+
+
+def _warn_if_test_models(scorer: object) -> None:
+    if getattr(scorer, "uses_test_models", False):
+        print(TEST_MODEL_WARNING, file=sys.stderr)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    scorer = _scorer(args)
+    _warn_if_test_models(scorer)
+    summary = scorer.score_file(args.input, args.output, references=args.references, fmt=args.format,
+                                resume=args.resume)
+    print(f"signature: {scorer.signature}")
+    print(summary.line())
+    if summary.errors:
+        print(f"{summary.errors} record(s) could not be scored; see the .errors.jsonl file next to {args.output}")
+    return 0
+
+
+def cmd_make_test_models(args: argparse.Namespace) -> int:
+    from qace.models.testing import make_test_models
+
+    out = make_test_models(args.dir, seed=args.seed, force=args.force)
+    print(f"test models written to {out} (qg/, tqa/, vqa/): for tests and demos only, scores mean nothing")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from qace.demo import run_demo
+
+    return run_demo(Path(args.output_dir), models=args.models, device=args.device)
+
+
+def cmd_features_pack(args: argparse.Namespace) -> int:
+    from qace.data.features import open_feature_store, pack_features
+
+    count = pack_features(open_feature_store(args.source), args.output)
+    print(f"packed {count} images into {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qace", description="QACE caption metric engine")
+    parser.add_argument("--version", action="version", version=f"qace {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_score(sub)
+    sub.choices["score"].set_defaults(func=cmd_score)
+
+    p = sub.add_parser("make-test-models", help="build tiny trained test models (qg/, tqa/, vqa/)")
+    p.add_argument("dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="rebuild even if complete")
+    p.set_defaults(func=cmd_make_test_models)
+
+    p = sub.add_parser("demo", help="score the bundled example (paper's models if loadable, else test models)")
+    p.add_argument("--output-dir", default="qace-demo", help="where the demo writes its outputs")
+    p.add_argument("--models", help="directory with qg/, tqa/, vqa/")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("features", help="region-feature stores")
+    fsub = p.add_subparsers(dest="features_command", required=True)
+    pack = fsub.add_parser("pack", help="pack per-image .npz files into one HDF5 store")
+    pack.add_argument("source", help="directory of <image_id>.npz files (or another store)")
+    pack.add_argument("output", help="output .h5 file")
+    pack.set_defaults(func=cmd_features_pack)
+
+    try:
+        from qace.meta.cli import register
+    except ImportError:  # meta extras not installed
+        pass
+    else:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except QACEError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

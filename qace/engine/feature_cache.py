@@ -1,0 +1,35 @@
+"""Region features per image, loaded once and kept while hot.
+
+Many captions share an image (5 candidates per image is typical), so features are read from the
+store once and served from memory afterwards; an LRU bound keeps memory flat on huge inputs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+
+class FeatureCache:
+    """LRU cache in front of a feature store (anything with ``get(image_id) -> (36, 2054)``)."""
+
+    def __init__(self, store: Any, capacity: int = 4096) -> None:
+        self.store = store
+        self.capacity = capacity
+        self.loads = 0
+        self._items: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def get(self, image_id: str) -> np.ndarray:
+        """Features of ``image_id``; raises the store's ``FeatureError`` when missing or malformed."""
+        item = self._items.get(image_id)
+        if item is None:
+            item = self.store.get(image_id)
+            self.loads += 1
+            self._items[image_id] = item
+            if len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        else:
+            self._items.move_to_end(image_id)
+        return item

@@ -1,0 +1,178 @@
+"""One chunk of records through the metric: candidates -> questions -> answers -> comparisons -> scores.
+
+Each stage is a function of the previous stage's output, run once for the whole chunk, so the engine
+can batch and de-duplicate across captions. Nothing reaches back to an earlier stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qace.config import VARIANT_NAMES, QACEConfig
+from qace.data.records import Record
+from qace.engine.engine import BatchLimits, generate_text, generate_visual
+from qace.metric.aggregate import caption_scores
+from qace.metric.candidates import extract_candidates
+from qace.metric.prompts import clean_question, qg_input, tqa_input
+from qace.metric.text import filter_stopwords
+
+
+@dataclass
+class Models:
+    """Runners and tokenizers of the three models, and the answerability token id of each QA model."""
+
+    qg: Any
+    qg_tokenizer: Any
+    tqa: Any
+    tqa_tokenizer: Any
+    tqa_unanswerable: int
+    vqa: Any = None
+    vqa_tokenizer: Any = None
+    vqa_unanswerable: int | None = None
+
+
+@dataclass
+class CaptionWork:
+    """What the pipeline learns about one caption as it goes."""
+
+    record: Record
+    contexts: list[str]
+    candidates: list[str] = field(default_factory=list)
+    questions: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    flags: set[str] = field(default_factory=set)
+
+
+def score_chunk(
+    records: Sequence[Record],
+    models: Models,
+    config: QACEConfig,
+    matcher: Any,
+    nlp: Any,
+    features: Any = None,
+    signature: str = "",
+) -> list[dict[str, Any]]:
+    """Score already validated records; returns one result row per record, in order."""
+    limits = BatchLimits(config.max_batch_tokens, config.max_batch_rows)
+    progress = config.progress and len(records) > 64
+    text_run = dict(max_input_tokens=config.max_input_tokens, limits=limits, progress=progress)
+    work = [
+        CaptionWork(r, list(r.references or ()) if config.variant == "ref" else [r.image_id or ""]) for r in records
+    ]
+
+    # answer candidates
+    for item, cands in zip(work, extract_candidates([w.record.caption for w in work], nlp), strict=True):
+        item.candidates = cands
+
+    # questions (first (question, answer) pair of each question wins)
+    owners = [(item, a) for item in work for a in item.candidates]
+    qg = generate_text(
+        models.qg, models.qg_tokenizer, [qg_input(a, item.record.caption) for item, a in owners],
+        desc="questions", **text_run,
+    )
+    for (item, answer), text, cut in zip(owners, qg.texts, qg.truncated, strict=True):
+        question = clean_question(text)
+        if cut:
+            item.flags.add("truncated_input")
+        if question not in item.questions:
+            item.questions.append(question)
+            item.sources.append(answer)
+
+    # answers on the caption and on every context, in one text-QA pass
+    text_pairs = [(item, q, item.record.caption) for item in work for q in item.questions]
+    if config.variant == "ref":
+        text_pairs += [(item, q, ctx) for item in work for ctx in item.contexts for q in item.questions]
+    tqa = generate_text(
+        models.tqa, models.tqa_tokenizer, [tqa_input(q, ctx) for _, q, ctx in text_pairs],
+        unanswerable_id=models.tqa_unanswerable, desc="answers", **text_run,
+    )
+    for (item, _, _), cut in zip(text_pairs, tqa.truncated, strict=True):
+        if cut:
+            item.flags.add("truncated_input")
+    n_self = sum(len(item.questions) for item in work)
+    own_answers = [filter_stopwords(t) for t in tqa.texts[:n_self]]
+    if config.variant == "ref":
+        ctx_answers = [filter_stopwords(t) for t in tqa.texts[n_self:]]
+        assert tqa.answerability is not None
+        ctx_an = tqa.answerability[n_self:]
+    else:
+        visual_pairs = [(item, q) for item in work for q in item.questions]
+        vqa = generate_visual(
+            models.vqa, models.vqa_tokenizer, [q for _, q in visual_pairs],
+            [item.record.image_id or "" for item, _ in visual_pairs], features.get,
+            limits=limits, unanswerable_id=models.vqa_unanswerable, progress=progress,
+        )
+        for (item, _), cut in zip(visual_pairs, vqa.truncated, strict=True):
+            if cut:
+                item.flags.add("truncated_question")
+        ctx_answers = [filter_stopwords(t) for t in vqa.texts]
+        assert vqa.answerability is not None
+        ctx_an = vqa.answerability
+
+    # comparisons, all pairs of the chunk at once
+    own_for_ctx = _align_own_answers(work, own_answers)
+    from qace.kernels.token_f1 import token_f1
+
+    f1 = token_f1(own_for_ctx, ctx_answers)
+    bs = matcher.score(own_for_ctx, ctx_answers)
+
+    rows, own_at, ctx_at = [], 0, 0
+    for item in work:
+        m, k = len(item.questions), len(item.contexts)
+        shape = (k, m)
+        span = slice(ctx_at, ctx_at + k * m)
+        values = {"f1": f1[span].reshape(shape), "bs": bs[span].reshape(shape), "an": ctx_an[span].reshape(shape)}
+        row = _result_row(item, config, values, signature)
+        if config.explain:
+            row["explanation"] = _explanation(item, own_answers[own_at : own_at + m], ctx_answers[span], values)
+        rows.append(row)
+        own_at, ctx_at = own_at + m, ctx_at + k * m
+    return rows
+
+
+def _align_own_answers(work: Sequence[CaptionWork], own_answers: list[str]) -> list[str]:
+    """The caption's own answer repeated for every context, in (caption, context, question) order."""
+    aligned, at = [], 0
+    for item in work:
+        m = len(item.questions)
+        mine = own_answers[at : at + m]
+        aligned += mine * len(item.contexts)
+        at += m
+    return aligned
+
+
+def _result_row(item: CaptionWork, config: QACEConfig, values: dict[str, np.ndarray], signature: str) -> dict[str, Any]:
+    record = item.record
+    if not item.questions:
+        item.flags.add("no_questions")
+    row: dict[str, Any] = {"id": record.id, "image_id": record.image_id, "metric": VARIANT_NAMES[config.variant]}
+    row.update(caption_scores(values["f1"], values["bs"], values["an"]))
+    row["n_questions"] = len(item.questions)
+    if config.variant == "ref":
+        row["n_references"] = len(item.contexts)
+    row["flags"] = sorted(item.flags)
+    row["signature"] = signature
+    return row
+
+
+def _explanation(
+    item: CaptionWork, own: list[str], ctx_answers: list[str], values: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """Per-question evidence (spec section 7): candidate, question, answers and the three values."""
+    m = len(item.questions)
+    questions = []
+    for i, (question, source) in enumerate(zip(item.questions, item.sources, strict=True)):
+        questions.append({
+            "candidate": source,
+            "question": question,
+            "answer_on_caption": own[i],
+            "answers_on_context": [ctx_answers[c * m + i] for c in range(len(item.contexts))],
+            "f1": [float(v) for v in values["f1"][:, i]],
+            "bs": [float(v) for v in values["bs"][:, i]],
+            "an": [float(v) for v in values["an"][:, i]],
+        })
+    return {"caption": item.record.caption, "candidates": item.candidates, "questions": questions}

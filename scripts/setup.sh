@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv and install qace with its test extras. Idempotent: re-running only updates.
+# torch: a torch already in .venv is kept (install your CUDA build first if you want one); otherwise
+# torch==2.13.0 is installed, which on machines with a local CPU wheel takes that wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e '.[test]'
+echo "qace installed in .venv"
