@@ -106,14 +106,19 @@ class ResultWriter:
 
     def _open_complete(self) -> None:
         """A finished output: check its signature when it records one, and load its ids."""
-        found = _final_signature(self.path, self.fmt)
+        try:
+            found = _final_signature(self.path, self.fmt)
+            self._done = set(_final_ids(self.path, self.fmt))
+            if self.errors_path.exists():
+                self._done.update(_jsonl_ids(self.errors_path))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ResumeError(
+                f"cannot read existing output {self.path} ({exc}); remove it or pick another path"
+            ) from exc
         if found is not None and found != self.signature:
             raise ResumeError(_mismatch(self.path, found, self.signature))
-        if found is None:
+        if found is None and self._done:
             log.warning("%s records no signature; cannot verify it matches %s", self.path, self.signature)
-        self._done = set(_final_ids(self.path, self.fmt))
-        if self.errors_path.exists():
-            self._done.update(_jsonl_ids(self.errors_path))
         if self.partial.exists():
             log.info("removing leftover %s of a run that finished", self.partial)
             shutil.rmtree(self.partial)
@@ -136,6 +141,22 @@ class ResultWriter:
             raise ResumeError(
                 f"{self.partial} holds {manifest.get('format')} output but {self.fmt} was requested"
             )
+        try:
+            listed = self._check_chunks(manifest)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResumeError(f"{self.partial} is corrupt ({exc!r}); remove it to start over") from exc
+        for stray in self.partial.iterdir():
+            if stray.is_dir():
+                log.warning("ignoring foreign directory %s", stray)
+            elif stray.name not in listed:
+                log.info("removing uncommitted %s", stray)
+                stray.unlink()
+        self._manifest = manifest
+        self._seen = set(self._done)
+        log.info("resuming %s: %d ids already done", self.path, len(self._done))
+
+    def _check_chunks(self, manifest: dict[str, Any]) -> set[str]:
+        """Load the ids of every committed chunk; return the file names the manifest owns."""
         listed = {"manifest.json"}
         for chunk in manifest["chunks"]:
             names = [f"{chunk['name']}.rows.jsonl"] + (
@@ -150,13 +171,7 @@ class ResultWriter:
             self._done.update(_jsonl_ids(self.partial / names[0]))
             if chunk["errors"]:
                 self._done.update(_jsonl_ids(self.partial / names[1]))
-        for stray in self.partial.iterdir():
-            if stray.name not in listed:
-                log.info("removing uncommitted %s", stray)
-                stray.unlink()
-        self._manifest = manifest
-        self._seen = set(self._done)
-        log.info("resuming %s: %d ids already done", self.path, len(self._done))
+        return listed
 
     def done_ids(self) -> set[str]:
         """Ids already committed (scored rows and errors) by an earlier run of this output."""

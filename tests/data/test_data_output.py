@@ -204,3 +204,20 @@ def test_empty_run_writes_empty_output(tmp_path: Path) -> None:
         assert path.exists() and not path.with_name(f"empty{suffix}.partial").exists()
         with ResultWriter(path, signature=SIG, resume=True) as writer:
             assert writer.done_ids() == set()
+
+
+def test_corrupt_partial_or_final_is_a_resume_error(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    writer = ResultWriter(path, signature=SIG, chunk_size=1)
+    writer.add(_row(0))
+    partial = path.with_name("out.jsonl.partial")
+    (partial / "000000.rows.jsonl").unlink()
+    with pytest.raises(ResumeError, match="missing committed chunk 000000.rows.jsonl"):
+        ResultWriter(path, signature=SIG, resume=True)
+    (partial / "manifest.json").write_text("{not json")
+    with pytest.raises(ResumeError, match="unreadable"):
+        ResultWriter(path, signature=SIG, resume=True)
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text("this is not ours\n")
+    with pytest.raises(ResumeError, match="cannot read existing output"):
+        ResultWriter(foreign, signature=SIG, resume=True)
