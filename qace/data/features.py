@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -301,7 +301,7 @@ def _pairs(
         store = source
         ids = list(store.ids())
         return ((image_id, store.get(image_id)) for image_id in ids), len(ids)
-    total = len(source) if hasattr(source, "__len__") else None
+    total = len(source) if isinstance(source, Sized) else None
     return iter(source), total
 
 

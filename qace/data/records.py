@@ -164,8 +164,12 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
                 text, bad_bytes = raw.decode("utf-8", errors="surrogateescape"), True
             try:
                 obj = json.loads(text)
-            except ValueError as exc:
-                yield where, _Bad("non-UTF-8 bytes" if bad_bytes else f"malformed JSON ({exc.msg})")
+            except json.JSONDecodeError as exc:
+                reason = f"malformed JSON ({exc.msg} at column {exc.colno})"
+                yield where, _Bad("non-UTF-8 bytes" if bad_bytes else reason)
+                continue
+            except (ValueError, RecursionError):  # e.g. nesting too deep to parse
+                yield where, _Bad("malformed JSON (too deeply nested)")
                 continue
             if bad_bytes:
                 obj = _Bad("non-UTF-8 bytes", obj.get("id") if isinstance(obj, dict) else None)

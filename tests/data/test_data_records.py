@@ -56,6 +56,7 @@ BAD_JSONL: list[tuple[bytes | str, str, str]] = [
     ('{"caption": "no id"}', "line 14", "line 14: missing id"),
     ('{"id": "good", "caption": "duplicate of this id follows"}', "", ""),
     ('{"id": "i1", "caption": "x", "image_id": [1]}', "i1", "image_id must be"),
+    ("[" * 100_000, "line 17", "too deeply nested"),
 ]
 
 
@@ -79,7 +80,7 @@ def test_jsonl_bad_inputs_each_named_and_reading_continues(tmp_path: Path) -> No
         assert reason in error.reason
     # errors name their physical line
     assert errors[0].reason.startswith("line 2:")
-    assert errors[-1].reason.startswith("line 17:") and "first on line 15" in errors[-1].reason
+    assert errors[-1].reason.startswith("line 18:") and "first on line 15" in errors[-1].reason
 
 
 def test_csv_references_json_column(tmp_path: Path) -> None:
@@ -129,7 +130,8 @@ def test_csv_long_caption_is_not_an_error(tmp_path: Path) -> None:
     path = tmp_path / "in.csv"
     path.write_text("id,caption\nlong," + "w" * 300_000 + "\nnext,ok\n", encoding="utf-8")
     items = list(read_records(path))
-    assert [type(i) for i in items] == [Record, Record] and len(items[0].caption) == 300_000
+    assert [type(i) for i in items] == [Record, Record]
+    assert isinstance(items[0], Record) and len(items[0].caption) == 300_000
 
 
 def test_coco_results_with_annotation_references(tmp_path: Path) -> None:
