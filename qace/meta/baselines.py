@@ -1,0 +1,197 @@
+"""Reference metrics to compare QACE against: pycocoevalcap's BLEU/ROUGE-L/METEOR/CIDEr, BERTScore.
+
+Scores are per candidate, computed the way the published tables computed them (PTB tokenizer,
+CIDEr document frequencies over the evaluated candidates' reference sets), so correlations
+reproduce the papers. Everything is cached on disk keyed by the metric, the library version and
+a hash of the inputs, because METEOR (a Java process) takes minutes on a few thousand captions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from qace.errors import BackendUnavailableError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+#: Metrics pycocoevalcap computes here, in report order.
+COCO_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "meteor", "cider")
+#: Every baseline name accepted by :func:`compute_baselines` (SPICE is recognised but skipped).
+BASELINES = (*COCO_METRICS, "bertscore", "spice")
+#: Display names for tables.
+DISPLAY = {
+    "bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4",
+    "rouge_l": "ROUGE-L", "meteor": "METEOR", "cider": "CIDEr", "bertscore": "BERTScore",
+    "spice": "SPICE",
+}
+SPICE_SKIP_MESSAGE = (
+    "SPICE skipped: it needs Stanford CoreNLP models that pycocoevalcap downloads on first use, "
+    "and this machine is offline. Run pycocoevalcap's get_stanford_models once with network access "
+    "and compute SPICE yourself, then pass the scores with --scores."
+)
+
+
+def default_cache_dir() -> Path:
+    """``<repo root>/.qace-cache/meta`` (ignored by git)."""
+    return Path(__file__).resolve().parents[2] / ".qace-cache" / "meta"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def _cache_key(metric: str, candidates: Sequence[str], references: Sequence[Sequence[str]]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([metric, _version("pycocoevalcap"), list(candidates),
+                         [list(r) for r in references]]).encode())
+    return f"{metric}-{h.hexdigest()[:20]}"
+
+
+def _tokenize(candidates: Sequence[str], references: Sequence[Sequence[str]]) -> tuple[dict, dict]:
+    """PTB-tokenize candidates and references in one Java call; returns (gts, res) dicts."""
+    try:
+        from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+    except ImportError as exc:
+        raise BackendUnavailableError("pycocoevalcap is not installed: pip install 'qace[meta]'") from exc
+    batch: dict[str, list[dict[str, str]]] = {}
+    for i, (cand, refs) in enumerate(zip(candidates, references, strict=True)):
+        batch[f"c{i}"] = [{"caption": cand or "."}]
+        batch[f"r{i}"] = [{"caption": r} for r in refs]
+    try:
+        tok = PTBTokenizer().tokenize(batch)
+    except OSError as exc:
+        raise BackendUnavailableError(f"the PTB tokenizer needs Java on PATH: {exc}") from exc
+    n = len(candidates)
+    gts = {i: tok[f"r{i}"] for i in range(n)}
+    res = {i: tok[f"c{i}"] for i in range(n)}
+    return gts, res
+
+
+def _coco_scores(metric_names: Sequence[str], gts: dict, res: dict) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    bleus = [m for m in metric_names if m.startswith("bleu")]
+    if bleus:
+        from pycocoevalcap.bleu.bleu import Bleu
+
+        _, per_n = Bleu(4).compute_score(gts, res, verbose=0)
+        for m in bleus:
+            out[m] = np.asarray(per_n[int(m[-1]) - 1], dtype=float)
+    if "rouge_l" in metric_names:
+        from pycocoevalcap.rouge.rouge import Rouge
+
+        out["rouge_l"] = np.asarray(Rouge().compute_score(gts, res)[1], dtype=float)
+    if "cider" in metric_names:
+        from pycocoevalcap.cider.cider import Cider
+
+        out["cider"] = np.asarray(Cider().compute_score(gts, res)[1], dtype=float)
+    if "meteor" in metric_names:
+        out["meteor"] = _meteor(gts, res)
+    return out
+
+
+def _meteor(gts: dict, res: dict) -> np.ndarray:
+    """METEOR 1.5 per candidate, driving pycocoevalcap's jar the way its wrapper does.
+
+    The wrapper's own class closes its pipes in ``__del__`` (noisy at interpreter exit), so
+    the same protocol is spoken here: one ``SCORE`` line per candidate, then one ``EVAL``.
+    """
+    import pycocoevalcap.meteor.meteor as meteor_mod
+
+    jar_dir = Path(meteor_mod.__file__).parent
+    cmd = ["java", "-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm"]
+    logger.info("METEOR on %d candidates (Java; this takes a while)", len(res))
+    proc = subprocess.Popen(cmd, cwd=jar_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    stdin, stdout = proc.stdin, proc.stdout
+    if stdin is None or stdout is None:  # pragma: no cover - Popen with PIPE always sets them
+        raise BackendUnavailableError("could not open pipes to the METEOR jar")
+    try:
+        stats = []
+        for key in res:
+            hyp = res[key][0].replace("|||", "").replace("  ", " ")
+            stdin.write(("SCORE ||| " + " ||| ".join(gts[key]) + " ||| " + hyp + "\n").encode())
+            stdin.flush()
+            stats.append(stdout.readline().decode().strip())
+        stdin.write(("EVAL ||| " + " ||| ".join(stats) + "\n").encode())
+        stdin.flush()
+        scores = [float(stdout.readline().strip()) for _ in stats]
+        stdout.readline()  # the corpus-level score
+    finally:
+        stdin.close()
+        proc.kill()
+        proc.wait()
+    return np.asarray(scores, dtype=float)
+
+
+def bertscore_max_f1(candidates: Sequence[str], references: Sequence[Sequence[str]]) -> np.ndarray:
+    """BERTScore F1 of each candidate against its best reference, with the offline encoder.
+
+    Uses ``qace.kernels.bertscore.BertScoreMatcher`` (imported lazily: it pulls in torch).
+    """
+    try:
+        from qace.kernels.bertscore import BertScoreMatcher
+    except ImportError as exc:
+        raise BackendUnavailableError(f"BERTScore needs qace.kernels.bertscore: {exc}") from exc
+    flat_c, flat_r, owner = [], [], []
+    for i, (cand, refs) in enumerate(zip(candidates, references, strict=True)):
+        for r in refs:
+            flat_c.append(cand)
+            flat_r.append(r)
+            owner.append(i)
+    f1 = np.asarray(BertScoreMatcher().score(flat_c, flat_r), dtype=float)
+    out = np.full(len(candidates), -np.inf)
+    np.maximum.at(out, np.asarray(owner, dtype=np.int64), f1)
+    return out
+
+
+def compute_baselines(
+    candidates: Sequence[str],
+    references: Sequence[Sequence[str]],
+    metrics: Sequence[str] = COCO_METRICS,
+    cache_dir: Path | str | None = None,
+    use_cache: bool = True,
+) -> dict[str, np.ndarray]:
+    """Per-candidate scores of each named baseline, read from or written to the disk cache.
+
+    ``references[i]`` are candidate ``i``'s references. The CIDEr document frequencies come
+    from exactly these reference sets, so pass the whole evaluated set in one call. Metrics
+    that cannot run here (SPICE offline) are skipped with a warning, not an error, so a
+    report still comes out. ``cache_dir`` defaults to :func:`default_cache_dir`.
+    """
+    unknown = [m for m in metrics if m not in BASELINES]
+    if unknown:
+        raise ConfigError(f"unknown baseline metric(s) {unknown}; choose from {list(BASELINES)}")
+    cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
+    out: dict[str, np.ndarray] = {}
+    todo = []
+    for m in metrics:
+        if m == "spice":
+            logger.warning(SPICE_SKIP_MESSAGE)
+            continue
+        path = cache / f"{_cache_key(m, candidates, references)}.npy" if cache else None
+        if path is not None and path.exists():
+            out[m] = np.load(path)
+        else:
+            todo.append(m)
+    coco = [m for m in todo if m in COCO_METRICS]
+    if coco:
+        gts, res = _tokenize(candidates, references)
+        out.update(_coco_scores(coco, gts, res))
+    if "bertscore" in todo:
+        out["bertscore"] = bertscore_max_f1(candidates, references)
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        for m in todo:
+            np.save(cache / f"{_cache_key(m, candidates, references)}.npy", out[m])
+    return {m: out[m] for m in metrics if m in out}

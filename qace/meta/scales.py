@@ -1,0 +1,68 @@
+"""Verbal readings of agreement and correlation figures on the scales people cite.
+
+A bare 0.52 means little to a reader; "moderate (Landis-Koch), unreliable (Krippendorff)" says
+what it licenses. The three scales disagree on purpose: Landis and Koch (1977) grade kappa
+generously for exploratory work, Krippendorff (1980) sets the bar for drawing conclusions from
+the data, and Rosenthal (1996) grades effect sizes such as correlations. Percent agreement is
+not chance-corrected, so no scale is applied to it.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: (lower bound, label) from the top down; a value takes the first label whose bound it reaches.
+LANDIS_KOCH = ((0.81, "almost perfect"), (0.61, "substantial"), (0.41, "moderate"), (0.21, "fair"),
+               (0.0, "slight"), (-math.inf, "poor"))
+KRIPPENDORFF = ((0.800, "reliable"), (0.667, "tentative conclusions only"), (-math.inf, "unreliable"))
+ROSENTHAL = ((0.70, "very large"), (0.50, "large"), (0.30, "medium"), (0.10, "small"),
+             (0.0, "very small"))
+
+#: Figure kinds: chance-corrected agreement, correlation/association, raw proportion.
+KINDS = ("agreement", "correlation", "proportion")
+
+
+def _grade(value: float, scale: tuple[tuple[float, str], ...]) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    for bound, label in scale:
+        if value >= bound - 1e-12:
+            return label
+    return scale[-1][1]
+
+
+def landis_koch(value: float) -> str:
+    """Landis & Koch (1977): poor < 0 <= slight <= .20 < fair <= .40 < moderate <= .60 < ..."""
+    # Their bands are 0.00-0.20, 0.21-0.40, ...: values are read at two decimals.
+    return _grade(round(value, 2) if math.isfinite(value) else value, LANDIS_KOCH)
+
+
+def krippendorff_1980(value: float) -> str:
+    """Krippendorff (1980/2004): >= .800 reliable, >= .667 tentative, below that unreliable."""
+    return _grade(value, KRIPPENDORFF)
+
+
+def rosenthal_1996(value: float) -> str:
+    """Rosenthal (1996) on |r|: .10 small, .30 medium, .50 large, .70 very large."""
+    return _grade(abs(value) if math.isfinite(value) else value, ROSENTHAL)
+
+
+def readings(value: float, kind: str = "agreement") -> dict[str, str]:
+    """Readings of ``value`` on every scale that applies to its ``kind``.
+
+    Agreement and correlation figures are read on Krippendorff's and Landis-Koch's scales
+    (people use both for either); correlations also on Rosenthal's. Proportions get none.
+    """
+    if kind == "proportion":
+        return {}
+    out = {"krippendorff_1980": krippendorff_1980(value), "landis_koch_1977": landis_koch(value)}
+    if kind == "correlation":
+        out["rosenthal_1996"] = rosenthal_1996(value)
+    return out
+
+
+def reading_text(value: float, kind: str = "agreement") -> str:
+    """Short form for tables: ``"KA: unreliable; LK: moderate; R: large"``."""
+    short = {"krippendorff_1980": "KA", "landis_koch_1977": "LK", "rosenthal_1996": "R"}
+    r = readings(value, kind)
+    return "; ".join(f"{short[k]}: {v}" for k, v in r.items()) if r else "not chance-corrected"
