@@ -1,0 +1,286 @@
+"""Offline-first loading of the three QACE models, with errors that say what to do next.
+
+A missing or wrong model is the most common first-run failure, and transformers' own messages
+(network retries, random init of missing weights) hide it. Every failure here becomes a
+``ModelNotFoundError`` naming the role, what was tried and the fix; a checkpoint that loads but lacks
+weights (e.g. a Visual-T5 without ``encoder.img_emb``) is rejected instead of silently random.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
+
+from qace.errors import ConfigError, ModelNotFoundError
+from qace.models.testing import TEST_MODEL_MARKER
+from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_QG = "mrm8488/t5-base-finetuned-question-generation-ap"
+"""Question generation model of the release (spec section 2)."""
+DEFAULT_TQA = "valhalla/t5-base-qa-qg-hl"
+"""Text QA model of the release (spec section 3)."""
+DEFAULT_VQA = "~/.cache/qace/visual-t5"
+"""Where the Visual-T5 checkpoint is looked for (env ``QACE_VQA`` overrides): no hub id exists for
+the release, so this is a directory in our layout or the release's raw state-dict file (spec section 4)."""
+VQA_BASE = "t5-small"
+"""Config and tokenizer used with a raw Visual-T5 state dict (the release trained from t5-small)."""
+RAW_STATE_DICT_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors")
+WEIGHT_FILE_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+ROLES = ("qg", "tqa", "vqa")
+IMG_EMB_KEYS = ("encoder.img_emb.weight", "encoder.img_emb.bias")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for inference plus what the score signature and CLI need to know about it."""
+
+    model: Any
+    tokenizer: Any
+    source: str
+    fingerprint: str
+    is_test_model: bool
+
+
+def _fix_hint() -> str:
+    return (
+        "Fix: pass --models DIR (a directory holding qg/, tqa/, vqa/ in Hugging Face layout), "
+        "build tiny test models with `qace make-test-models DIR` (their scores mean nothing), "
+        "or download the model with `huggingface-cli download <id>` while online."
+    )
+
+
+def _not_found(role: str, tried: str, why: str) -> ModelNotFoundError:
+    return ModelNotFoundError(f"{role.upper()} model: {why} (tried {tried}). {_fix_hint()}")
+
+
+def is_test_model(path: str | Path) -> bool:
+    """True for directories written by ``make_test_models``: the CLI must warn that scores mean nothing."""
+    return (Path(path).expanduser() / TEST_MODEL_MARKER).is_file()
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """``owner/name`` or ``name``, not a filesystem path (``./x``, ``/x``, ``~/x``, ``x/y/z``)."""
+    return not name.startswith((".", "/", "~")) and name.count("/") <= 1 and "\\" not in name
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _hub_attempts(name: str) -> list[bool]:
+    """``local_files_only`` values to try, cache first; online only if HF_HUB_OFFLINE is not set."""
+    return [True] if _offline() else [True, False]
+
+
+def _load_t5(
+    cls: type[T5ForConditionalGeneration],
+    source: str,
+    role: str,
+    *,
+    local_files_only: bool,
+    dtype: torch.dtype,
+    required: Sequence[str] = (),
+) -> tuple[Any, Any]:
+    """Load config, weights and tokenizer of one checkpoint; raise ModelNotFoundError on anything odd."""
+    config = AutoConfig.from_pretrained(source, local_files_only=local_files_only)
+    if config.model_type != "t5":
+        raise _not_found(role, source, f"checkpoint has model_type {config.model_type!r}, not a T5 model")
+    model, info = cls.from_pretrained(
+        source, config=config, dtype=dtype, local_files_only=local_files_only, output_loading_info=True
+    )
+    missing = sorted(set(info.get("missing_keys", ())))
+    absent = [k for k in required if k in missing]
+    if absent:
+        raise _not_found(role, source, f"not a Visual-T5 checkpoint: weights {absent} are missing")
+    if missing:
+        raise _not_found(role, source, f"checkpoint lacks weights {missing[:5]} (wrong architecture?)")
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+    return model, tokenizer
+
+
+def _load_source(
+    cls: type[T5ForConditionalGeneration],
+    name_or_path: str,
+    role: str,
+    dtype: torch.dtype,
+    required: Sequence[str] = (),
+) -> tuple[Any, Any]:
+    """Local directory directly; hub id from the HF cache first, then online unless HF_HUB_OFFLINE=1."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise _not_found(role, str(path), "directory has no config.json, so it is not a T5 checkpoint")
+        attempts = [True]
+        source = str(path)
+    elif path.exists() or not _looks_like_hub_id(name_or_path):
+        raise _not_found(role, str(path), "no such model directory")
+    else:
+        attempts = _hub_attempts(name_or_path)
+        source = name_or_path
+    errors: list[str] = []
+    for local_only in attempts:
+        try:
+            return _load_t5(cls, source, role, local_files_only=local_only, dtype=dtype, required=required)
+        except ModelNotFoundError:
+            raise
+        except (OSError, ValueError, KeyError) as exc:
+            where = "local files" if local_only else "the Hugging Face hub"
+            errors.append(f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            logger.debug("loading %s model from %s failed", role, where, exc_info=True)
+    offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if _offline() and not path.exists() else ""
+    raise _not_found(role, source, "could not load it" + offline + "; " + "; ".join(errors))
+
+
+def _finish(model: Any, device: str | torch.device, dtype: torch.dtype) -> Any:
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_seq2seq(
+    name_or_path: str, *, role: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[Any, Any]:
+    """Load the QG or TQA T5 model (hub id or local directory) in eval mode, with its tokenizer."""
+    if role.lower() not in {"qg", "tqa"}:
+        raise ConfigError(f"load_seq2seq role must be 'qg' or 'tqa', got {role!r}")
+    model, tokenizer = _load_source(T5ForConditionalGeneration, str(name_or_path), role, dtype)
+    return _finish(model, device, dtype), tokenizer
+
+
+def load_visual_t5(
+    name_or_path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[VisualT5ForConditionalGeneration, Any]:
+    """Load Visual-T5 from a directory in our layout, or a raw release state-dict file + t5-small."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix in RAW_STATE_DICT_SUFFIXES:
+        model, tokenizer = _load_raw_state_dict(path, dtype)
+    else:
+        model, tokenizer = _load_source(
+            VisualT5ForConditionalGeneration, str(name_or_path), "vqa", dtype, required=IMG_EMB_KEYS
+        )
+    return _finish(model, device, dtype), tokenizer
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict")
+    for prefix in ("module.", "model."):  # DataParallel / Lightning wrappers
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix) :]: v for k, v in state.items()}
+    return state
+
+
+def _load_raw_state_dict(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The release ships ``torch.save(model.state_dict())``: pair it with t5-small's config/tokenizer."""
+    try:
+        state = _read_state_dict(path)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise _not_found("vqa", str(path), f"cannot read the state dict: {exc}") from exc
+    absent = [k for k in IMG_EMB_KEYS if k not in state]
+    if absent:
+        raise _not_found("vqa", str(path), f"not a Visual-T5 checkpoint: weights {absent} are missing")
+    errors: list[str] = []
+    for local_only in _hub_attempts(VQA_BASE):
+        try:
+            config = AutoConfig.from_pretrained(VQA_BASE, local_files_only=local_only)
+            tokenizer = AutoTokenizer.from_pretrained(VQA_BASE, local_files_only=local_only)
+            break
+        except (OSError, ValueError) as exc:
+            errors.append(f"{VQA_BASE} ({'cache' if local_only else 'hub'}): {type(exc).__name__}")
+    else:
+        raise _not_found(
+            "vqa", f"{path} + {VQA_BASE}", "cannot load the t5-small config/tokenizer; " + "; ".join(errors)
+        )
+    config.d_model = int(state["encoder.img_emb.weight"].shape[0])
+    model = VisualT5ForConditionalGeneration(config)
+    result = model.load_state_dict(state, strict=False)
+    tied = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"}
+    missing = sorted(set(result.missing_keys) - tied)
+    if missing:
+        raise _not_found("vqa", str(path), f"state dict lacks weights {missing[:5]}")
+    model.tie_weights()
+    return model.to(dtype), tokenizer
+
+
+def _weight_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted({f for pattern in WEIGHT_FILE_PATTERNS for f in path.glob(pattern)})
+
+
+def checkpoint_fingerprint(model_dir_or_id: str | Path) -> str:
+    """Hub id for hub models; ``sha256-<12 hex>`` of the weight file(s) for local checkpoints.
+
+    Feeds the score signature: two local directories with the same name but other weights must not
+    produce comparable-looking scores.
+    """
+    path = Path(model_dir_or_id).expanduser()
+    if not path.exists():
+        return str(model_dir_or_id)
+    files = _weight_files(path)
+    if not files:
+        raise ModelNotFoundError(
+            f"{path}: no weight files ({', '.join(WEIGHT_FILE_PATTERNS)}) to fingerprint"
+        )
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return f"sha256-{digest.hexdigest()[:12]}"
+
+
+def default_sources() -> dict[str, str]:
+    """The models used when no directory is given (QACE_VQA overrides the Visual-T5 location)."""
+    return {"qg": DEFAULT_QG, "tqa": DEFAULT_TQA, "vqa": os.environ.get("QACE_VQA", DEFAULT_VQA)}
+
+
+def load_models(
+    models_dir: str | Path | None,
+    *,
+    roles: Sequence[str] = ROLES,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, LoadedModel]:
+    """Load the requested roles from ``models_dir/{qg,tqa,vqa}``, or the defaults when it is None.
+
+    ``roles`` lets QACE-Ref skip Visual-T5, which it never uses.
+    """
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown:
+        raise ConfigError(f"unknown model roles {unknown}; choose from {list(ROLES)}")
+    if models_dir is not None and not Path(models_dir).expanduser().is_dir():
+        raise ModelNotFoundError(f"models directory {models_dir} does not exist. {_fix_hint()}")
+    sources = (
+        default_sources()
+        if models_dir is None
+        else {r: str(Path(models_dir).expanduser() / r) for r in ROLES}
+    )
+    loaded: dict[str, LoadedModel] = {}
+    for role in roles:
+        source = sources[role]
+        if role == "vqa":
+            model, tokenizer = load_visual_t5(source, device=device, dtype=dtype)
+        else:
+            model, tokenizer = load_seq2seq(source, role=role, device=device, dtype=dtype)
+        test = is_test_model(source)
+        if test:
+            logger.warning("%s model %s is a qace TEST model: scores mean nothing", role.upper(), source)
+        loaded[role] = LoadedModel(model, tokenizer, source, checkpoint_fingerprint(source), test)
+    return loaded

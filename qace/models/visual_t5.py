@@ -1,0 +1,136 @@
+"""Visual-T5: T5 whose encoder also reads 36 projected region features (spec section 4).
+
+The release extends T5-small with one ``nn.Linear(2054, d_model)`` stored as ``encoder.img_emb``;
+keeping that exact attribute path keeps our state-dict keys identical to the release checkpoint, so
+it loads without renaming. The encoder input has a fixed layout of 102 positions (64 question slots,
+two "image :" prefix tokens, 36 regions): relative position bias spans all of them, so the padding
+is part of the model's input and must never be squeezed out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import T5Config, T5ForConditionalGeneration
+from transformers.modeling_outputs import BaseModelOutput
+
+from qace.errors import FeatureError, InputError
+
+logger = logging.getLogger(__name__)
+
+NUM_REGIONS = 36
+"""Region boxes per image in the bottom-up-attention features the release was trained on."""
+REGION_DIM = 2054
+"""2048 pooled CNN features plus 6 box numbers per region."""
+QUESTION_SLOTS = 64
+"""Fixed number of question-token positions; shorter questions are right-padded with id 0."""
+DEFAULT_IMAGE_PREFIX_IDS: tuple[int, ...] = (1023, 10)
+"""``"image :"`` in the t5-small vocabulary, placed between the question and the regions."""
+VISUAL_QUESTION_PREFIX = "visual answer: "
+"""Task prefix the release puts before every visual question."""
+PAD_ID = 0
+"""T5's pad id, used for the empty question slots (release)."""
+
+
+def encoder_length(config: T5Config) -> int:
+    """Number of encoder positions (102 for the release layout)."""
+    return QUESTION_SLOTS + len(image_prefix_ids(config)) + NUM_REGIONS
+
+
+def image_prefix_ids(config: T5Config) -> tuple[int, ...]:
+    """The prefix token ids for this checkpoint: ``config.image_prefix_ids`` or the release default."""
+    ids = getattr(config, "image_prefix_ids", None)
+    return DEFAULT_IMAGE_PREFIX_IDS if ids is None else tuple(int(i) for i in ids)
+
+
+class VisualT5ForConditionalGeneration(T5ForConditionalGeneration):
+    """T5 with a region-feature projection at ``encoder.img_emb`` (release layout).
+
+    Answering is two calls: :meth:`encode_visual` builds the 102-position encoder output, then the
+    ordinary ``generate(encoder_outputs=..., attention_mask=...)`` decodes; this keeps Hugging Face's
+    decoding untouched, and the engine's own decoding loop can reuse the same encoder output.
+    """
+
+    def __init__(self, config: T5Config) -> None:
+        super().__init__(config)
+        # Attached to the encoder stack (not the top model) so the keys read encoder.img_emb.*.
+        self.encoder.img_emb = nn.Linear(REGION_DIM, config.d_model)
+
+    @property
+    def prefix_ids(self) -> tuple[int, ...]:
+        """Token ids placed between question slots and regions."""
+        return image_prefix_ids(self.config)
+
+    def encode_visual(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        features: torch.Tensor,
+    ) -> tuple[BaseModelOutput, torch.Tensor]:
+        """Encode question slots + prefix + regions; return the encoder output and its (B, 102) mask.
+
+        ``input_ids``/``attention_mask`` are (B, 64) from :func:`visual_question_inputs`;
+        ``features`` is (B, 36, 2054). The mask is needed again by the decoder's cross-attention.
+        """
+        _check_shapes(input_ids, attention_mask, features)
+        batch = input_ids.shape[0]
+        shared = self.get_input_embeddings()
+        device = shared.weight.device
+        input_ids = input_ids.to(device)
+        attention_mask = attention_mask.to(device)
+        prefix = torch.tensor(self.prefix_ids, dtype=torch.long, device=device).expand(batch, -1)
+        img_emb: nn.Linear = self.encoder.img_emb
+        regions = img_emb(features.to(device=device, dtype=img_emb.weight.dtype))
+        embeds = torch.cat([shared(input_ids), shared(prefix), regions.to(shared.weight.dtype)], dim=1)
+        ones = attention_mask.new_ones((batch, prefix.shape[1] + NUM_REGIONS))
+        full_mask = torch.cat([attention_mask, ones], dim=1)
+        encoder_outputs = self.encoder(inputs_embeds=embeds, attention_mask=full_mask, return_dict=True)
+        return BaseModelOutput(last_hidden_state=encoder_outputs.last_hidden_state), full_mask
+
+
+def _check_shapes(input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor) -> None:
+    """Reject wrongly shaped inputs with a message, instead of a matmul error deep inside T5."""
+    if input_ids.ndim != 2 or input_ids.shape[1] != QUESTION_SLOTS:
+        raise InputError(
+            f"visual question ids must have shape (B, {QUESTION_SLOTS}), got {tuple(input_ids.shape)}"
+        )
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise InputError(
+            f"attention mask shape {tuple(attention_mask.shape)} differs from ids {tuple(input_ids.shape)}"
+        )
+    expected = (input_ids.shape[0], NUM_REGIONS, REGION_DIM)
+    if tuple(features.shape) != expected:
+        raise FeatureError(f"region features must have shape {expected}, got {tuple(features.shape)}")
+
+
+def visual_question_inputs(
+    tokenizer: object, questions: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+    """Tokenize ``"visual answer: " + q`` without EOS into 64 right-padded slots (release layout).
+
+    Returns ``(input_ids, attention_mask, truncated)``; both tensors are (B, 64) int64. Questions
+    longer than 64 tokens are cut to 64 and flagged, where the release crashed (spec, ours).
+    """
+    if isinstance(questions, str):
+        raise InputError("visual_question_inputs expects a sequence of questions, not a single string")
+    batch = len(questions)
+    ids = np.full((batch, QUESTION_SLOTS), PAD_ID, dtype=np.int64)
+    mask = np.zeros((batch, QUESTION_SLOTS), dtype=np.int64)
+    truncated: list[bool] = []
+    if batch:
+        encoded = tokenizer(  # type: ignore[operator]
+            [VISUAL_QUESTION_PREFIX + q for q in questions], add_special_tokens=False
+        )["input_ids"]
+        for row, tokens in enumerate(encoded):
+            cut = len(tokens) > QUESTION_SLOTS
+            tokens = tokens[:QUESTION_SLOTS]
+            ids[row, : len(tokens)] = tokens
+            mask[row, : len(tokens)] = 1
+            truncated.append(cut)
+            if cut:
+                logger.warning("visual question %d truncated to %d tokens", row, QUESTION_SLOTS)
+    return torch.from_numpy(ids), torch.from_numpy(mask), truncated
