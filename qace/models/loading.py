@@ -163,10 +163,24 @@ def load_visual_t5(
     if path.is_file() and path.suffix in RAW_STATE_DICT_SUFFIXES:
         model, tokenizer = _load_raw_state_dict(path, dtype)
     else:
+        _precheck_img_emb(path)
         model, tokenizer = _load_source(
             VisualT5ForConditionalGeneration, str(name_or_path), "vqa", dtype, required=IMG_EMB_KEYS
         )
     return _finish(model, device, dtype), tokenizer
+
+
+def _precheck_img_emb(path: Path) -> None:
+    """Reject a plain T5 directory before transformers loads it and random-initialises img_emb."""
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as handle:
+        absent = [k for k in IMG_EMB_KEYS if k not in set(handle.keys())]
+    if absent:
+        raise _not_found("vqa", str(path), f"not a Visual-T5 checkpoint: weights {absent} are missing")
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:

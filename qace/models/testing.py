@@ -347,8 +347,32 @@ def make_test_models(out_dir: str | Path, *, seed: int = 0, force: bool = False)
             raise ConfigError(
                 f"{existing} exists and is not a qace test model; choose another directory or pass force=True"
             )
-    start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
+    with _build_lock(out):
+        if not force and _is_complete(out, seed):  # another process finished while we waited
+            return out
+        _build_into(out, seed)
+    return out
+
+
+@contextlib.contextmanager
+def _build_lock(out: Path) -> Iterator[None]:
+    """Serialise concurrent builds into one directory (parallel test sessions share the cache)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no locking, the temp-dir-then-rename build is still atomic per role
+        yield
+        return
+    with (out / ".build.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_into(out: Path, seed: int) -> None:
+    start = time.perf_counter()
     (out / COMPLETE_MARKER).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp_name:
         tmp = Path(tmp_name)
@@ -360,7 +384,6 @@ def make_test_models(out_dir: str | Path, *, seed: int = 0, force: bool = False)
     info = {"seed": seed, "build_version": BUILD_VERSION, "seconds": round(time.perf_counter() - start, 1)}
     (out / COMPLETE_MARKER).write_text(json.dumps(info) + "\n")
     logger.warning("built qace TEST models in %s (%.1f s); their scores mean nothing", out, info["seconds"])
-    return out
 
 
 def _build_all(tmp: Path, seed: int) -> None:

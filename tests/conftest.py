@@ -1,0 +1,19 @@
+"""Shared fixtures. Keep this file small: one fixture per shared, expensive resource."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def test_models_dir() -> Path:
+    """Tiny trained qg/tqa/vqa models, built once and cached (QACE_TEST_MODELS or .qace-cache/)."""
+    from qace.models.testing import make_test_models
+
+    cache = Path(os.environ.get("QACE_TEST_MODELS") or REPO_ROOT / ".qace-cache" / "test-models")
+    return make_test_models(cache)  # reuses a complete build; rebuilds a partial one

@@ -1,0 +1,114 @@
+"""Loading: offline-first, every failure a ModelNotFoundError that names role and fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from qace.errors import ConfigError, ModelNotFoundError
+from qace.models.loading import (
+    checkpoint_fingerprint,
+    is_test_model,
+    load_models,
+    load_seq2seq,
+    load_visual_t5,
+)
+from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never wait on network retries in tests
+
+
+def test_load_models_from_dir(test_models_dir) -> None:
+    models = load_models(test_models_dir)
+    assert set(models) == {"qg", "tqa", "vqa"}
+    assert isinstance(models["vqa"].model, VisualT5ForConditionalGeneration)
+    for loaded in models.values():
+        assert not loaded.model.training
+        assert loaded.is_test_model
+        assert loaded.fingerprint.startswith("sha256-") and len(loaded.fingerprint) == 19
+        assert loaded.tokenizer.eos_token_id == 1
+
+
+def test_load_models_subset_and_unknown_role(test_models_dir) -> None:
+    assert set(load_models(test_models_dir, roles=("qg", "tqa"))) == {"qg", "tqa"}
+    with pytest.raises(ConfigError):
+        load_models(test_models_dir, roles=("bleu",))
+
+
+def test_missing_dir_names_role_and_fix(tmp_path) -> None:
+    with pytest.raises(ModelNotFoundError, match="QG model") as err:
+        load_seq2seq(str(tmp_path / "nope"), role="qg")
+    assert "make-test-models" in str(err.value) and "--models" in str(err.value)
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        load_models(tmp_path / "nope")
+
+
+def test_dir_without_config_is_rejected(tmp_path) -> None:
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        load_seq2seq(str(tmp_path), role="tqa")
+
+
+def test_non_t5_dir_is_rejected(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ModelNotFoundError, match="not a T5 model"):
+        load_seq2seq(str(tmp_path), role="tqa")
+
+
+def test_t5_dir_without_weights_is_rejected(tmp_path, test_models_dir) -> None:
+    shutil.copy(test_models_dir / "qg" / "config.json", tmp_path / "config.json")
+    with pytest.raises(ModelNotFoundError, match="QG model"):
+        load_seq2seq(str(tmp_path), role="qg")
+
+
+def test_vqa_dir_without_img_emb_is_rejected(test_models_dir) -> None:
+    with pytest.raises(ModelNotFoundError, match="img_emb"):
+        load_visual_t5(test_models_dir / "qg")
+
+
+def test_raw_state_dict(tmp_path, test_models_dir) -> None:
+    model = VisualT5ForConditionalGeneration.from_pretrained(test_models_dir / "vqa")
+    state = {k: v for k, v in model.state_dict().items() if "img_emb" not in k}
+    torch.save(state, tmp_path / "plain.bin")
+    with pytest.raises(ModelNotFoundError, match="img_emb"):
+        load_visual_t5(tmp_path / "plain.bin")
+    torch.save({"module." + k: v for k, v in model.state_dict().items()}, tmp_path / "visual.pt")
+    try:  # with t5-small in the HF cache this loads; offline without it, the error names t5-small
+        loaded, _ = load_visual_t5(tmp_path / "visual.pt")
+    except ModelNotFoundError as exc:
+        assert "t5-small" in str(exc)
+    else:
+        assert isinstance(loaded, VisualT5ForConditionalGeneration)
+
+
+def test_hub_id_offline_fails_fast_with_hint() -> None:
+    with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE") as err:
+        load_seq2seq("qace-nonexistent/t5-model", role="tqa")
+    assert "TQA model" in str(err.value) and "huggingface-cli" in str(err.value)
+
+
+def test_load_seq2seq_rejects_unknown_role(test_models_dir) -> None:
+    with pytest.raises(ConfigError):
+        load_seq2seq(str(test_models_dir / "qg"), role="vqa")
+
+
+def test_checkpoint_fingerprint(tmp_path, test_models_dir) -> None:
+    assert checkpoint_fingerprint("valhalla/t5-base-qa-qg-hl") == "valhalla/t5-base-qa-qg-hl"
+    qg = checkpoint_fingerprint(test_models_dir / "qg")
+    assert qg == checkpoint_fingerprint(str(test_models_dir / "qg"))
+    assert qg != checkpoint_fingerprint(test_models_dir / "tqa")
+    copy = tmp_path / "qg"
+    shutil.copytree(test_models_dir / "qg", copy)
+    assert checkpoint_fingerprint(copy) == qg  # content, not path
+    with pytest.raises(ModelNotFoundError):
+        checkpoint_fingerprint(tmp_path)  # a directory without weights
+
+
+def test_is_test_model(tmp_path, test_models_dir) -> None:
+    assert is_test_model(test_models_dir / "tqa")
+    assert not is_test_model(tmp_path)
