@@ -1,7 +1,10 @@
 """BERTScore F1 between answer pairs (spec section 6, ``BS_i``), numerically matching ``bert_score``.
 
 What is reproduced from bert-score 0.3.x (idf=False, no baseline rescaling), on purpose:
-- text is ``strip()``-ed and encoded with special tokens; RoBERTa/GPT-2 tokenizers get a prefix space;
+- text is ``strip()``-ed and encoded with special tokens; RoBERTa/GPT-2 tokenizers get a prefix space
+  (bert-score asks for it in ``encode()``, which transformers 5 silently ignores; we set it on the
+  tokenizer, i.e. we follow bert-score under transformers 4); text is cut at ``max_length`` tokens
+  (bert-score: the model maximum, 512; answers are far shorter);
 - token vectors of one layer are L2-normalised; each token is greedily matched to its most similar
   token on the other side;
 - [CLS]/[SEP] (<s>/</s>) get weight 0 in the means (bert-score's idf dict), *but stay available as
