@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 
 #: (lower bound, label) from the top down; a value takes the first label whose bound it reaches.
-LANDIS_KOCH = ((0.81, "almost perfect"), (0.61, "substantial"), (0.41, "moderate"), (0.21, "fair"),
+#: Landis-Koch bands are printed as 0.00-0.20, 0.21-0.40, ...: read as "above 0.20" etc.
+LANDIS_KOCH = ((0.80, "almost perfect"), (0.60, "substantial"), (0.40, "moderate"), (0.20, "fair"),
                (0.0, "slight"), (-math.inf, "poor"))
 KRIPPENDORFF = ((0.800, "reliable"), (0.667, "tentative conclusions only"), (-math.inf, "unreliable"))
 ROSENTHAL = ((0.70, "very large"), (0.50, "large"), (0.30, "medium"), (0.10, "small"),
@@ -22,19 +23,19 @@ ROSENTHAL = ((0.70, "very large"), (0.50, "large"), (0.30, "medium"), (0.10, "sm
 KINDS = ("agreement", "correlation", "proportion")
 
 
-def _grade(value: float, scale: tuple[tuple[float, str], ...]) -> str:
+def _grade(value: float, scale: tuple[tuple[float, str], ...], strict: bool = False) -> str:
+    """First label whose bound ``value`` reaches (``strict``: exceeds, except the 0 bound)."""
     if not math.isfinite(value):
         return "n/a"
     for bound, label in scale:
-        if value >= bound - 1e-12:
+        if value > bound or (value >= bound and (not strict or bound == 0.0)):
             return label
     return scale[-1][1]
 
 
 def landis_koch(value: float) -> str:
     """Landis & Koch (1977): poor < 0 <= slight <= .20 < fair <= .40 < moderate <= .60 < ..."""
-    # Their bands are 0.00-0.20, 0.21-0.40, ...: values are read at two decimals.
-    return _grade(round(value, 2) if math.isfinite(value) else value, LANDIS_KOCH)
+    return _grade(value, LANDIS_KOCH, strict=True)
 
 
 def krippendorff_1980(value: float) -> str:

@@ -1,0 +1,329 @@
+"""The Table-1-style meta-evaluation report: compute once, write JSON, Markdown and plots.
+
+:func:`build_report` gathers every number into one JSON-ready dict; :func:`render_markdown`
+and :mod:`qace.meta.plots` only read that dict, so the Markdown, the JSON and the figures can
+never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from qace import __version__
+from qace.errors import ConfigError
+from qace.meta.agreement import agreement_report, goodman_kruskal_gamma
+from qace.meta.baselines import COCO_METRICS, DISPLAY, SPICE_SKIP_MESSAGE, compute_baselines
+from qace.meta.correlation import DISPLAY as METHOD_DISPLAY
+from qace.meta.correlation import METHODS, correlate
+from qace.meta.datasets import PASCAL_NUM_REFS, PASCAL_SEEDS, load_flickr8k_expert, load_pascal50s
+from qace.meta.evaluate import (
+    CATEGORIES,
+    flickr_correlations,
+    join_pascal_scores,
+    join_scores,
+    mean_accuracy,
+    pair_accuracy,
+    pascal_baselines,
+    read_score_file,
+)
+from qace.meta.scales import reading_text, readings
+
+logger = logging.getLogger(__name__)
+
+#: Published figures the report prints beside ours (Flickr8k-Expert tau-c x 100 from the
+#: CLIPScore/PAC-S tables; PASCAL-50S accuracies from the CLIPScore paper, 5 sampled references).
+PUBLISHED = {
+    "flickr8k_tau_c": {"bleu4": 30.8, "rouge_l": 32.3, "meteor": 41.8, "cider": 43.9, "spice": 44.9},
+    "pascal50s": {
+        "bleu4": {"HC": 53.0, "HI": 92.4, "HM": 86.7, "MM": 59.4},
+        "cider": {"HC": 53.0, "HI": 98.0, "HM": 91.5, "MM": 64.5},
+    },
+    "flickr8k_judges": {"fleiss_kappa": 0.52, "gamma_mean": 0.98},
+}
+DEFAULT_METRICS = (*COCO_METRICS, "bertscore", "spice")
+
+
+@dataclass
+class ReportConfig:
+    """What to compute; every field has a default that regenerates the published table."""
+
+    data_dir: Path | None = None
+    """Shared data folder (None: ``$QACE_SHARED_DATA`` or ``<repo>/../shared/data``)."""
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    """Baseline metrics on Flickr8k-Expert."""
+    pascal_metrics: tuple[str, ...] | None = None
+    """Baselines on PASCAL-50S (None: ``metrics`` without BERTScore, ~4 CPU-minutes per seed)."""
+    score_files: tuple[Path, ...] = ()
+    """``qace score`` outputs whose numeric columns become extra metric rows."""
+    seeds: tuple[int, ...] = PASCAL_SEEDS
+    """PASCAL-50S reference-sampling seeds; the table shows their mean."""
+    n_refs: int = PASCAL_NUM_REFS
+    """References sampled per PASCAL-50S image."""
+    n_boot: int = 1000
+    """Bootstrap resamples (over captions) for the tau-c interval; 0 disables."""
+    cache_dir: Path | None = None
+    """Metric-score cache (None: ``<repo>/.qace-cache/meta``)."""
+    use_cache: bool = True
+    datasets: tuple[str, ...] = ("flickr8k", "pascal50s")
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _clean_json(obj: object) -> object:
+    if isinstance(obj, dict):
+        return {str(k): _clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean_json(v) for v in obj]
+    if isinstance(obj, float | np.floating):
+        return _finite(float(obj))
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def _runnable(metrics: tuple[str, ...], skipped: dict[str, str]) -> list[str]:
+    out = []
+    for m in metrics:
+        if m == "spice":
+            skipped["spice"] = SPICE_SKIP_MESSAGE
+            continue
+        out.append(m)
+    return out
+
+
+def _safe_baselines(fn, metrics: list[str], skipped: dict[str, str]) -> dict:  # noqa: ANN001
+    """Run ``fn(metric_list)`` metric by metric for optional backends, so one failure skips one row."""
+    from qace.errors import QACEError
+
+    result: dict = {}
+    core = [m for m in metrics if m != "bertscore"]
+    if core:
+        result.update(fn(core))
+    if "bertscore" in metrics:
+        try:
+            result.update(fn(["bertscore"]))
+        except (QACEError, ImportError, OSError) as exc:
+            skipped["bertscore"] = f"BERTScore skipped: {exc}"
+            logger.warning(skipped["bertscore"])
+    return result
+
+
+def _flickr_section(cfg: ReportConfig, score_rows: list[dict]) -> tuple[dict, dict]:
+    data = load_flickr8k_expert(cfg.data_dir, standard=True)
+    metrics = _runnable(cfg.metrics, cfg.skipped)
+    scores = _safe_baselines(
+        lambda ms: compute_baselines(data.candidates, data.references, ms, cfg.cache_dir, cfg.use_cache),
+        metrics, cfg.skipped)
+    for rows in score_rows:
+        for col, values in join_scores(rows, data.ids).items():
+            scores.setdefault(col, values)
+    corr = flickr_correlations(data, scores, n_boot=cfg.n_boot)
+    section: dict = {"n_captions": len(data), "n_pairs": int(np.isfinite(data.human).sum()),
+                     "protocol": "standard: 158 own-image candidates dropped; each expert score is a row",
+                     "metrics": {}}
+    for name, by_method in corr.items():
+        x = np.repeat(scores[name], data.human.shape[1])
+        section["metrics"][name] = {
+            "correlations": {m: {**c.to_dict(), "readings": readings(c.value, "correlation")}
+                             for m, c in by_method.items()},
+            "gamma": goodman_kruskal_gamma(np.round(x, 6), data.human.reshape(-1)),
+        }
+    judges = load_flickr8k_expert(cfg.data_dir, standard=False)
+    agree = agreement_report(judges.human, judges.judges).to_dict()
+    pair_corr = {}
+    h = judges.human
+    for i in range(h.shape[1]):
+        for j in range(i + 1, h.shape[1]):
+            key = f"{judges.judges[i]}-{judges.judges[j]}"
+            pair_corr[key] = {m: correlate(h[:, i], h[:, j], m).value for m in ("kendall_b", "spearman")}
+    agree["pairwise_correlation"] = pair_corr
+    agree["protocol"] = "all 5,822 judged rows, 3 experts, scale 1-4"
+    plot_data = {"scores": scores, "human": data.human, "judges": judges.human,
+                 "judge_names": judges.judges}
+    return {"flickr8k_expert": section, "flickr8k_judges": agree}, plot_data
+
+
+def _pascal_section(cfg: ReportConfig, score_rows: list[dict]) -> dict:
+    pairs = load_pascal50s(cfg.data_dir)
+    chosen = cfg.pascal_metrics
+    if chosen is None:
+        chosen = tuple(m for m in cfg.metrics if m != "bertscore")
+    metrics = _runnable(chosen, cfg.skipped)
+    runs = _safe_baselines(
+        lambda ms: pascal_baselines(pairs, ms, cfg.seeds, cfg.n_refs, cfg.cache_dir, cfg.use_cache),
+        metrics, cfg.skipped)
+    for rows in score_rows:
+        for seed in cfg.seeds:
+            for col, (s1, s2) in join_pascal_scores(rows, pairs, seed).items():
+                runs.setdefault(col, {})[seed] = pair_accuracy(pairs, s1, s2)
+    acc = {}
+    for name, by_seed in runs.items():
+        acc[name] = {"mean": mean_accuracy(list(by_seed.values())).to_dict(),
+                     "per_seed": {str(s): a.to_dict() for s, a in by_seed.items()}}
+    return {"n_pairs": len(pairs), "seeds": list(cfg.seeds), "n_refs": cfg.n_refs,
+            "protocol": (f"{cfg.n_refs} references sampled per image with numpy default_rng(seed), pair by "
+                         "pair, same for both candidates; majority vote; metric ties count 1/2"),
+            "accuracy": acc}
+
+
+def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
+    """(report dict, raw arrays for plots). Raises ConfigError if the data folder is missing."""
+    unknown = set(cfg.datasets) - {"flickr8k", "pascal50s"}
+    if unknown:
+        raise ConfigError(f"unknown data set(s) {sorted(unknown)}; choose flickr8k and/or pascal50s")
+    score_rows = [read_score_file(p) for p in cfg.score_files]
+    report: dict = {"qace_version": __version__, "python": platform.python_version(),
+                    "config": {"data_dir": str(cfg.data_dir) if cfg.data_dir else None,
+                               "metrics": list(cfg.metrics), "score_files": [str(p) for p in cfg.score_files],
+                               "seeds": list(cfg.seeds), "n_boot": cfg.n_boot},
+                    "published": PUBLISHED}
+    plot_data: dict = {}
+    if "flickr8k" in cfg.datasets:
+        sections, plot_data = _flickr_section(cfg, score_rows)
+        report.update(sections)
+    if "pascal50s" in cfg.datasets:
+        report["pascal50s"] = _pascal_section(cfg, score_rows)
+    report["skipped"] = dict(cfg.skipped)
+    return _clean_json(report), plot_data  # type: ignore[return-value]
+
+
+def _fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "–" if x is None else f"{x * scale:.{digits}f}"
+
+
+def _row_names(report: dict) -> list[str]:
+    names = list(report.get("flickr8k_expert", {}).get("metrics", {}))
+    for n in report.get("pascal50s", {}).get("accuracy", {}):
+        if n not in names:
+            names.append(n)
+    return names
+
+
+def render_markdown(report: dict) -> str:
+    """The report as Markdown: Table 1, full correlations, judge agreement, notes."""
+    lines = ["# QACE meta-evaluation report", ""]
+    flickr = report.get("flickr8k_expert", {}).get("metrics", {})
+    pascal = report.get("pascal50s", {}).get("accuracy", {})
+    pub_tau, pub_pas = PUBLISHED["flickr8k_tau_c"], PUBLISHED["pascal50s"]
+    lines += ["## Table 1: correlation with human judgment", "",
+              "Flickr8k-Expert: Kendall tau-c x 100 (published value in parentheses). "
+              "PASCAL-50S: accuracy (%) per category, mean over seeds "
+              f"{report.get('pascal50s', {}).get('seeds', [])}.", "",
+              "| Metric | Flickr8k-Expert tau-c | HC | HI | HM | MM | Mean |",
+              "|---|---|---|---|---|---|---|"]
+    for name in _row_names(report):
+        tau = flickr.get(name, {}).get("correlations", {}).get("kendall_c", {}).get("value")
+        cell = _fmt(tau, 100)
+        if name in pub_tau and tau is not None:
+            cell += f" ({pub_tau[name]})"
+        acc = pascal.get(name, {}).get("mean", {})
+        cats = []
+        for c in CATEGORIES:
+            v = _fmt(acc.get(c))
+            if name in pub_pas and acc:
+                v += f" ({pub_pas[name][c]})"
+            cats.append(v)
+        lines.append(f"| {DISPLAY.get(name, name)} | {cell} | " + " | ".join(cats)
+                     + f" | {_fmt(acc.get('mean'))} |")
+    for name in report.get("skipped", {}):
+        lines.append(f"| {DISPLAY.get(name, name)} | skipped | | | | | |")
+    lines.append("")
+    if flickr:
+        lines += ["## Flickr8k-Expert: every correlation", "",
+                  f"{report['flickr8k_expert']['n_pairs']} (caption, expert) pairs over "
+                  f"{report['flickr8k_expert']['n_captions']} captions. p: t-test on the coefficient; "
+                  "CI: 95% bootstrap over captions.", "",
+                  "| Metric | tau-c [95% CI] | p | tau-b | Spearman | Pearson | gamma | reading (tau-c) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, entry in flickr.items():
+            c = entry["correlations"]
+            tc = c["kendall_c"]
+            ci = (f" [{_fmt(tc['ci_low'], 1, 3)}, {_fmt(tc['ci_high'], 1, 3)}]"
+                  if tc.get("ci_low") is not None else "")
+            p = tc["p_value"]
+            lines.append(
+                f"| {DISPLAY.get(name, name)} | {_fmt(tc['value'], 1, 3)}{ci} | "
+                f"{'–' if p is None else f'{p:.1e}'} | "
+                + " | ".join(_fmt(c[m]["value"], 1, 3) for m in ("kendall_b", "spearman", "pearson"))
+                + f" | {_fmt(entry['gamma'], 1, 3)} | {reading_text(tc['value'], 'correlation')} |")
+        lines.append("")
+    judges = report.get("flickr8k_judges")
+    if judges:
+        lines += _judges_markdown(judges)
+    lines += ["## Protocols and notes", ""]
+    if "flickr8k_expert" in report:
+        lines.append(f"- Flickr8k-Expert: {report['flickr8k_expert']['protocol']}.")
+    if "pascal50s" in report:
+        lines.append(f"- PASCAL-50S: {report['pascal50s']['protocol']}.")
+    for msg in report.get("skipped", {}).values():
+        lines.append(f"- {msg}")
+    lines.append("- Scales: KA = Krippendorff (1980), LK = Landis & Koch (1977), R = Rosenthal (1996).")
+    return "\n".join(lines) + "\n"
+
+
+def _judges_markdown(judges: dict) -> list[str]:
+    fig, pw, rd = judges["figures"], judges["pairwise"], judges["readings"]
+    lines = ["## Flickr8k-Expert judges: agreement and covariation", "",
+             f"{judges['n_items']} captions, judges {', '.join(judges['judges'])} "
+             f"({judges['protocol']}).", "",
+             "| Figure | Value | Reading |", "|---|---|---|"]
+    for k, v in fig.items():
+        lines.append(f"| {k.replace('_', ' ')} | {_fmt(v, 1, 3)} | "
+                     f"{reading_text(v, 'proportion' if k == 'percent_agreement' else 'agreement')} |")
+    for k in ("cohen_kappa", "cohen_kappa_linear", "cohen_kappa_quadratic", "gamma"):
+        v = pw[k]["mean"]
+        lines.append(f"| {k.replace('_', ' ')} (mean of pairs) | {_fmt(v, 1, 3)} | "
+                     f"{reading_text(v, 'correlation' if k == 'gamma' else 'agreement')} |")
+    lines += ["", "Level agreement (kappa) beside covariation (gamma, tau-b, Spearman), per judge pair:", "",
+              "| Pair | Cohen kappa | linear | quadratic | % agree | gamma | tau-b | Spearman |",
+              "|---|---|---|---|---|---|---|---|"]
+    pc = judges["pairwise_correlation"]
+    for pair in pc:
+        kappas = ("cohen_kappa", "cohen_kappa_linear", "cohen_kappa_quadratic")
+        cells = [_fmt(pw[k][pair], 1, 3) for k in kappas]
+        cells += [_fmt(pw["percent_agreement"][pair], 100), _fmt(pw["gamma"][pair], 1, 3),
+                  _fmt(pc[pair]["kendall_b"], 1, 3), _fmt(pc[pair]["spearman"], 1, 3)]
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    pub = PUBLISHED["flickr8k_judges"]
+    lines += ["", f"Published (all 5,822 rows): Fleiss' kappa {pub['fleiss_kappa']}, "
+              f"mean gamma {pub['gamma_mean']}. Our mean gamma is "
+              f"{_fmt(pw['gamma']['mean'], 1, 3)}; averaging pair gammas truncated to two decimals "
+              f"gives {_truncated_mean(pw['gamma']):.3f}, which rounds to the published 0.98.", ""]
+    del rd
+    return lines
+
+
+def _truncated_mean(pairs: dict) -> float:
+    vals = [math.floor(v * 100) / 100 for k, v in pairs.items() if k != "mean" and v is not None]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def write_report(report: dict, plot_data: dict, out_dir: Path | str, plots: bool = True) -> list[Path]:
+    """Write ``report.json``, ``report.md`` and (``plots``) the PNG figures; returns the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "report.json", out / "report.md"]
+    paths[0].write_text(json.dumps(report, indent=2) + "\n")
+    paths[1].write_text(render_markdown(report))
+    if plots:
+        from qace.meta.plots import write_plots
+
+        paths += write_plots(report, plot_data, out)
+    logger.info("wrote %s", ", ".join(str(p) for p in paths))
+    return paths
+
+
+__all__ = ["DEFAULT_METRICS", "METHODS", "METHOD_DISPLAY", "PUBLISHED", "ReportConfig", "build_report",
+           "render_markdown", "write_report"]
