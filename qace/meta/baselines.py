@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import subprocess
 from collections.abc import Sequence
 from importlib import metadata
@@ -39,8 +40,15 @@ SPICE_SKIP_MESSAGE = (
 )
 
 
+#: Environment variable that overrides the default metric-score cache folder.
+CACHE_ENV = "QACE_META_CACHE"
+
+
 def default_cache_dir() -> Path:
-    """``<repo root>/.qace-cache/meta`` (ignored by git)."""
+    """``$QACE_META_CACHE`` if set, else ``<repo root>/.qace-cache/meta`` (ignored by git)."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
     return Path(__file__).resolve().parents[2] / ".qace-cache" / "meta"
 
 
