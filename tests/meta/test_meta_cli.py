@@ -89,3 +89,9 @@ def test_python_dash_m_entry_point() -> None:
                           text=True, timeout=120)
     assert proc.returncode == 0
     assert all(cmd in proc.stdout for cmd in ("report", "agreement", "correlate", "export"))
+
+
+def test_agreement_on_flickr8k(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agreement", "--data-dir", str(shared_data)]) == 0
+    out = capsys.readouterr().out
+    assert "5822 items" in out and "fleiss_kappa" in out and "moderate" in out
