@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -12,6 +13,9 @@ from qace import __version__
 from qace.errors import QACEError
 
 log = logging.getLogger("qace")
+
+OPTIONAL_COMMANDS = ("qace.meta.cli", "qace.export.cli", "qace.serve.cli")
+"""Modules whose ``register(subparsers)`` adds commands; each may need an optional extra."""
 
 TEST_MODEL_WARNING = """
 !!! WARNING: scoring with qace's TINY TEST MODELS (random weights, trained for seconds on a toy task).
@@ -129,12 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("output", help="output .h5 file")
     pack.set_defaults(func=cmd_features_pack)
 
-    try:
-        from qace.meta.cli import register
-    except ImportError:  # meta extras not installed
-        pass
-    else:
-        register(sub)
+    for module in OPTIONAL_COMMANDS:
+        try:
+            register = importlib.import_module(module).register
+        except ImportError as exc:  # an optional extra is not installed
+            log.debug("commands of %s unavailable: %s", module, exc)
+        else:
+            register(sub)
     return parser
 
 

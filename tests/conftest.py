@@ -17,3 +17,11 @@ def test_models_dir() -> Path:
 
     cache = Path(os.environ.get("QACE_TEST_MODELS") or REPO_ROOT / ".qace-cache" / "test-models")
     return make_test_models(cache)  # reuses a complete build; rebuilds a partial one
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> None:
+    """The test models are tiny: thread hand-offs cost more than they save (6x slower on 2 busy cores)."""
+    import torch
+
+    torch.set_num_threads(1)
