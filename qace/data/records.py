@@ -264,7 +264,10 @@ def _records(
     for where, obj in rows:
         if isinstance(obj, _Bad):
             record_id = _as_id(obj.record_id)
-            yield RecordError(record_id or where, f"{where}: {obj.reason}")
+            if record_id is None or record_id in seen:
+                record_id = where
+            seen.setdefault(record_id, where)
+            yield RecordError(record_id, f"{where}: {obj.reason}")
             continue
         if not isinstance(obj, dict):
             label = str(where.split()[-1]) if ids_from_position else where
@@ -275,7 +278,8 @@ def _records(
             yield RecordError(where, f"{where}: missing id")
             continue
         if record_id in seen:
-            yield RecordError(record_id, f"{where}: duplicate id {record_id!r} (first on {seen[record_id]})")
+            # keyed by position: the id itself already belongs to the first occurrence
+            yield RecordError(where, f"{where}: duplicate id {record_id!r} (first on {seen[record_id]})")
             continue
         seen[record_id] = where
         result = _record(record_id, obj, refs)

@@ -1,0 +1,44 @@
+"""Scheduler: budgets, ordering, de-duplication and padding, on hand-made inputs (no models)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qace.engine.scheduler import dedupe, pad_batch, plan_batches
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batches_cover_every_item_once_within_budget(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 90, size=500)
+    batches = plan_batches(lengths, max_batch_tokens=512, max_batch_rows=32)
+    seen = np.concatenate(batches)
+    assert sorted(seen.tolist()) == list(range(500))
+    for batch in batches:
+        assert len(batch) <= 32
+        assert len(batch) * lengths[batch].max() <= 512
+
+
+def test_batches_are_longest_first_so_padding_is_small():
+    lengths = [3, 50, 4, 49, 5, 48]
+    batches = plan_batches(lengths, max_batch_tokens=100, max_batch_rows=8)
+    assert [b.tolist() for b in batches] == [[1, 3], [5, 4], [2, 0]]
+
+
+def test_item_longer_than_budget_gets_its_own_batch():
+    batches = plan_batches([1000, 2], max_batch_tokens=100, max_batch_rows=8)
+    assert [b.tolist() for b in batches] == [[0], [1]]
+
+
+def test_dedupe_keeps_first_occurrence_and_maps_back():
+    unique = dedupe(["b", "a", "b", "c", "a"])
+    assert unique.unique == ["b", "a", "c"]
+    assert unique.inverse.tolist() == [0, 1, 0, 2, 1]
+    assert unique.expand(["B", "A", "C"]) == ["B", "A", "B", "C", "A"]
+
+
+def test_pad_batch_right_pads_with_mask():
+    ids, mask = pad_batch([[5, 6, 1], [7, 1]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 1], [7, 1, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]

@@ -1,0 +1,144 @@
+"""End-to-end behaviour of the scorer on the test models: bad input, flags, batching, resume, signature."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from qace import api
+from qace.api import QACE
+from qace.config import QACEConfig, build_signature, parse_signature
+from qace.data.features import RandomFeatureStore
+from qace.demo import example_path
+from qace.errors import ConfigError, ModelNotFoundError, ResumeError
+
+REFS = ["a young girl in a red dress runs on the beach", "a girl runs along the sand near the sea"]
+
+
+@pytest.fixture(scope="module")
+def ref_scorer(test_models_dir):
+    return QACE(models=test_models_dir, variant="ref", progress=False, explain=True)
+
+
+def test_bad_captions_are_reported_and_others_scored(ref_scorer):
+    long_caption = " ".join(["a girl in a red dress runs on the beach"] * 80)
+    rows = ref_scorer.score(
+        ["a girl in a red dress runs on the beach", "   ", "the the the", long_caption, "a dog in the park"],
+        references=[REFS, REFS, REFS, REFS, []],
+    )
+    assert rows[0]["qace"] > 0 and rows[0]["n_questions"] >= 1 and rows[0]["flags"] == []
+    assert rows[1] == {"id": "1", "error": "empty or whitespace-only caption"}
+    assert rows[2]["n_questions"] == 0 and rows[2]["qace"] == 0.0 and rows[2]["flags"] == ["no_questions"]
+    assert "truncated_input" in rows[3]["flags"]
+    assert rows[4]["id"] == "4" and "missing references" in rows[4]["error"]
+
+
+def test_batch_size_does_not_change_fp32_scores(test_models_dir, ref_scorer):
+    captions = [json.loads(line) for line in example_path().open()]
+    captions = [c for c in captions if c["caption"].strip()]
+    args = ([c["caption"] for c in captions], [c["references"] for c in captions])
+    small = QACE(models=test_models_dir, variant="ref", progress=False, explain=True,
+                 max_batch_rows=3, max_batch_tokens=64, chunk_size=4)
+    assert small.signature == ref_scorer.signature
+    a, b = small.score(*args), ref_scorer.score(*args)
+    # Texts are identical; floats may differ in the last bits, since BLAS sums in a shape-dependent order.
+    def texts(rows):
+        return [[(q["question"], q["answer_on_caption"], q["answers_on_context"]) for q in r["explanation"]["questions"]]
+                for r in rows]
+
+    assert texts(a) == texts(b)
+    for x, y in zip(a, b, strict=True):
+        assert {k: v for k, v in x.items() if not isinstance(v, float | dict)} == {
+            k: v for k, v in y.items() if not isinstance(v, float | dict)}
+        for key in ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max"):
+            assert x[key] == pytest.approx(y[key], abs=1e-6)
+
+
+def test_qace_img_reports_missing_and_malformed_features(test_models_dir, tmp_path):
+    good = RandomFeatureStore(seed=0).get("x")
+    np.savez(tmp_path / "ok.npz", features=good[:, :2048], norm_bb=good[:, 2048:])
+    bad = good[:, :2048].copy()
+    bad[0, 0] = np.nan
+    np.savez(tmp_path / "nan.npz", features=bad, norm_bb=good[:, 2048:])
+    np.savez(tmp_path / "shape.npz", features=good[:20, :2048], norm_bb=good[:20, 2048:])
+    scorer = QACE(models=test_models_dir, variant="img", features=tmp_path, progress=False)
+    rows = scorer.score(["a girl on the beach"] * 5, image_ids=["ok", "nan", "shape", "absent", None])
+    assert "qace" in rows[0]
+    assert "nan" in rows[1]["error"].lower()
+    assert "shape" in rows[2]["error"].lower()
+    assert "absent" in rows[3]["error"]
+    assert "missing image_id" in rows[4]["error"]
+
+
+def test_qace_img_without_features_is_a_config_error(test_models_dir):
+    scorer = QACE(models=test_models_dir, variant="img", progress=False)
+    with pytest.raises(ConfigError, match="region features"):
+        scorer.score(["a girl"], image_ids=["x"])
+
+
+def test_missing_or_wrong_model_directory_is_named(tmp_path, test_models_dir):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        QACE(models=tmp_path / "nowhere")
+    (tmp_path / "qg").mkdir()
+    (tmp_path / "qg" / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelNotFoundError, match="QG"):
+        QACE(models=tmp_path)
+
+
+def test_resumed_file_run_equals_uninterrupted_run(test_models_dir, tmp_path, monkeypatch):
+    scorer = QACE(models=test_models_dir, variant="ref", progress=False, chunk_size=3)
+    whole = tmp_path / "whole.jsonl"
+    scorer.score_file(example_path(), whole)
+
+    real = api.score_chunk
+    calls = {"n": 0}
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "score_chunk", dying)
+    broken = tmp_path / "broken.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        scorer.score_file(example_path(), broken)
+    assert not broken.exists()  # never visible half-written
+    monkeypatch.setattr(api, "score_chunk", real)
+    with pytest.raises(ResumeError, match="--resume"):
+        scorer.score_file(example_path(), broken)
+    summary = scorer.score_file(example_path(), broken, resume=True)
+    assert summary.skipped == 6
+    assert broken.read_bytes() == whole.read_bytes()
+    assert (tmp_path / "broken.errors.jsonl").read_bytes() == (tmp_path / "whole.errors.jsonl").read_bytes()
+    ids = [json.loads(line)["id"] for line in broken.open()]
+    errors = [json.loads(line)["id"] for line in (tmp_path / "broken.errors.jsonl").open()]
+    assert sorted(ids + errors) == sorted(json.loads(line)["id"] for line in example_path().open())
+
+
+def test_resume_refuses_output_of_other_settings(test_models_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out.jsonl"
+    first = QACE(models=test_models_dir, variant="ref", progress=False, chunk_size=3)
+    monkeypatch.setattr(api, "score_chunk", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        first.score_file(example_path(), out)
+    monkeypatch.undo()
+    other = QACE(models=test_models_dir, variant="ref", progress=False, max_input_tokens=64)
+    with pytest.raises(ResumeError, match="signature"):
+        other.score_file(example_path(), out, resume=True)
+
+
+def test_signature_names_what_changes_scores_and_parses_back():
+    config = QACEConfig(variant="img", precision="bf16")
+    sig = build_signature(config, qg="q", qa="a", vqa="v", bertscore="bs_L6")
+    fields = parse_signature(sig)
+    assert fields["metric"] == "QACE-Img" and fields["prec"] == "bf16" and fields["vqa"] == "v"
+    assert sig == build_signature(config.with_(max_batch_rows=7, device="cuda"), qg="q", qa="a", vqa="v",
+                                  bertscore="bs_L6")
+
+
+def test_unknown_setting_is_rejected():
+    with pytest.raises(ConfigError, match="unknown setting"):
+        QACE(batch=3)
