@@ -95,7 +95,7 @@ def cmd_make_test_models(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from qace.demo import run_demo
 
-    return run_demo(Path(args.output_dir), models=args.models, device=args.device)
+    return run_demo(Path(args.output_dir), models=args.models, device=args.device, download=args.download)
 
 
 def cmd_features_pack(args: argparse.Namespace) -> int:
@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default="qace-demo", help="where the demo writes its outputs")
     p.add_argument("--models", help="directory with qg/, tqa/, vqa/")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--download", action="store_true", help="fetch the paper's models from the hub if not cached")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("features", help="region-feature stores")

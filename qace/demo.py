@@ -1,6 +1,7 @@
 """``qace demo``: score the bundled example with QACE-Ref and QACE-Img and show the results.
 
-It uses the paper's models when they can be loaded (local directory, Hugging Face cache or hub).
+It uses the paper's models when they can be loaded (``--models DIR``, the Hugging Face cache, or the
+hub with ``--download``).
 Offline and without them it builds the tiny test models instead and says loudly that those scores
 mean nothing, so the demo always shows the whole pipeline working.
 """
@@ -30,7 +31,10 @@ def test_models_home() -> Path:
     return Path(os.environ.get("QACE_TEST_MODELS", Path.home() / ".cache" / "qace" / "test-models"))
 
 
-def run_demo(output_dir: Path, *, models: str | None = None, device: str = "cpu") -> int:
+def run_demo(output_dir: Path, *, models: str | None = None, device: str = "cpu", download: bool = False) -> int:
+    """Score the example; without ``download`` the paper's models come only from a directory or the HF cache."""
+    import os
+
     from qace.api import QACE
     from qace.cli import TEST_MODEL_WARNING
     from qace.data.features import RandomFeatureStore
@@ -38,6 +42,8 @@ def run_demo(output_dir: Path, *, models: str | None = None, device: str = "cpu"
 
     output_dir.mkdir(parents=True, exist_ok=True)
     features = RandomFeatureStore(seed=0)
+    if not download:  # don't wait on network retries for models that are not cached
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         scorers = {v: QACE(models=models, variant=v, features=features, device=device, explain=True)
                    for v in ("ref", "img")}
