@@ -22,6 +22,8 @@ from qace.meta.scales import readings
 logger = logging.getLogger(__name__)
 
 ALPHA_LEVELS = ("nominal", "ordinal", "interval", "ratio")
+#: Figures that are raw proportions (no chance correction): no scale reading applies.
+_PROPORTIONS = {"percent_agreement"}
 KAPPA_WEIGHTS = (None, "linear", "quadratic")
 
 
@@ -189,14 +191,15 @@ class AgreementReport:
     figures: dict[str, float] = field(default_factory=dict)
     pairwise: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    #: Figure name -> kind, for the scale readings.
-    KIND = {"percent_agreement": "proportion"}
-
     def readings(self) -> dict[str, dict[str, str]]:
-        out = {k: readings(v, self.KIND.get(k, "agreement")) for k, v in self.figures.items()}
+        """Scale readings of every figure and of every pairwise mean (gamma read as a correlation)."""
+
+        def kind(name: str) -> str:
+            return "proportion" if name in _PROPORTIONS else "correlation" if name == "gamma" else "agreement"
+
+        out = {k: readings(v, kind(k)) for k, v in self.figures.items()}
         for name, pairs in self.pairwise.items():
-            kind = "correlation" if name == "gamma" else self.KIND.get(name, "agreement")
-            out[f"{name}_mean"] = readings(pairs["mean"], kind)
+            out[f"{name}_mean"] = readings(pairs["mean"], kind(name))
         return out
 
     def to_dict(self) -> dict:

@@ -43,7 +43,7 @@ def read_score_file(path: Path | str) -> dict[str, dict[str, float]]:
         for k, v in rec.items():
             if k in NON_SCORE_COLUMNS or isinstance(v, bool):
                 continue
-            if isinstance(v, int | float) and v is not None:
+            if isinstance(v, int | float):
                 row[k] = float(v)
         out[str(rec["id"])] = row
     if not out:

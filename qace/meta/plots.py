@@ -103,7 +103,7 @@ def plot_pascal(report: dict, path: Path) -> Path:
     names = list(acc)
     groups = [*CATEGORIES, "mean"]
     width = 0.8 / max(1, len(names))
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(groups) * max(1, len(names)) * 0.35), 4.2))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.45 * len(groups) * max(1, len(names))) + 1.5, 4.2))
     x = np.arange(len(groups))
     for k, name in enumerate(names):
         vals = [acc[name]["mean"].get(g) for g in groups]
@@ -111,11 +111,11 @@ def plot_pascal(report: dict, path: Path) -> Path:
                label=DISPLAY.get(name, name))
     ax.axhline(50, color="grey", lw=0.8, ls="--")
     ax.set_xticks(x, groups)
-    ax.set_ylim(40, 100)
+    ax.set_ylim(40, 101)
     ax.set_ylabel("accuracy (%)")
     seeds = report.get("pascal50s", {}).get("seeds", [])
     ax.set_title(f"PASCAL-50S: agreement with the majority vote (mean of seeds {seeds})")
-    ax.legend(ncol=min(4, max(1, len(names))), fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
