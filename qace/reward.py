@@ -1,0 +1,285 @@
+"""QACE as a reward for reinforcement learning: one in-process object, three calling conventions.
+
+`QACEReward` loads the models once on a chosen device and turns captions into one float per
+caption. It plugs into trainers as they are:
+
+- plain: ``reward(captions, references=...)`` or ``reward(captions, image_ids=...)`` -> a 1-D
+  float32 tensor (on ``reward.device`` unless ``tensor_device`` says otherwise);
+- TRL: ``reward.trl_reward_func()`` is a ``reward_func(prompts, completions, **columns) -> list[float]``
+  that reads the image id / references from dataset columns (``GRPOTrainer(reward_funcs=...)``);
+- self-critical sequence training (SCST): ``reward.scst(sampled, greedy, ...)`` -> advantages
+  ``r(sample) - r(greedy baseline)``.
+
+Invalid captions never crash a batch, because one empty sample must not cost a whole RL step:
+a caption that is not a string, is empty or whitespace-only gets ``invalid_reward`` (default 0.0,
+the score of a caption with no answer candidate, the worst a real caption can get) and its reason
+is reported in `RewardResult.reason`. Missing *contexts* (no references for QACE-Ref, no image id
+for QACE-Img, unknown image features) are the caller's bug rather than the policy's, and would
+silently train against a constant, so they raise `InputError` naming the sample.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qace.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from qace.api import QACE
+
+log = logging.getLogger(__name__)
+
+COMPONENTS = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
+"""Result fields a reward can be built from (``qace_max``: best reference, QACE-Ref only)."""
+
+# trainers stream the policy's raw text; these end markers are not part of the caption
+DEFAULT_STRIP = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>", "<pad>")
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """The reward of one caption, why it is what it is, and (optionally) the full QACE row."""
+
+    reward: float
+    valid: bool
+    reason: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    row: dict[str, Any] | None = None
+
+
+class QACEReward:
+    """QACE as an RL reward; models are loaded once, on ``device``. See the module docstring.
+
+    Either pass a built ``scorer`` (a :class:`qace.api.QACE`), or the ``QACE`` keyword arguments
+    (``models=DIR, variant="img", features=..., precision="bf16"``, ...). ``component`` picks the
+    reward (``qace``, ``qace_f1``, ``qace_bs``, ``qace_an`` or ``qace_max``); ``explain`` keeps the
+    per-question evidence in `RewardResult.row` for logging (costs a little time).
+    """
+
+    def __init__(
+        self,
+        scorer: QACE | None = None,
+        *,
+        component: str = "qace",
+        invalid_reward: float = 0.0,
+        device: str | None = None,
+        tensor_device: str | None = None,
+        models: str | Path | None = None,
+        **settings: Any,
+    ) -> None:
+        if component not in COMPONENTS:
+            raise ConfigError(
+                f"unknown reward component {component!r}; choose one of {', '.join(COMPONENTS)}"
+            )
+        if scorer is None:
+            from qace.api import QACE
+
+            settings.setdefault("progress", False)
+            if device is not None:
+                settings["device"] = device
+            scorer = QACE(models=models, **settings)
+        elif settings or models is not None or device is not None:
+            raise ConfigError("pass either a built scorer or QACE settings (models=, device=, ...), not both")
+        if component == "qace_max" and scorer.config.variant != "ref":
+            raise ConfigError("component 'qace_max' (best reference) exists only for variant='ref'")
+        self.scorer = scorer
+        self.component = component
+        self.invalid_reward = float(invalid_reward)
+        self.device = scorer.config.device
+        self.tensor_device = tensor_device or self.device
+        self.variant = scorer.config.variant
+        self.signature = scorer.signature
+
+    # -- core ----------------------------------------------------------------------------------
+
+    def score(
+        self,
+        captions: Sequence[Any],
+        *,
+        image_ids: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str]] | None = None,
+        component: str | None = None,
+        max_chars: int | None = None,
+    ) -> list[RewardResult]:
+        """One `RewardResult` per caption, in order; invalid captions get ``invalid_reward``.
+
+        ``max_chars`` also treats longer captions as invalid (a runaway generation, not a caption).
+        """
+        component = component or self.component
+        if component not in COMPONENTS:
+            raise ConfigError(
+                f"unknown reward component {component!r}; choose one of {', '.join(COMPONENTS)}"
+            )
+        n = len(captions)
+        for name, values in (("image_ids", image_ids), ("references", references)):
+            if values is not None and len(values) != n:
+                raise InputError(f"{name} has {len(values)} entries for {n} captions; give one per caption")
+        self._check_contexts(n, image_ids, references)
+        results: list[RewardResult | None] = [None] * n
+        keep = []
+        for i, caption in enumerate(captions):
+            reason = caption_problem(caption, max_chars)
+            if reason is None:
+                keep.append(i)
+            else:
+                results[i] = RewardResult(self.invalid_reward, False, reason)
+        if keep:
+            rows = self.scorer.score(
+                [captions[i] for i in keep],
+                references=[references[i] for i in keep] if references is not None else None,
+                image_ids=[str(image_ids[i]) for i in keep] if image_ids is not None else None,
+                ids=[str(i) for i in keep],
+            )
+            for i, row in zip(keep, rows, strict=True):
+                if "error" in row:
+                    raise InputError(row["error"], record_id=f"sample {i}")
+                scores = {name: float(row[name]) for name in COMPONENTS}
+                results[i] = RewardResult(scores[component], True, None, scores, row)
+        invalid = n - len(keep)
+        if invalid:
+            log.debug("%d of %d captions invalid; rewarded %s", invalid, n, self.invalid_reward)
+        return results  # type: ignore[return-value]
+
+    def _check_contexts(
+        self, n: int, image_ids: Sequence[Any] | None, references: Sequence[Sequence[str]] | None
+    ) -> None:
+        """Fail loudly on a missing context: it is a data bug, not a bad caption."""
+        if self.variant == "ref":
+            if references is None:
+                raise InputError("QACE-Ref rewards need references=[[ref, ...], ...] (one list per caption)")
+            for i, refs in enumerate(references):
+                if (
+                    isinstance(refs, str)
+                    or not refs
+                    or not all(isinstance(r, str) and r.strip() for r in refs)
+                ):
+                    raise InputError(
+                        "references must be a non-empty list of non-empty strings", record_id=f"sample {i}"
+                    )
+        else:
+            if image_ids is None:
+                raise InputError("QACE-Img rewards need image_ids=[...] (one per caption)")
+            for i, image_id in enumerate(image_ids):
+                if image_id is None or str(image_id).strip() == "":
+                    raise InputError("missing image id", record_id=f"sample {i}")
+
+    def __call__(
+        self,
+        captions: Sequence[Any],
+        *,
+        image_ids: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str]] | None = None,
+        component: str | None = None,
+    ) -> torch.Tensor:
+        """Rewards as a float32 tensor of shape ``(len(captions),)`` on ``tensor_device``."""
+        import torch
+
+        results = self.score(captions, image_ids=image_ids, references=references, component=component)
+        return torch.tensor([r.reward for r in results], dtype=torch.float32, device=self.tensor_device)
+
+    # -- trainer adapters ----------------------------------------------------------------------
+
+    def scst(
+        self,
+        sampled: Sequence[str],
+        greedy: Sequence[str],
+        *,
+        image_ids: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str]] | None = None,
+    ) -> torch.Tensor:
+        """Self-critical advantages ``r(sampled) - r(greedy)`` (Rennie et al., 2017).
+
+        ``greedy`` has one caption per image and ``image_ids``/``references`` one entry per image;
+        ``sampled`` holds ``k >= 1`` samples per image, grouped by image (sample ``j`` of image ``i``
+        at ``i * k + j``, the order of ``repeat_interleave``). Both sets are scored in one engine
+        call, so the baseline costs no extra model pass.
+        """
+        import torch
+
+        n, total = len(greedy), len(sampled)
+        if n == 0 or total % n:
+            raise InputError(f"{total} sampled captions do not split evenly over {n} greedy captions")
+        k = total // n
+        ids = None if image_ids is None else [x for x in image_ids for _ in range(k + 1)]
+        refs = None if references is None else [x for x in references for _ in range(k + 1)]
+        # one call: per image, its k samples then its greedy caption
+        captions = [c for i in range(n) for c in (*sampled[i * k : (i + 1) * k], greedy[i])]
+        values = torch.tensor(
+            [r.reward for r in self.score(captions, image_ids=ids, references=refs)], dtype=torch.float32
+        ).view(n, k + 1)
+        advantages = values[:, :k] - values[:, k:]
+        return advantages.reshape(-1).to(self.tensor_device)
+
+    def trl_reward_func(
+        self,
+        *,
+        image_column: str = "image_id",
+        references_column: str = "references",
+        component: str | None = None,
+        name: str | None = None,
+    ) -> Callable[..., list[float]]:
+        """A TRL-style ``reward_func(prompts, completions, **columns) -> list[float]``.
+
+        TRL passes every extra dataset column as a keyword argument holding one value per
+        completion; the image id (QACE-Img) or the references (QACE-Ref) are read from
+        ``image_column`` / ``references_column``. Completions may be plain strings or
+        conversational (a list of ``{"role", "content"}`` messages: the last one is the caption).
+        """
+        chosen = component or self.component
+
+        def reward_func(
+            prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), **columns: Any
+        ) -> list[float]:
+            captions = [completion_text(c) for c in completions]
+            kwargs: dict[str, Any] = {}
+            if self.variant == "ref":
+                if references_column not in columns:
+                    raise InputError(
+                        f"the dataset has no {references_column!r} column (QACE-Ref needs references)"
+                    )
+                kwargs["references"] = list(columns[references_column])
+            else:
+                if image_column not in columns:
+                    raise InputError(f"the dataset has no {image_column!r} column (QACE-Img needs image ids)")
+                kwargs["image_ids"] = list(columns[image_column])
+            return [r.reward for r in self.score(captions, component=chosen, **kwargs)]
+
+        reward_func.__name__ = name or f"qace_{self.variant}_{chosen}"  # TRL logs rewards by this name
+        return reward_func
+
+
+def caption_problem(caption: Any, max_chars: int | None = None) -> str | None:
+    """Why ``caption`` cannot get a real reward (``None`` when it can)."""
+    if not isinstance(caption, str):
+        return f"caption must be a string, got {type(caption).__name__}"
+    if not caption.strip():
+        return "empty or whitespace-only caption"
+    if max_chars is not None and len(caption) > max_chars:
+        return f"caption has {len(caption)} characters; the limit is {max_chars}"
+    return None
+
+
+def completion_text(completion: Any, strip: Sequence[str] = DEFAULT_STRIP) -> Any:
+    """The caption inside a trainer completion: a string, or the last message of a conversation.
+
+    End-of-text markers in ``strip`` are removed from the end; anything that is not text is
+    returned unchanged so that `caption_problem` reports it.
+    """
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        completion = completion[-1].get("content")
+    if not isinstance(completion, str):
+        return completion
+    text = completion.strip()
+    changed = True
+    while changed:
+        changed = False
+        for marker in strip:
+            if marker and text.endswith(marker):
+                text, changed = text[: -len(marker)].rstrip(), True
+    return text

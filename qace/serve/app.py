@@ -1,0 +1,288 @@
+"""The reward service's HTTP API (FastAPI): QACE's own endpoint, OpenRLHF's protocol, health, metrics.
+
+Endpoints (all but ``/health`` need ``Authorization: Bearer <token>``):
+
+- ``POST /v1/reward``: ``{"request_id", "items": [{"id", "caption", "references" | "image_id"}],
+  "component"?}`` -> ``{"request_id", "signature", "component", "results": [{"id", "reward",
+  "valid", "reason", "scores"}]}``; ids are echoed so a client can check every reward's owner.
+- ``POST /get_reward``: OpenRLHF's remote reward protocol, ``{"query", "prompts", "labels"}`` ->
+  ``{"rewards", "scores", "extra_logs"}``. The caption is the query minus its prompt; each label
+  carries the context: an image id (QACE-Img), or references as a list, a JSON list string, a
+  single string, or ``{"references": [...]}`` / ``{"image_id": ...}``.
+- ``GET /health``: liveness and queue depth; ``GET /metrics``: Prometheus text.
+
+Refusals are explicit, never a hang: 401 (token), 413 (body or item count too large), 400/422
+(malformed input), 429 (queue full) and 503 (stopping, or waited past the timeout), the last two
+with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from qace.errors import ConfigError, InputError
+from qace.reward import COMPONENTS, completion_text
+from qace.serve.batcher import Item, MicroBatcher, Overloaded
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Limits and batching of the service; none of them changes a score."""
+
+    max_batch: int = 64
+    """Items per engine call."""
+    max_wait_ms: float = 5.0
+    """How long the first request of a batch waits for company."""
+    max_queue: int = 1024
+    """Items waiting at most; beyond it requests get 429."""
+    max_items: int = 256
+    """Items per request."""
+    max_body_bytes: int = 1 << 20
+    """Request body size limit (413 beyond it)."""
+    max_caption_chars: int = 2000
+    """Longer captions are rewarded as invalid (a runaway generation, not a caption)."""
+    timeout_s: float = 60.0
+    """A request waiting longer gets 503."""
+    retry_after_s: float = 1.0
+    """Value of ``Retry-After`` on 429/503."""
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, headers or {}
+
+
+def create_app(reward: Any, *, token: str, settings: ServeSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``reward`` (a `qace.reward.QACEReward` or anything with its ``score``)."""
+    if not token or not token.strip():
+        raise ConfigError("the reward service needs a bearer token (--token or QACE_SERVE_TOKEN)")
+    settings = settings or ServeSettings()
+    expected = f"Bearer {token}".encode()
+    counts: dict[str, int] = {}
+
+    def score_items(items: list[Item]) -> list[Any]:
+        captions = [item.caption for item in items]
+        limit = settings.max_caption_chars
+        if reward.variant == "ref":
+            return reward.score(captions, references=[item.references for item in items], max_chars=limit)
+        return reward.score(captions, image_ids=[item.image_id for item in items], max_chars=limit)
+
+    batcher = MicroBatcher(
+        score_items,
+        max_batch=settings.max_batch,
+        max_wait_s=settings.max_wait_ms / 1000,
+        max_queue=settings.max_queue,
+        timeout_s=settings.timeout_s,
+        retry_after_s=settings.retry_after_s,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await batcher.start()
+        log.info("reward service ready: %s", reward.signature)
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="QACE reward service", lifespan=lifespan)
+    app.state.batcher = batcher
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        """Auth and size limits before any body is read; counts every response by status."""
+        try:
+            if request.url.path != "/health":
+                given = request.headers.get("authorization", "").encode()
+                if not secrets.compare_digest(given, expected):
+                    raise _HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+            length = request.headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+                raise _HTTPError(413, f"request body over {settings.max_body_bytes} bytes")
+            response = await call_next(request)
+        except _HTTPError as exc:
+            response = _error(exc)
+        counts[str(response.status_code)] = counts.get(str(response.status_code), 0) + 1
+        return response
+
+    async def body(request: Request) -> Any:
+        """The JSON body, read with the size limit enforced on chunked uploads too."""
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > settings.max_body_bytes:
+                raise _HTTPError(413, f"request body over {settings.max_body_bytes} bytes")
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise _HTTPError(400, f"body is not JSON: {exc}") from exc
+
+    async def run(items: list[Item]) -> list[Any]:
+        if len(items) > settings.max_items:
+            raise _HTTPError(413, f"{len(items)} items in one request; the limit is {settings.max_items}")
+        try:
+            return await batcher.submit(items)
+        except Overloaded as exc:
+            status = 429 if type(exc) is Overloaded else 503
+            raise _HTTPError(status, str(exc), {"Retry-After": str(max(1, round(exc.retry_after)))}) from exc
+        except InputError as exc:
+            raise _HTTPError(422, str(exc)) from exc
+
+    @app.post("/v1/reward")
+    async def v1_reward(request: Request) -> Any:
+        try:
+            payload = await body(request)
+            request_id, ids, items, component = _parse_v1(payload, reward.variant)
+            results = await run(items)
+        except _HTTPError as exc:
+            return _error(exc)
+        return {
+            "request_id": request_id,
+            "signature": reward.signature,
+            "component": component,
+            "results": [
+                {
+                    "id": i,
+                    "reward": r.scores.get(component, r.reward) if r.valid else r.reward,
+                    "valid": r.valid,
+                    "reason": r.reason,
+                    "scores": r.scores,
+                }
+                for i, r in zip(ids, results, strict=True)
+            ],
+        }
+
+    @app.post("/get_reward")
+    async def get_reward(request: Request) -> Any:
+        try:
+            payload = await body(request)
+            items = _parse_openrlhf(payload, reward.variant)
+            results = await run(items)
+        except _HTTPError as exc:
+            return _error(exc)
+        rewards = [r.reward for r in results]
+        logs = {
+            name: [r.scores.get(name, 0.0) for r in results] for name in ("qace_f1", "qace_bs", "qace_an")
+        }
+        logs["qace_valid"] = [1.0 if r.valid else 0.0 for r in results]
+        out: dict[str, Any] = {"rewards": rewards, "scores": rewards, "extra_logs": logs}
+        if isinstance(payload, dict) and "request_id" in payload:
+            out["request_id"] = payload["request_id"]
+        return out
+
+    @app.get("/health")
+    async def health() -> Any:
+        status = 200 if batcher.running else 503
+        return JSONResponse(
+            {
+                "status": "ok" if status == 200 else "stopped",
+                "signature": reward.signature,
+                "queued_items": batcher.stats.queued_items,
+            },
+            status_code=status,
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        s = batcher.stats
+        lines = [f'qace_http_responses_total{{code="{code}"}} {n}' for code, n in sorted(counts.items())]
+        lines += [
+            f"qace_queue_items {s.queued_items}",
+            f"qace_queue_limit_items {settings.max_queue}",
+            f"qace_batches_total {s.batches}",
+            f"qace_batched_items_total {s.batched_items}",
+            f"qace_rejected_total {s.rejected}",
+            f"qace_timed_out_total {s.timed_out}",
+            f"qace_failed_batches_total {s.failed}",
+            f"qace_score_seconds_total {s.score_seconds:.6f}",
+            f"qace_uptime_seconds {time.monotonic() - started:.3f}",
+        ]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    started = time.monotonic()
+    return app
+
+
+def _error(exc: _HTTPError) -> JSONResponse:
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+
+
+def _parse_v1(payload: Any, variant: str) -> tuple[str, list[str], list[Item], str]:
+    if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
+        raise _HTTPError(422, 'expected {"request_id": str, "items": [{"id", "caption", ...}]}')
+    request_id = payload.get("request_id")
+    if not isinstance(request_id, str) or not request_id:
+        raise _HTTPError(422, "request_id must be a non-empty string (it is echoed back)")
+    component = payload.get("component", "qace")
+    if component not in COMPONENTS:
+        raise _HTTPError(422, f"unknown component {component!r}; choose one of {', '.join(COMPONENTS)}")
+    ids, items = [], []
+    for n, entry in enumerate(payload["items"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            raise _HTTPError(422, f"item {n} needs a string 'id'")
+        ids.append(entry["id"])
+        items.append(_item(entry.get("caption"), entry, variant, f"item {entry['id']!r}"))
+    if len(set(ids)) != len(ids):
+        raise _HTTPError(422, "item ids must be unique within a request")
+    return request_id, ids, items, component
+
+
+def _parse_openrlhf(payload: Any, variant: str) -> list[Item]:
+    if not isinstance(payload, dict) or not isinstance(payload.get("query"), list):
+        raise _HTTPError(422, 'expected {"query": [...], "prompts": [...], "labels": [...]}')
+    queries = payload["query"]
+    prompts = payload.get("prompts") or [None] * len(queries)
+    labels = payload.get("labels")
+    if not isinstance(prompts, list) or len(prompts) != len(queries):
+        raise _HTTPError(422, "prompts must be a list as long as query")
+    if not isinstance(labels, list) or len(labels) != len(queries):
+        raise _HTTPError(
+            422, "labels must be a list as long as query (they carry the references or image id)"
+        )
+    items = []
+    for n, (query, prompt, label) in enumerate(zip(queries, prompts, labels, strict=True)):
+        caption = query
+        if isinstance(query, str) and isinstance(prompt, str) and prompt and query.startswith(prompt):
+            caption = query[len(prompt) :]
+        items.append(_item(completion_text(caption), _label_context(label, variant), variant, f"sample {n}"))
+    return items
+
+
+def _label_context(label: Any, variant: str) -> dict[str, Any]:
+    """Read an OpenRLHF label into ``{"references"}`` or ``{"image_id"}``."""
+    if isinstance(label, str) and label.lstrip().startswith(("[", "{")):
+        try:
+            label = json.loads(label)
+        except ValueError:
+            pass
+    if isinstance(label, dict):
+        return label
+    if variant == "ref":
+        return {"references": [label] if isinstance(label, str) else label}
+    return {"image_id": label}
+
+
+def _item(caption: Any, context: dict[str, Any], variant: str, where: str) -> Item:
+    """Check the context (a bad one is the caller's bug: 422); the caption is judged by the reward."""
+    if variant == "ref":
+        refs = context.get("references")
+        if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
+            raise _HTTPError(422, f"{where}: references must be a non-empty list of non-empty strings")
+        return Item(caption, None, tuple(refs))
+    image_id = context.get("image_id")
+    if isinstance(image_id, int) and not isinstance(image_id, bool):
+        image_id = str(image_id)
+    if not isinstance(image_id, str) or not image_id.strip():
+        raise _HTTPError(422, f"{where}: needs an image_id (string or integer)")
+    return Item(caption, image_id, None)

@@ -1,0 +1,215 @@
+"""Micro-batching with a bounded queue: many small requests, one engine call per batch.
+
+Trainers often send one sample per request; scoring them one by one would leave the GPU idle.
+Requests wait in a queue; a single worker takes the first one, gathers more for at most
+``max_wait_s`` or until ``max_batch`` items, scores them in one call on a worker thread (so the
+event loop keeps answering health checks and rejecting excess load), then resolves every request.
+
+Back-pressure instead of hangs: admission counts queued items, and a request that would push the
+count past ``max_queue`` is refused at once (`Overloaded` -> HTTP 429 with Retry-After); a request
+that waits longer than ``timeout_s`` is abandoned (`Unavailable` -> HTTP 503 with Retry-After) and
+skipped if the worker reaches it later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from qace.errors import InputError, QACEError
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(QACEError):
+    """The queue is full; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Unavailable(Overloaded):
+    """The service is stopping, or the request waited too long; retry after ``retry_after`` seconds."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One caption to reward, with its context (references or an image id)."""
+
+    caption: Any
+    image_id: str | None = None
+    references: tuple[str, ...] | None = None
+
+
+@dataclass
+class _Request:
+    items: Sequence[Item]
+    future: asyncio.Future[list[Any]]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Stats:
+    """Counters for the metrics endpoint (only the event-loop thread writes them)."""
+
+    batches: int = 0
+    batched_items: int = 0
+    rejected: int = 0
+    timed_out: int = 0
+    failed: int = 0
+    score_seconds: float = 0.0
+    queued_items: int = 0
+
+
+ScoreFn = Callable[[list[Item]], list[Any]]
+
+
+class MicroBatcher:
+    """Collect requests into batches for ``score_fn`` (one list of items in, one result per item out)."""
+
+    def __init__(
+        self,
+        score_fn: ScoreFn,
+        *,
+        max_batch: int = 64,
+        max_wait_s: float = 0.005,
+        max_queue: int = 1024,
+        timeout_s: float = 60.0,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        if max_batch < 1 or max_queue < 1 or timeout_s <= 0:
+            raise QACEError("max_batch and max_queue must be positive, timeout_s above zero")
+        self.score_fn = score_fn
+        self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
+        self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
+        self.stats = Stats()
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._inflight: list[_Request] = []
+
+    @property
+    def running(self) -> bool:
+        return self._worker is not None and not self._worker.done()
+
+    async def start(self) -> None:
+        """Start the worker on the running event loop (call from the app's lifespan)."""
+        self._queue = asyncio.Queue()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qace-score")
+        self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop taking work; queued requests fail with `Unavailable` so no client hangs."""
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        waiting = list(self._inflight)
+        while self._queue is not None and not self._queue.empty():
+            waiting.append(self._queue.get_nowait())
+        for request in waiting:
+            if not request.future.done():
+                request.future.set_exception(
+                    Unavailable("the reward service is shutting down", self.retry_after_s)
+                )
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, items: Sequence[Item]) -> list[Any]:
+        """Queue ``items`` as one request and wait for their results (in order)."""
+        if not self.running or self._queue is None:
+            raise Unavailable("the reward service is not running", self.retry_after_s)
+        if self.stats.queued_items + len(items) > self.max_queue:
+            self.stats.rejected += 1
+            raise Overloaded(
+                f"queue full ({self.stats.queued_items} items waiting, limit {self.max_queue})",
+                self.retry_after_s,
+            )
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self.stats.queued_items += len(items)
+        self._queue.put_nowait(_Request(items, future))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except TimeoutError:
+            future.cancel()  # the worker skips it
+            self.stats.timed_out += 1
+            raise Unavailable(
+                f"no result within {self.timeout_s:g}s; the service is busy", self.retry_after_s
+            ) from None
+
+    async def _run(self) -> None:
+        assert self._queue is not None and self._executor is not None  # set by start()
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = self._inflight = await self._gather(loop)
+            live = [r for r in batch if not r.future.done()]
+            items = [item for r in live for item in r.items]
+            started = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(self._executor, self._score, live, items)
+            except Exception as exc:  # keep serving; each request of the batch gets the error
+                log.exception("scoring a batch of %d items failed", len(items))
+                self.stats.failed += 1
+                results = [exc] * len(live)
+            finally:
+                self.stats.queued_items -= sum(len(r.items) for r in batch)
+            self.stats.batches += 1
+            self.stats.batched_items += len(items)
+            self.stats.score_seconds += time.perf_counter() - started
+            for request, result in zip(live, results, strict=True):
+                if request.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    request.future.set_exception(result)
+                else:
+                    request.future.set_result(result)
+            self._inflight = []
+
+    async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[_Request]:
+        """The first waiting request plus what arrives within ``max_wait_s``, up to ``max_batch`` items."""
+        assert self._queue is not None
+        batch = [await self._queue.get()]
+        size = len(batch[0].items)
+        deadline = loop.time() + self.max_wait_s
+        while size < self.max_batch:
+            if self._queue.empty():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    request = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            else:
+                request = self._queue.get_nowait()
+            batch.append(request)
+            size += len(request.items)
+        return batch
+
+    def _score(self, requests: list[_Request], items: list[Item]) -> list[list[Any] | BaseException]:
+        """Score the whole batch; if one request's input is bad, score requests alone so only it fails."""
+        if not items:
+            return []
+        try:
+            flat = self.score_fn(items)
+        except InputError:
+            out: list[list[Any] | BaseException] = []
+            for request in requests:
+                try:
+                    out.append(self.score_fn(list(request.items)))
+                except InputError as exc:
+                    out.append(exc)
+            return out
+        out, at = [], 0
+        for request in requests:
+            out.append(flat[at : at + len(request.items)])
+            at += len(request.items)
+        return out

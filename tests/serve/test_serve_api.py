@@ -1,0 +1,232 @@
+"""The reward service: auth, limits, back-pressure, micro-batching, OpenRLHF protocol, client checks."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from qace.serve.client import RewardClient, RewardServiceError
+
+TOKEN = "test-token"  # as in conftest.py
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REFS = ["a dog runs on the grass"]
+
+
+def _v1(request_id: str, captions: list, **extra: object) -> dict:
+    items = [{"id": str(i), "caption": c, "references": REFS} for i, c in enumerate(captions)]
+    return {"request_id": request_id, "items": items, **extra}
+
+
+def test_auth_required_except_health(fake, serve) -> None:
+    with serve(fake) as url:
+        assert httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"])).status_code == 401
+        wrong = httpx.post(
+            f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers={"Authorization": "Bearer nope"}
+        )
+        assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        assert httpx.post(f"{url}/get_reward", json={"query": ["x"], "labels": [REFS]}).status_code == 401
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 200 and health.json()["signature"] == fake.signature
+
+
+def test_no_token_refused() -> None:
+    from qace.errors import ConfigError
+    from qace.serve.app import create_app
+
+    with pytest.raises(ConfigError, match="token"):
+        create_app(object(), token="")
+
+
+def test_rewards_ids_echoed_and_invalid_captions_get_zero(fake, serve) -> None:
+    with serve(fake, max_caption_chars=50) as url:
+        body = _v1("req-1", ["a dog", "", "   ", "x" * 51])
+        body["items"].append({"id": "4", "caption": 7, "references": REFS})
+        got = httpx.post(f"{url}/v1/reward", json=body, headers=AUTH).json()
+    assert got["request_id"] == "req-1" and got["signature"] == fake.signature
+    assert [r["id"] for r in got["results"]] == ["0", "1", "2", "3", "4"]
+    assert got["results"][0] == {
+        "id": "0",
+        "reward": 0.05,
+        "valid": True,
+        "reason": None,
+        "scores": {"qace": 0.05, "qace_f1": 1.0},
+    }
+    for result in got["results"][1:]:
+        assert result["reward"] == 0.0 and not result["valid"] and result["reason"]
+    assert "limit is 50" in got["results"][3]["reason"]
+
+
+def test_limits(fake, serve) -> None:
+    with serve(fake, max_items=3, max_body_bytes=2000) as url:
+        too_many = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a"] * 4), headers=AUTH)
+        assert too_many.status_code == 413 and "limit is 3" in too_many.json()["detail"]
+        too_big = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a" * 3000]), headers=AUTH)
+        assert too_big.status_code == 413
+
+        def chunks():  # no Content-Length: the limit must hold on streamed bodies too
+            yield json.dumps(_v1("r", ["a" * 1500])).encode()[:1500]
+            yield b" " * 1500
+
+        streamed = httpx.post(f"{url}/v1/reward", content=chunks(), headers=AUTH)
+        assert streamed.status_code == 413
+        assert httpx.post(f"{url}/v1/reward", content=b"{nope", headers=AUTH).status_code == 400
+        no_refs = {"request_id": "r", "items": [{"id": "0", "caption": "a dog"}]}
+        assert httpx.post(f"{url}/v1/reward", json=no_refs, headers=AUTH).status_code == 422
+        no_id = {"items": [{"id": "0", "caption": "a", "references": REFS}]}
+        assert httpx.post(f"{url}/v1/reward", json=no_id, headers=AUTH).status_code == 422
+        bad_component = _v1("r", ["a"], component="bleu")
+        assert httpx.post(f"{url}/v1/reward", json=bad_component, headers=AUTH).status_code == 422
+
+
+def test_micro_batching_merges_concurrent_single_requests(fake, serve) -> None:
+    fake.gate.clear()  # hold the first batch so the others queue up behind it
+    with serve(fake, max_batch=64, max_wait_ms=20) as url:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [
+                pool.submit(
+                    httpx.post,
+                    f"{url}/v1/reward",
+                    json=_v1(f"r{i}", ["a" * (i + 1)]),
+                    headers=AUTH,
+                    timeout=20,
+                )
+                for i in range(8)
+            ]
+            time.sleep(0.5)
+            fake.gate.set()
+            answers = [f.result().json() for f in futures]
+        metrics = httpx.get(f"{url}/metrics", headers=AUTH).text
+    for i, answer in enumerate(answers):  # every request got its own reward back
+        assert answer["request_id"] == f"r{i}" and answer["results"][0]["reward"] == pytest.approx(
+            (i + 1) / 100
+        )
+    assert sum(fake.batches) == 8 and len(fake.batches) < 8
+    assert "qace_batched_items_total 8" in metrics
+
+
+def test_back_pressure_429_then_503_with_retry_after(fake, serve) -> None:
+    fake.gate.clear()
+    with serve(fake, max_queue=2, timeout_s=1.0, max_wait_ms=1) as url:
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                first = pool.submit(
+                    httpx.post, f"{url}/v1/reward", json=_v1("a", ["x", "y"]), headers=AUTH, timeout=10
+                )
+                time.sleep(0.3)  # first request is now being scored (blocked) and holds the queue
+                full = httpx.post(f"{url}/v1/reward", json=_v1("b", ["z"]), headers=AUTH, timeout=10)
+                assert full.status_code == 429 and int(full.headers["retry-after"]) >= 1
+                waited = first.result()
+            assert waited.status_code == 503 and "retry-after" in waited.headers
+        finally:
+            fake.gate.set()
+        for _ in range(100):  # bounded: the abandoned batch finishes, the queue drains
+            if httpx.get(f"{url}/health").json()["queued_items"] == 0:
+                break
+            time.sleep(0.05)
+        ok = httpx.post(f"{url}/v1/reward", json=_v1("c", ["z"]), headers=AUTH, timeout=10)
+        assert ok.status_code == 200
+        metrics = httpx.get(f"{url}/metrics", headers=AUTH).text
+    assert "qace_rejected_total 1" in metrics and "qace_timed_out_total 1" in metrics
+    assert 'qace_http_responses_total{code="429"} 1' in metrics
+
+
+def test_openrlhf_protocol(fake, serve) -> None:
+    with serve(fake) as url:
+        body = {
+            "query": ["Describe: a dog</s>", "Describe: ", "Describe: a cat"],
+            "prompts": ["Describe: ", "Describe: ", "Describe: "],
+            "labels": [json.dumps(REFS), REFS, {"references": REFS}],
+            "request_id": 17,
+        }
+        got = httpx.post(f"{url}/get_reward", json=body, headers=AUTH).json()
+        assert got["rewards"] == [0.05, 0.0, 0.05] and got["scores"] == got["rewards"]
+        assert got["extra_logs"]["qace_valid"] == [1.0, 0.0, 1.0] and got["request_id"] == 17
+        short = httpx.post(f"{url}/get_reward", json={"query": ["a"], "labels": []}, headers=AUTH)
+        assert short.status_code == 422
+
+
+def test_client_retries_busy_server_then_succeeds() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) < 3:
+            return httpx.Response(
+                429 if len(calls) == 1 else 503, headers={"Retry-After": "0"}, json={"detail": "busy"}
+            )
+        sent = json.loads(request.content)
+        results = [
+            {"id": item["id"], "reward": 0.5, "valid": True, "reason": None, "scores": {}}
+            for item in sent["items"]
+        ]
+        return httpx.Response(200, json={"request_id": sent["request_id"], "results": results})
+
+    with RewardClient("http://rm", TOKEN, transport=httpx.MockTransport(handler), backoff_s=0) as client:
+        assert client.rewards(["a", "b"], references=[REFS, REFS]) == [0.5, 0.5]
+    assert len(calls) == 3
+    assert len({json.loads(c.content)["request_id"] for c in calls}) == 1  # retries resend the same request
+    assert calls[0].headers["authorization"] == f"Bearer {TOKEN}"
+
+
+@pytest.mark.parametrize("tamper", ["request_id", "order", "missing"])
+def test_client_refuses_rewards_for_other_samples(tamper: str) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent = json.loads(request.content)
+        results = [{"id": item["id"], "reward": 0.1, "valid": True} for item in sent["items"]]
+        request_id = sent["request_id"]
+        if tamper == "request_id":
+            request_id = "someone-else"
+        elif tamper == "order":
+            results.reverse()
+        else:
+            results.pop()
+        return httpx.Response(200, json={"request_id": request_id, "results": results})
+
+    with RewardClient("http://rm", TOKEN, transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(RewardServiceError, match="discarded"):
+            client.rewards(["a", "b"], references=[REFS, REFS])
+
+
+def test_client_gives_up_and_does_not_retry_client_errors() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(401 if request.url.path == "/v1/reward" else 503, json={"detail": "no"})
+
+    with RewardClient("http://rm", "bad", transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(RewardServiceError) as info:
+            client.rewards(["a"], references=[REFS])
+    assert info.value.status == 401 and len(calls) == 1
+
+
+def test_stopping_batcher_fails_queued_requests_instead_of_hanging() -> None:
+    import asyncio
+
+    from qace.serve.batcher import Item, MicroBatcher, Unavailable
+
+    gate = threading.Event()
+
+    def slow(items: list) -> list:
+        gate.wait(5)
+        return [0.0] * len(items)
+
+    async def scenario() -> list:
+        batcher = MicroBatcher(slow, max_wait_s=0)
+        await batcher.start()
+        first = asyncio.create_task(batcher.submit([Item("a")]))
+        await asyncio.sleep(0.1)  # first is being scored; second waits in the queue
+        second = asyncio.create_task(batcher.submit([Item("b")]))
+        await asyncio.sleep(0.1)
+        await batcher.stop()
+        gate.set()
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    outcomes = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert all(isinstance(o, Unavailable) for o in outcomes)
