@@ -1,0 +1,148 @@
+"""Greedy T5 decoding with static caches: the engine's decoding loop.
+
+Hugging Face's per-step forward rebuilds masks and position biases, grows its caches by concatenation and
+recomputes nothing it could keep. Here, per batch:
+
+- cross-attention keys/values of every layer are computed once from the encoder output;
+- self-attention keys/values go into a cache preallocated for the longest possible answer;
+- the decoder's relative position bias is computed once for all steps;
+- rows that have ended are dropped once they are half the batch (CTranslate2's trick), and the loop stops
+  when every row has ended;
+- answerability is read from the first step's logits of the same pass.
+
+It reads the weights of a loaded ``T5ForConditionalGeneration`` (or Visual-T5), so it works for any T5
+checkpoint, ReLU or gated-GELU, in fp32 (identical tokens to ``generate``), bf16 or fp16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """T5LayerNorm, computed exactly as Hugging Face does (fp32 variance, cast back for half weights)."""
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + norm.variance_epsilon)
+    if norm.weight.dtype in (torch.float16, torch.bfloat16):
+        x = x.to(norm.weight.dtype)
+    return norm.weight * x
+
+
+@dataclass
+class _Layer:
+    self_attn: Any
+    self_norm: Any
+    cross_attn: Any
+    cross_norm: Any
+    ff: Any
+    ff_norm: Any
+
+
+class StaticT5Decoder:
+    """Decoder-side greedy generation for one T5 model (see module docstring)."""
+
+    def __init__(self, model: Any) -> None:
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.decoder
+        self.model = model
+        self.embed = decoder.embed_tokens
+        self.layers = [
+            _Layer(b.layer[0].SelfAttention, b.layer[0].layer_norm, b.layer[1].EncDecAttention,
+                   b.layer[1].layer_norm, b.layer[2].DenseReluDense, b.layer[2].layer_norm)
+            for b in decoder.block
+        ]
+        self.final_norm = decoder.final_layer_norm
+        self.bias_module = decoder.block[0].layer[0].SelfAttention
+        config = model.config
+        self.heads, self.d_kv = config.num_heads, config.d_kv
+        scale = getattr(config, "scale_decoder_outputs", None)
+        self.output_scale = config.d_model**-0.5 if (config.tie_word_embeddings if scale is None else scale) else None
+        self.start_id = int(config.decoder_start_token_id)
+        self.eos_id = int(config.eos_token_id)
+        self._bias_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, H*D) -> (B, H, L, D)."""
+        return x.view(x.shape[0], x.shape[1], self.heads, self.d_kv).transpose(1, 2)
+
+    def _self_bias(self, steps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (steps, device)
+        if key not in self._bias_cache:
+            self._bias_cache[key] = self.bias_module.compute_bias(steps, steps, device=device)
+        return self._bias_cache[key].to(dtype)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        hidden: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        unanswerable_id: int | None = None,
+        stop_at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Greedy tokens ``(B, max_new_tokens)`` (``-1`` after a row ended) and first-step answerability.
+
+        ``stop_at`` (benchmarks only) ends row ``i`` after ``stop_at[i]`` tokens as if it had emitted EOS,
+        so random-weight models can be timed with realistic output lengths.
+        """
+        rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
+        min_value = torch.finfo(dtype).min
+        cross_bias = torch.where(mask[:, None, None, :].bool(), 0.0, min_value).to(dtype)
+        cross = [(self._split(layer.cross_attn.k(hidden)), self._split(layer.cross_attn.v(hidden)))
+                 for layer in self.layers]
+        shape = (len(self.layers), rows, self.heads, max_new_tokens, self.d_kv)
+        keys = torch.empty(shape, device=device, dtype=dtype)
+        values = torch.empty(shape, device=device, dtype=dtype)
+        self_bias = self._self_bias(max_new_tokens, device, dtype)
+
+        alive = torch.arange(rows, device=device)
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        token = torch.full((rows,), self.start_id, dtype=torch.long, device=device)
+        out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
+        answerability = None
+        for step in range(max_new_tokens):
+            logits = self._step(token, step, keys, values, cross, cross_bias, self_bias)
+            if step == 0 and unanswerable_id is not None:
+                answerability = 1.0 - torch.softmax(logits.float(), dim=-1)[:, unanswerable_id]
+            token = logits.argmax(dim=-1)
+            if stop_at is not None:
+                token = torch.where(stop_at[alive] <= step + 1, self.eos_id, token)
+            out[alive, step] = torch.where(finished, -1, token)
+            finished |= token == self.eos_id
+            token = torch.where(finished, self.eos_id, token)  # ended rows idle until dropped
+            n_alive = int((~finished).sum())
+            if n_alive == 0:
+                break
+            if n_alive <= len(alive) // 2:
+                keep = (~finished).nonzero()[:, 0]
+                alive, token, finished, cross_bias = alive[keep], token[keep], finished[keep], cross_bias[keep]
+                keys, values = keys[:, keep], values[:, keep]
+                cross = [(k[keep], v[keep]) for k, v in cross]
+        return out, answerability
+
+    def _step(self, token, step, keys, values, cross, cross_bias, self_bias):  # noqa: ANN001, ANN202
+        h = self.embed(token)[:, None, :]
+        bias = self_bias[:, :, step : step + 1, : step + 1]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = _rms_norm(h, layer.self_norm)
+            q = self._split(attn.q(x))
+            keys[i, :, :, step] = self._split(attn.k(x))[:, :, 0]
+            values[i, :, :, step] = self._split(attn.v(x))[:, :, 0]
+            o = F.scaled_dot_product_attention(q, keys[i, :, :, : step + 1], values[i, :, :, : step + 1],
+                                               attn_mask=bias, scale=1.0)
+            h = h + attn.o(o.transpose(1, 2).reshape(h.shape[0], 1, -1))
+            x = _rms_norm(h, layer.cross_norm)
+            q = self._split(layer.cross_attn.q(x))
+            k, v = cross[i]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=cross_bias, scale=1.0)
+            h = h + layer.cross_attn.o(o.transpose(1, 2).reshape(h.shape[0], 1, -1))
+            h = h + layer.ff(_rms_norm(h, layer.ff_norm))
+        h = _rms_norm(h, self.final_norm)
+        if self.output_scale is not None:
+            h = h * self.output_scale
+        return self.model.lm_head(h)[:, 0, :]
