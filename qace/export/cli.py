@@ -1,0 +1,122 @@
+"""``qace export MODEL_DIR [OUT_DIR]``: export QG/TQA/Visual-T5 checkpoints to validated ONNX graphs.
+
+Registered by ``qace.cli`` when the ``onnx`` extra (onnx, onnxruntime) is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from qace.errors import ModelNotFoundError
+from qace.export.exporter import VARIANTS
+
+ROLES = ("qg", "tqa", "vqa")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``qace export``; importing onnx and onnxruntime here keeps the command hidden without the extra."""
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+
+    p = subparsers.add_parser("export", help="export QG/TQA/Visual-T5 to ONNX (validated against PyTorch)")
+    p.add_argument(
+        "model_dir",
+        help="one checkpoint directory (or Visual-T5 state-dict file), "
+        "or a directory holding qg/, tqa/, vqa/",
+    )
+    p.add_argument(
+        "out_dir",
+        nargs="?",
+        help="output directory (default: MODEL_DIR/onnx, where --backend onnx "
+        "looks first); gets <variant>/ or <role>/<variant>/ inside",
+    )
+    p.add_argument(
+        "--variant",
+        nargs="+",
+        default=["fp32"],
+        choices=VARIANTS,
+        help="fp32 (exact), fp16 (for CUDA), int8 (dynamic quantization, for CPU)",
+    )
+    p.add_argument(
+        "--kind",
+        default="auto",
+        choices=["auto", "text", "visual"],
+        help="text = QG/TQA T5, visual = Visual-T5 (auto: looks for encoder.img_emb weights)",
+    )
+    p.add_argument("--device", default="cpu", help="where the exported graphs are validated (cpu or cuda)")
+    p.add_argument(
+        "--no-validate", action="store_true", help="measure and record, but do not fail on differences"
+    )
+    p.set_defaults(func=cmd_export)
+
+
+def _is_visual(path: Path) -> bool:
+    if path.is_file():
+        return True  # a raw state-dict file is how the Visual-T5 release ships
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        return False
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as handle:
+        return "encoder.img_emb.weight" in set(handle.keys())
+
+
+def _load(path: Path, kind: str) -> Any:
+    from qace.models.loading import load_seq2seq, load_visual_t5
+
+    visual = _is_visual(path) if kind == "auto" else kind == "visual"
+    return load_visual_t5(path)[0] if visual else load_seq2seq(str(path), role="qg")[0]
+
+
+def _targets(model_dir: Path, out_dir: Path) -> list[tuple[Path, Path]]:
+    """(checkpoint, output) pairs: the directory itself, or each of its qg/tqa/vqa subdirectories."""
+    if model_dir.is_file() or (model_dir / "config.json").is_file():
+        return [(model_dir, out_dir)]
+    found = [
+        (model_dir / role, out_dir / role) for role in ROLES if (model_dir / role / "config.json").is_file()
+    ]
+    if not found:
+        raise ModelNotFoundError(
+            f"{model_dir}: neither a checkpoint (config.json) nor a directory with "
+            "qg/, tqa/ or vqa/ checkpoints; pass one of those"
+        )
+    return found
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from qace.export.exporter import export_model
+    from qace.models.loading import checkpoint_fingerprint
+
+    model_dir = Path(args.model_dir).expanduser()
+    if not model_dir.exists():
+        raise ModelNotFoundError(f"{model_dir} does not exist")
+    base_out = (
+        Path(args.out_dir).expanduser()
+        if args.out_dir
+        else (model_dir.parent / f"{model_dir.stem}-onnx" if model_dir.is_file() else model_dir / "onnx")
+    )
+    for source, out in _targets(model_dir, base_out):
+        if args.out_dir is None and source != model_dir:
+            out = source / "onnx"
+        model = _load(source, args.kind)
+        fingerprint = checkpoint_fingerprint(source)
+        for variant in args.variant:
+            result = export_model(
+                model,
+                out / variant,
+                variant=variant,
+                fingerprint=fingerprint,
+                source=str(source),
+                validate=not args.no_validate,
+                validation_device=args.device,
+            )
+            report = result.validation
+            print(
+                f"{source} -> {result.out_dir} [{variant}]: max |logit diff| {report.max_abs_diff:.3g}, "
+                f"identical greedy outputs {report.token_agreement:.0%} of {report.rows} rows, "
+                f"{result.seconds:.1f} s"
+            )
+    return 0

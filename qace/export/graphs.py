@@ -1,0 +1,261 @@
+"""Export-friendly T5 forward passes that reuse a loaded model's weights, one ``nn.Module`` per graph.
+
+Why not export the Hugging Face modules directly: their decoder takes a ``Cache`` object and builds
+masks through transformers' masking utilities, which change between releases and trace into
+data-dependent branches. These wrappers are the same arithmetic (RMS norm, unscaled attention with
+relative position buckets, ReLU or gated FF, the fp16 clamps, the ``d_model ** -0.5`` output scale)
+written on plain tensors, so every graph has fixed named inputs and outputs and the past key/values
+are ordinary tensors. The export validation (``qace.export.validate``) proves they still equal the
+PyTorch model.
+
+Graphs (names of inputs and outputs are the contract with ``qace.engine.onnx_runner``):
+
+- ``encoder``: ``input_ids``, ``attention_mask`` (B, S) -> ``encoder_hidden_states`` (B, S, D),
+  ``encoder_attention_mask`` (B, S); the Visual-T5 encoder also takes ``features`` (B, 36, 2054) and
+  returns the (B, 102) mask of its fixed layout.
+- ``decoder_init`` (first step): ``decoder_input_ids`` (B, 1), ``encoder_hidden_states``,
+  ``encoder_attention_mask`` -> ``logits`` (B, V) fp32, then per layer ``present.{i}.self_key``,
+  ``present.{i}.self_value`` (B, H, 1, Dk) and ``present.{i}.cross_key``, ``present.{i}.cross_value``
+  (B, H, S, Dk): the cross-attention K/V are computed once here and fed back unchanged.
+- ``decoder`` (with past): ``decoder_input_ids``, ``encoder_attention_mask``, then per layer
+  ``past.{i}.self_key``, ``past.{i}.self_value`` (B, H, T, Dk), ``past.{i}.cross_key``,
+  ``past.{i}.cross_value`` -> ``logits``, ``present.{i}.self_key``, ``present.{i}.self_value`` (T + 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+SELF_KV = ("self_key", "self_value")
+CROSS_KV = ("cross_key", "cross_value")
+
+
+def past_names(layers: int, prefix: str, kinds: tuple[str, ...]) -> list[str]:
+    """``{prefix}.{i}.{kind}`` for every layer, layer-major (the order the graphs use)."""
+    return [f"{prefix}.{i}.{kind}" for i in range(layers) for kind in kinds]
+
+
+def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """T5LayerNorm: variance in fp32, no mean, no bias."""
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + norm.variance_epsilon)
+    if norm.weight.dtype in (torch.float16, torch.bfloat16):
+        x = x.to(norm.weight.dtype)
+    return norm.weight * x
+
+
+def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's guard against fp16 overflow in T5 blocks (a no-op in fp32)."""
+    if x.dtype != torch.float16:
+        return x
+    big = torch.finfo(x.dtype).max
+    limit = torch.where(torch.isinf(x).any(), big - 1000, big)
+    return torch.clamp(x, min=-limit, max=limit)
+
+
+def _bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's relative-position bucket (same ops, in the same order, as transformers)."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).to(torch.long) * num_buckets
+        relative = torch.abs(relative)
+    else:
+        relative = -torch.min(relative, torch.zeros_like(relative))
+    max_exact = num_buckets // 2
+    is_small = relative < max_exact
+    large = max_exact + (
+        torch.log(relative.float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative, large)
+
+
+def _position_bias(
+    attn: Any, config: Any, query: torch.Tensor, key: torch.Tensor, decoder: bool
+) -> torch.Tensor:
+    """(1, H, Q, K) bias for query positions ``query`` and key positions ``key`` (1-D long tensors)."""
+    relative = key[None, :] - query[:, None]
+    bucket = _bucket(
+        relative, not decoder, config.relative_attention_num_buckets, config.relative_attention_max_distance
+    )
+    return attn.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)
+
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    return x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
+
+
+def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Unscaled dot-product attention (T5), softmax in the activation dtype like HF's eager path."""
+    scores = torch.matmul(q, k.transpose(2, 3)) + bias
+    weights = torch.softmax(scores, dim=-1)
+    out = torch.matmul(weights, v).transpose(1, 2)
+    return attn.o(out.reshape(out.shape[0], out.shape[1], -1))
+
+
+def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, S) 1/0 mask -> (B, 1, 1, S) additive bias (0 or the dtype's minimum), as transformers does."""
+    return ((1 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min).to(dtype)
+
+
+def _ff(block: Any, x: torch.Tensor) -> torch.Tensor:
+    ff = block.layer[-1]
+    return x + ff.DenseReluDense(_rms_norm(ff.layer_norm, x))
+
+
+def _encoder_stack(stack: Any, config: Any, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    heads = config.num_heads
+    positions = torch.arange(embeds.shape[1], dtype=torch.long, device=embeds.device)
+    first = stack.block[0].layer[0].SelfAttention
+    bias = _position_bias(first, config, positions, positions, decoder=False).to(embeds.dtype)
+    bias = bias + _mask_bias(mask, embeds.dtype)
+    x = embeds
+    for block in stack.block:
+        layer = block.layer[0]
+        attn = layer.SelfAttention
+        h = _rms_norm(layer.layer_norm, x)
+        x = _clamp_fp16(
+            x
+            + _attend(
+                attn, _heads(attn.q(h), heads), _heads(attn.k(h), heads), _heads(attn.v(h), heads), bias
+            )
+        )
+        x = _clamp_fp16(_ff(block, x))
+    return _rms_norm(stack.final_layer_norm, x)
+
+
+class TextEncoder(nn.Module):
+    """T5 encoder on token ids."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        stack = self.model.encoder
+        hidden = _encoder_stack(stack, self.model.config, stack.embed_tokens(input_ids), attention_mask)
+        return hidden, attention_mask * 1
+
+
+class VisualEncoder(nn.Module):
+    """Visual-T5 encoder: 64 question slots + prefix ids + 36 projected regions (spec section 4)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("prefix", torch.tensor(model.prefix_ids, dtype=torch.long), persistent=False)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        shared = self.model.get_input_embeddings()
+        batch = input_ids.shape[0]
+        prefix = self.prefix[None, :].expand(batch, -1)
+        img_emb = self.model.encoder.img_emb
+        regions = img_emb(features.to(img_emb.weight.dtype)).to(shared.weight.dtype)
+        embeds = torch.cat([shared(input_ids), shared(prefix), regions], dim=1)
+        ones = torch.ones_like(attention_mask[:, :1]).expand(batch, prefix.shape[1] + features.shape[1])
+        mask = torch.cat([attention_mask, ones], dim=1)
+        return _encoder_stack(self.model.encoder, self.model.config, embeds, mask), mask
+
+
+def _decoder_step(
+    model: Any,
+    token: torch.Tensor,
+    enc_bias: torch.Tensor,
+    self_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One greedy step for every row: fp32 logits (B, V) and the new self-attention K/V per layer."""
+    config, stack = model.config, model.decoder
+    heads = config.num_heads
+    x = stack.embed_tokens(token)
+    past = 0 if self_kv is None else self_kv[0][0].shape[2]
+    keys = torch.arange(past + 1, dtype=torch.long, device=token.device)
+    first = stack.block[0].layer[0].SelfAttention
+    self_bias = _position_bias(first, config, keys[-1:], keys, decoder=True).to(x.dtype)
+    presents: list[torch.Tensor] = []
+    for i, block in enumerate(stack.block):
+        layer = block.layer[0]
+        attn = layer.SelfAttention
+        h = _rms_norm(layer.layer_norm, x)
+        k, v = _heads(attn.k(h), heads), _heads(attn.v(h), heads)
+        if self_kv is not None:
+            k, v = torch.cat([self_kv[i][0], k], dim=2), torch.cat([self_kv[i][1], v], dim=2)
+        presents += [k, v]
+        x = _clamp_fp16(x + _attend(attn, _heads(attn.q(h), heads), k, v, self_bias))
+        layer = block.layer[1]
+        attn = layer.EncDecAttention
+        h = _rms_norm(layer.layer_norm, x)
+        x = _clamp_fp16(x + _attend(attn, _heads(attn.q(h), heads), cross_kv[i][0], cross_kv[i][1], enc_bias))
+        x = _clamp_fp16(_ff(block, x))
+    x = _rms_norm(stack.final_layer_norm, x)
+    if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
+        x = x * (config.d_model**-0.5)
+    return model.lm_head(x)[:, 0, :].float(), presents
+
+
+class DecoderInit(nn.Module):
+    """First decoder step: also computes the cross-attention K/V that every later step reuses."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        decoder_input_ids: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        heads = self.model.config.num_heads
+        cross = []
+        for block in self.model.decoder.block:
+            attn = block.layer[1].EncDecAttention
+            cross.append(
+                (_heads(attn.k(encoder_hidden_states), heads), _heads(attn.v(encoder_hidden_states), heads))
+            )
+        enc_bias = _mask_bias(encoder_attention_mask, encoder_hidden_states.dtype)
+        logits, presents = _decoder_step(self.model, decoder_input_ids, enc_bias, None, cross)
+        out: list[torch.Tensor] = [logits]
+        for i, (k, v) in enumerate(cross):
+            out += [presents[2 * i], presents[2 * i + 1], k, v]
+        return tuple(out)
+
+
+class DecoderWithPast(nn.Module):
+    """Later decoder steps: one new token per row, self K/V grow by one, cross K/V are inputs only."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, decoder_input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *past: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        self_kv = [(past[4 * i], past[4 * i + 1]) for i in range(len(past) // 4)]
+        cross_kv = [(past[4 * i + 2], past[4 * i + 3]) for i in range(len(past) // 4)]
+        enc_bias = _mask_bias(encoder_attention_mask, past[0].dtype)
+        logits, presents = _decoder_step(self.model, decoder_input_ids, enc_bias, self_kv, cross_kv)
+        return (logits, *presents)
+
+
+def init_output_names(layers: int) -> list[str]:
+    return ["logits", *past_names(layers, "present", SELF_KV + CROSS_KV)]
+
+
+def decoder_input_names(layers: int) -> list[str]:
+    return ["decoder_input_ids", "encoder_attention_mask", *past_names(layers, "past", SELF_KV + CROSS_KV)]
+
+
+def decoder_output_names(layers: int) -> list[str]:
+    return ["logits", *past_names(layers, "present", SELF_KV)]
