@@ -58,6 +58,8 @@ class ReferenceQACE:
     vqa_tokenizer: Any = None
     features: Callable[[str], np.ndarray] | None = None
     max_input_tokens: int = 512
+    length_control: bool = False
+    """Benchmarks only: end each output at ``benchmarks.workload.target_length`` (random weights never stop)."""
     memo: dict[tuple[int, str], tuple[str, float]] = field(default_factory=dict)
     """Outputs of inputs already run (greedy decoding is deterministic), so test suites can score the
     same captions under several variants without paying twice."""
@@ -73,10 +75,12 @@ class ReferenceQACE:
         self, model: Any, tokenizer: Any, text: str, unanswerable: int | None
     ) -> tuple[str, float]:
         ids, _ = encode_texts(tokenizer, [text], self.max_input_tokens)
-        input_ids = torch.tensor(ids)
+        input_ids = torch.tensor(ids, device=model.device)
+        role = "qg" if model is self.qg else "tqa"
         out = model.generate(
             input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_length=MAX_LENGTH,
             num_beams=1, do_sample=False, return_dict_in_generate=True, output_logits=True,
+            **self._length_control(model, ids[0], role),
         )
         return self._finish(tokenizer, out, unanswerable)
 
@@ -85,12 +89,20 @@ class ReferenceQACE:
         ids, mask, _ = visual_question_inputs(self.vqa_tokenizer, [question])
         assert self.features is not None
         feats = torch.from_numpy(np.asarray(self.features(image_id), dtype=np.float32))[None]
-        encoder_outputs, full_mask = self.vqa.encode_visual(ids, mask, feats)
+        encoder_outputs, full_mask = self.vqa.encode_visual(ids, mask, feats.to(self.vqa.device))
         out = self.vqa.generate(
             encoder_outputs=encoder_outputs, attention_mask=full_mask, max_length=MAX_LENGTH,
             num_beams=1, do_sample=False, return_dict_in_generate=True, output_logits=True,
+            **self._length_control(self.vqa, ids[0][mask[0] == 1].tolist(), "vqa"),
         )
         return self._finish(self.vqa_tokenizer, out, unanswerable_id(self.vqa_tokenizer))
+
+    def _length_control(self, model: Any, ids: list[int], role: str) -> dict[str, Any]:
+        if not self.length_control:
+            return {}
+        from benchmarks.workload import ForceLength, target_length
+
+        return {"logits_processor": [ForceLength([target_length(ids, role)], model.config.eos_token_id, model.device)]}
 
     @staticmethod
     def _finish(tokenizer: Any, out: Any, unanswerable: int | None) -> tuple[str, float]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from qace.config import QACEConfig, build_signature
 from qace.data.records import Record, RecordError, require
+from qace.engine.profiling import NO_TIMER
 from qace.errors import ConfigError, FeatureError
 from qace.metric.pipeline import Models, score_chunk
 
@@ -87,6 +88,8 @@ class QACE:
 
             store = open_feature_store(features) if isinstance(features, str | Path) else features
             self.features = FeatureCache(store)
+        self.timer: Any = NO_TIMER
+        """Benchmarks set a :class:`~qace.engine.profiling.StageTimer` here to time each stage."""
         self.signature = build_signature(
             self.config, qg=fingerprints["qg"], qa=fingerprints["tqa"], vqa=fingerprints.get("vqa"),
             bertscore=self.matcher.signature,
@@ -134,7 +137,7 @@ class QACE:
                 results[pos] = problem
         rows = score_chunk(
             [chunk[i] for i in valid], self.models, self.config, self.matcher, self.nlp,  # type: ignore[misc]
-            features=self.features, signature=self.signature,
+            features=self.features, signature=self.signature, timer=self.timer,
         )
         for pos, row in zip(valid, rows, strict=True):
             results[pos] = row

@@ -63,6 +63,8 @@ class StaticT5Decoder:
         self.start_id = int(config.decoder_start_token_id)
         self.eos_id = int(config.eos_token_id)
         self._bias_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self.row_steps = 0
+        """Decoder positions computed so far (rows x steps), for FLOP accounting in benchmarks."""
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, H*D) -> (B, H, L, D)."""
@@ -106,6 +108,7 @@ class StaticT5Decoder:
         answerability = None
         for step in range(max_new_tokens):
             logits = self._step(token, step, keys, values, cross, cross_bias, self_bias)
+            self.row_steps += len(alive)
             if step == 0 and unanswerable_id is not None:
                 answerability = 1.0 - torch.softmax(logits.float(), dim=-1)[:, unanswerable_id]
             token = logits.argmax(dim=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,14 @@ class TorchRunner:
         self.decoder = StaticT5Decoder(model)
         self.stop_at: Any = None
         """Benchmarks only: a callable mapping a batch to per-row output lengths (see StaticT5Decoder)."""
+        self.profile = False
+        """Benchmarks only: synchronise around encoder and decoder to time them apart (costs a little)."""
+        self.stats = {"sequences": 0, "encoder_tokens": 0, "encoder_seconds": 0.0, "decoder_seconds": 0.0}
+
+    def _clock(self) -> float:
+        if self.profile and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     @torch.inference_mode()
     def encode(self, batch: TextBatch | VisualBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,13 +49,20 @@ class TorchRunner:
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
     ) -> Generated:
         """Greedy-decode every row of ``batch``."""
+        start = self._clock()
         hidden, mask = self.encode(batch)
+        encoded = self._clock()
         stop_at = None
         if self.stop_at is not None:
             stop_at = torch.as_tensor(self.stop_at(batch), device=self.device)
         tokens, answerability = self.decoder.generate(
             hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, stop_at=stop_at
         )
+        if self.profile:
+            self.stats["encoder_seconds"] += encoded - start
+            self.stats["decoder_seconds"] += self._clock() - encoded
+        self.stats["sequences"] += mask.shape[0]
+        self.stats["encoder_tokens"] += mask.numel()
         return Generated(
             tokens=_cut(tokens.cpu().numpy(), self.decoder.eos_id),
             answerability=None if answerability is None else answerability.double().cpu().numpy(),

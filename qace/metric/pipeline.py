@@ -15,6 +15,7 @@ import numpy as np
 from qace.config import VARIANT_NAMES, QACEConfig
 from qace.data.records import Record
 from qace.engine.engine import BatchLimits, generate_text, generate_visual
+from qace.engine.profiling import NO_TIMER
 from qace.metric.aggregate import caption_scores
 from qace.metric.candidates import extract_candidates
 from qace.metric.prompts import clean_question, qg_input, tqa_input
@@ -55,6 +56,7 @@ def score_chunk(
     nlp: Any,
     features: Any = None,
     signature: str = "",
+    timer: Any = NO_TIMER,
 ) -> list[dict[str, Any]]:
     """Score already validated records; returns one result row per record, in order."""
     limits = BatchLimits(config.max_batch_tokens, config.max_batch_rows)
@@ -64,16 +66,17 @@ def score_chunk(
         CaptionWork(r, list(r.references or ()) if config.variant == "ref" else [r.image_id or ""]) for r in records
     ]
 
-    # answer candidates
-    for item, cands in zip(work, extract_candidates([w.record.caption for w in work], nlp), strict=True):
-        item.candidates = cands
+    with timer("candidates"):
+        for item, cands in zip(work, extract_candidates([w.record.caption for w in work], nlp), strict=True):
+            item.candidates = cands
 
     # questions (first (question, answer) pair of each question wins)
     owners = [(item, a) for item in work for a in item.candidates]
-    qg = generate_text(
-        models.qg, models.qg_tokenizer, [qg_input(a, item.record.caption) for item, a in owners],
-        desc="questions", **text_run,
-    )
+    with timer("questions"):
+        qg = generate_text(
+            models.qg, models.qg_tokenizer, [qg_input(a, item.record.caption) for item, a in owners],
+            desc="questions", **text_run,
+        )
     for (item, answer), text, cut in zip(owners, qg.texts, qg.truncated, strict=True):
         question = clean_question(text)
         if cut:
@@ -86,10 +89,11 @@ def score_chunk(
     text_pairs = [(item, q, item.record.caption) for item in work for q in item.questions]
     if config.variant == "ref":
         text_pairs += [(item, q, ctx) for item in work for ctx in item.contexts for q in item.questions]
-    tqa = generate_text(
-        models.tqa, models.tqa_tokenizer, [tqa_input(q, ctx) for _, q, ctx in text_pairs],
-        unanswerable_id=models.tqa_unanswerable, desc="answers", **text_run,
-    )
+    with timer("text_answers"):
+        tqa = generate_text(
+            models.tqa, models.tqa_tokenizer, [tqa_input(q, ctx) for _, q, ctx in text_pairs],
+            unanswerable_id=models.tqa_unanswerable, desc="answers", **text_run,
+        )
     for (item, _, _), cut in zip(text_pairs, tqa.truncated, strict=True):
         if cut:
             item.flags.add("truncated_input")
@@ -101,11 +105,12 @@ def score_chunk(
         ctx_an = tqa.answerability[n_self:]
     else:
         visual_pairs = [(item, q) for item in work for q in item.questions]
-        vqa = generate_visual(
-            models.vqa, models.vqa_tokenizer, [q for _, q in visual_pairs],
-            [item.record.image_id or "" for item, _ in visual_pairs], features.get,
-            limits=limits, unanswerable_id=models.vqa_unanswerable, progress=progress,
-        )
+        with timer("visual_answers"):
+            vqa = generate_visual(
+                models.vqa, models.vqa_tokenizer, [q for _, q in visual_pairs],
+                [item.record.image_id or "" for item, _ in visual_pairs], features.get,
+                limits=limits, unanswerable_id=models.vqa_unanswerable, progress=progress,
+            )
         for (item, _), cut in zip(visual_pairs, vqa.truncated, strict=True):
             if cut:
                 item.flags.add("truncated_question")
@@ -117,8 +122,10 @@ def score_chunk(
     own_for_ctx = _align_own_answers(work, own_answers)
     from qace.kernels.token_f1 import token_f1
 
-    f1 = token_f1(own_for_ctx, ctx_answers)
-    bs = matcher.score(own_for_ctx, ctx_answers)
+    with timer("token_f1"):
+        f1 = token_f1(own_for_ctx, ctx_answers)
+    with timer("bertscore"):
+        bs = matcher.score(own_for_ctx, ctx_answers)
 
     rows, own_at, ctx_at = [], 0, 0
     for item in work:

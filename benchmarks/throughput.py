@@ -1,0 +1,198 @@
+"""Throughput: reference vs batched Hugging Face ``generate`` vs the engine, same process, same workload.
+
+    python -m benchmarks.throughput --out benchmarks/results/throughput.json [--variants img ref]
+
+Workload: Flickr8k-Expert's 5,664 candidates with 5 references, T5-base-shaped QG/TQA and T5-small-shaped
+Visual-T5 with random weights, random 36 x 2054 features per image, and the shared length control of
+``benchmarks/workload.py``. The reference runs on a subset and is extrapolated (the JSON says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks import hf_batched
+from benchmarks.reference import ReferenceQACE
+from benchmarks.workload import batch_lengths, build_models, flickr_workload
+from qace import __version__
+from qace.api import QACE
+from qace.data.features import RandomFeatureStore
+from qace.engine.profiling import StageTimer
+from qace.metric.candidates import load_spacy
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, vendor datasheet (SXM)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _engine(models_dir: Path, variant: str, precision: str, device: str, args: argparse.Namespace) -> QACE:
+    scorer = QACE(models=models_dir, variant=variant, features=RandomFeatureStore(seed=0), device=device,
+                  precision=precision, bertscore_model=str(models_dir / "bertscore"), progress=False,
+                  max_batch_rows=args.batch_rows, max_batch_tokens=args.batch_tokens, chunk_size=args.chunk_size)
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(scorer.models, role)
+        if runner is not None:
+            runner.stop_at = batch_lengths(role)
+    return scorer
+
+
+def _linear_params(module: torch.nn.Module) -> int:
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
+def _mfu(scorer: QACE, seconds_peak: float) -> dict[str, Any]:
+    """Model FLOP utilisation of encoder and decoder (2 x linear-layer parameters per token; attention
+    score/value products and the relative-bias adds are left out, so these are slight underestimates)."""
+    out = {}
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(scorer.models, role)
+        if runner is None or not runner.stats["sequences"]:
+            continue
+        model, stats = runner.model, runner.stats
+        enc_flops = 2 * _linear_params(model.encoder) * stats["encoder_tokens"]
+        dec_flops = 2 * (_linear_params(model.decoder) + model.lm_head.weight.numel()) * runner.decoder.row_steps
+        out[role] = {
+            "sequences": stats["sequences"], "encoder_tokens_padded": stats["encoder_tokens"],
+            "decoder_positions": runner.decoder.row_steps,
+            "encoder_seconds": stats["encoder_seconds"], "decoder_seconds": stats["decoder_seconds"],
+            "encoder_tflops": enc_flops / max(stats["encoder_seconds"], 1e-9) / 1e12,
+            "decoder_tflops": dec_flops / max(stats["decoder_seconds"], 1e-9) / 1e12,
+            "encoder_mfu": enc_flops / max(stats["encoder_seconds"], 1e-9) / seconds_peak,
+            "decoder_mfu": dec_flops / max(stats["decoder_seconds"], 1e-9) / seconds_peak,
+        }
+    return out
+
+
+def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    result: dict[str, Any] = {"variant": variant, "captions": len(records)}
+    # engine, bf16: warm up on a slice, then the timed run, then a profiled run for stage times and MFU
+    engine = _engine(models_dir, variant, args.precision, args.device, args)
+    list(engine.score_records(records[:256]))
+    torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
+    _sync()
+    start = time.perf_counter()
+    rows = list(engine.score_records(records))
+    _sync()
+    seconds = time.perf_counter() - start
+    result["engine"] = {"seconds": seconds, "captions_per_s": len(records) / seconds,
+                        "mean_qace": float(np.mean([r["qace"] for r in rows])),
+                        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None}
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(engine.models, role)
+        if runner is not None:
+            runner.profile = True
+            runner.stats = dict.fromkeys(runner.stats, 0)
+            runner.decoder.row_steps = 0
+    engine.timer = StageTimer(sync=_sync)
+    list(engine.score_records(records))
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), float("nan"))
+    result["engine"]["stage_seconds_profiled"] = dict(engine.timer.seconds)
+    result["engine"]["mfu_vs_datasheet_bf16_peak"] = _mfu(engine, peak)
+
+    # batched Hugging Face generate, bf16
+    hf_models = {role: (getattr(engine.models, role).model, getattr(engine.models, f"{role}_tokenizer"))
+                 for role in ("qg", "tqa", "vqa") if getattr(engine.models, role) is not None}
+    nlp = load_spacy()
+    hf_batched.score(records[:256], variant, hf_models, nlp, engine.matcher, engine.features, args.hf_batch, device)
+    _sync()
+    start = time.perf_counter()
+    hf_scores = hf_batched.score(records, variant, hf_models, nlp, engine.matcher, engine.features,
+                                 args.hf_batch, device)
+    _sync()
+    seconds = time.perf_counter() - start
+    result["hf_batched"] = {"seconds": seconds, "captions_per_s": len(records) / seconds,
+                            "batch_size": args.hf_batch, "mean_qace": float(np.mean(hf_scores))}
+    del engine, hf_models
+
+    # fp32: reference (per input generate) and engine on the same subset; exact parity expected
+    subset = records[: args.reference_n]
+    exact = _engine(models_dir, variant, "fp32", args.device, args)
+    exact.config = exact.config.with_(explain=True)
+    ref = ReferenceQACE(
+        qg=exact.models.qg.model, qg_tokenizer=exact.models.qg_tokenizer, tqa=exact.models.tqa.model,
+        tqa_tokenizer=exact.models.tqa_tokenizer, nlp=nlp, bertscore=exact.matcher.score,
+        vqa=exact.models.vqa.model if exact.models.vqa else None, vqa_tokenizer=exact.models.vqa_tokenizer,
+        features=exact.features.get if exact.features else None, length_control=True,
+    )
+    ref.score_caption(subset[0].caption, **_context(subset[0], variant))
+    ref.memo.clear()
+    _sync()
+    start = time.perf_counter()
+    expected = [ref.score_caption(r.caption, **_context(r, variant)) for r in subset]
+    _sync()
+    seconds = time.perf_counter() - start
+    got = list(exact.score_records(subset))
+    same_questions = sum([q["question"] for q in g["explanation"]["questions"]] == e["questions"]
+                         for g, e in zip(got, expected, strict=True))
+    max_diff = max(abs(g["qace"] - e["qace"]) for g, e in zip(got, expected, strict=True))
+    result["reference"] = {"captions_measured": len(subset), "seconds": seconds,
+                           "captions_per_s": len(subset) / seconds, "extrapolated": True,
+                           "fp32_engine_same_questions": f"{same_questions}/{len(subset)}",
+                           "fp32_engine_max_abs_qace_diff": max_diff}
+    result["speedup_vs_reference"] = result["engine"]["captions_per_s"] / result["reference"]["captions_per_s"]
+    result["speedup_vs_hf_batched"] = result["engine"]["captions_per_s"] / result["hf_batched"]["captions_per_s"]
+    result["speedup_vs_paper_1s_per_caption"] = result["engine"]["captions_per_s"]
+    return result
+
+
+def _context(record: Any, variant: str) -> dict[str, Any]:
+    return {"references": record.references} if variant == "ref" else {"image_id": record.image_id}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/throughput.json")
+    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    parser.add_argument("--variants", nargs="+", default=["img", "ref"])
+    parser.add_argument("--n", type=int, default=None, help="captions (default: all 5,664)")
+    parser.add_argument("--reference-n", type=int, default=24)
+    parser.add_argument("--hf-batch", type=int, default=2048)
+    parser.add_argument("--batch-rows", type=int, default=2048)
+    parser.add_argument("--batch-tokens", type=int, default=131072)
+    parser.add_argument("--chunk-size", type=int, default=8192)
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files (random weights)")
+    parser.add_argument("--models-dir", default=None, help="reuse random models built earlier")
+    args = parser.parse_args(argv)
+
+    records = flickr_workload(Path(args.data_dir))[: args.n]
+    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-bench-"))
+    if not (models_dir / "qg" / "config.json").exists():
+        from qace.kernels.bertscore import default_model_dir
+
+        build_models(models_dir, records, Path(args.bertscore_files) if args.bertscore_files else default_model_dir())
+    report: dict[str, Any] = {
+        "command": "python -m benchmarks.throughput " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "precision": args.precision, "torch": torch.__version__, "python": platform.python_version(),
+        "qace": __version__, "workload": "Flickr8k-Expert standard protocol, random T5-base QG/TQA, "
+        "random T5-small Visual-T5, random features, length control (questions 8-16, answers 2-4 tokens)",
+        "results": [run_variant(v, records, models_dir, args) for v in args.variants],
+        "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

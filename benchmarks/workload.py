@@ -1,0 +1,107 @@
+"""The benchmark workload: Flickr8k-Expert captions, T5-base/T5-small-shaped random models, length control.
+
+Random weights never emit EOS, so every system under test gets the same benchmark-only length control:
+each output's length is drawn from a fixed seed keyed by its input ids (questions 8-16 tokens, mean 12;
+answers 2-4, mean 3, EOS included), and EOS is forced at that step.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from qace.data.records import Record
+from qace.engine.batches import TextBatch, VisualBatch
+
+LENGTHS = {"qg": (8, 16), "tqa": (2, 4), "vqa": (2, 4)}
+T5_BASE = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12)
+T5_SMALL = dict(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8)
+VOCAB = 32128
+
+
+def flickr_workload(data_dir: Path) -> list[Record]:
+    """The 5,664 candidates of the standard protocol, each with its image's 5 references (4 for one image)."""
+    folder = data_dir / "flickr8k_expert"
+    candidates = json.loads((folder / "candidates.json").read_text())
+    rows = (folder / "judgements.csv").read_text().splitlines()[1:]
+    refs: dict[str, list[str]] = {}
+    for entry in json.loads((folder / "refs.json").read_text()):
+        seen = refs.setdefault(entry["image_id"], [])
+        if entry["caption"] not in seen:
+            seen.append(entry["caption"])
+    records = []
+    for cand, row in zip(candidates, rows, strict=True):
+        fields = [f.strip('"') for f in row.split(",")]
+        image, text_id = fields[4], fields[5]
+        if text_id.split("#")[0] == image:
+            continue  # the standard protocol drops candidates written for the judged image itself
+        records.append(Record(fields[0], cand["caption"], image, tuple(refs[image])))
+    return records
+
+
+def target_length(ids: Sequence[int], role: str) -> int:
+    """Deterministic output length (EOS included) for one input, from a fixed seed."""
+    low, high = LENGTHS[role]
+    digest = zlib.crc32(np.asarray(ids, dtype=np.int32).tobytes(), zlib.crc32(role.encode()))
+    return low + digest % (high - low + 1)
+
+
+def batch_lengths(role: str) -> Any:
+    """``TorchRunner.stop_at`` for ``role``: per-row target lengths of a planned batch."""
+
+    def lengths(batch: TextBatch | VisualBatch) -> np.ndarray:
+        return np.array([target_length(ids[m == 1], role) for ids, m in zip(batch.input_ids, batch.attention_mask)])
+
+    return lengths
+
+
+class ForceLength:
+    """A Hugging Face logits processor that ends row ``i`` after ``targets[i]`` tokens (EOS included)."""
+
+    def __init__(self, targets: Sequence[int], eos_id: int, device: torch.device) -> None:
+        self.targets = torch.as_tensor(list(targets), device=device)
+        self.eos_id = eos_id
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - 1  # tokens generated so far (the decoder start is not one)
+        force = self.targets <= step + 1
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, self.eos_id] = 0.0
+        return torch.where(force[:, None], forced, scores)
+
+
+def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | None, seed: int = 0) -> Path:
+    """Random-weight QG/TQA (T5-base shape) and Visual-T5 (T5-small shape) in the standard layout."""
+    from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
+
+    from qace.models.testing import build_tokenizer
+    from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
+    corpus = sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
+    tokenizer = build_tokenizer(corpus, vocab_size=8000)
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
+                  feed_forward_proj="relu", dropout_rate=0.0)
+    for role, cls, shape in (("qg", T5ForConditionalGeneration, T5_BASE),
+                             ("tqa", T5ForConditionalGeneration, T5_BASE),
+                             ("vqa", VisualT5ForConditionalGeneration, T5_SMALL)):
+        prefix = [tokenizer.convert_tokens_to_ids("▁image"), tokenizer.convert_tokens_to_ids(":")]
+        extra = {"image_prefix_ids": prefix} if role == "vqa" else {}
+        model = cls(T5Config(**common, **shape, **extra)).eval()
+        with torch.no_grad():  # ids the tokenizer cannot decode never win the argmax
+            model.lm_head.weight[len(tokenizer):] = 0.0
+        model.save_pretrained(out / role)
+        tokenizer.save_pretrained(out / role)
+    if bertscore_files is not None:  # MiniLM-shaped encoder with random weights, real tokenizer files
+        config = BertConfig.from_pretrained(bertscore_files)
+        BertModel(config).eval().save_pretrained(out / "bertscore")
+        for f in bertscore_files.iterdir():
+            if f.suffix in (".json", ".txt") and f.name != "config.json":
+                (out / "bertscore" / f.name).write_bytes(f.read_bytes())
+    return out
