@@ -34,7 +34,7 @@ def _ratings(ratings: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
     return r
 
 
-def category_counts(ratings: np.ndarray, categories: Sequence[float] | None = None
+def category_counts(ratings: np.ndarray, categories: Sequence[float] | np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(items x categories) count table and the sorted categories; NaN judgments are not counted."""
     r = _ratings(ratings)
@@ -43,7 +43,7 @@ def category_counts(ratings: np.ndarray, categories: Sequence[float] | None = No
     return counts, cats
 
 
-def fleiss_kappa(ratings: np.ndarray, categories: Sequence[float] | None = None) -> float:
+def fleiss_kappa(ratings: np.ndarray, categories: Sequence[float] | np.ndarray | None = None) -> float:
     """Fleiss' (1971) kappa for any number of judges; items with < 2 judgments are skipped.
 
     With equal judges per item this is exactly Fleiss' formula; with unequal numbers each
@@ -63,7 +63,7 @@ def fleiss_kappa(ratings: np.ndarray, categories: Sequence[float] | None = None)
 
 
 def cohen_kappa(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray,
-                weights: str | None = None, categories: Sequence[float] | None = None) -> float:
+                weights: str | None = None, categories: Sequence[float] | np.ndarray | None = None) -> float:
     """Cohen's (1960) kappa between two judges; ``weights`` "linear"/"quadratic" for ordinal scales.
 
     Weighted kappa (Cohen 1968) penalises a 1-vs-4 disagreement more than a 3-vs-4 one, with

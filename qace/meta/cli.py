@@ -45,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_data_dir(p)
     p.add_argument("--out", type=Path, default=Path("meta-report"),
                    help="output folder (default ./meta-report)")
-    p.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS), choices=BASELINES, metavar="M",
-                   help=f"baselines (default all: {' '.join(DEFAULT_METRICS)})")
-    p.add_argument("--pascal-metrics", nargs="+", default=None, choices=BASELINES, metavar="M",
+    p.add_argument("--metrics", nargs="*", default=list(DEFAULT_METRICS), choices=BASELINES, metavar="M",
+                   help=f"baselines (default all: {' '.join(DEFAULT_METRICS)}; none: only --scores)")
+    p.add_argument("--pascal-metrics", nargs="*", default=None, choices=BASELINES, metavar="M",
                    help="baselines on PASCAL-50S (default: --metrics without bertscore, which "
                         "takes ~4 CPU-minutes per seed)")
     p.add_argument("--scores", nargs="+", type=Path, default=[], metavar="FILE",
@@ -98,7 +98,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from qace.meta.report import ReportConfig, build_report, render_markdown, write_report
 
     cfg = ReportConfig(data_dir=args.data_dir, metrics=tuple(args.metrics),
-                       pascal_metrics=tuple(args.pascal_metrics) if args.pascal_metrics else None,
+                       pascal_metrics=None if args.pascal_metrics is None else tuple(args.pascal_metrics),
                        score_files=tuple(args.scores), seeds=tuple(args.seeds), n_boot=args.bootstrap,
                        cache_dir=args.cache_dir, use_cache=not args.no_cache, datasets=tuple(args.datasets))
     report, plot_data = build_report(cfg)

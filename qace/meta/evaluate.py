@@ -80,7 +80,7 @@ def pascal_candidate_ids(pairs: PairSet, seed: int | None = None) -> tuple[list[
 def join_pascal_scores(scores: Mapping[str, Mapping[str, float]], pairs: PairSet, seed: int
                        ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per column, the (cand1, cand2) scores for ``seed``: seed-tagged ids first, else plain ids."""
-    out = {}
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for tagged in (seed, None):
         ids1, ids2 = pascal_candidate_ids(pairs, tagged)
         s1, s2 = join_scores(scores, ids1), join_scores(scores, ids2)

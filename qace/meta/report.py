@@ -12,8 +12,9 @@ import logging
 import math
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 #: Published figures the report prints beside ours (Flickr8k-Expert tau-c x 100 from the
 #: CLIPScore/PAC-S tables; PASCAL-50S accuracies from the CLIPScore paper, 5 sampled references).
-PUBLISHED = {
+PUBLISHED: dict[str, dict[str, Any]] = {
     "flickr8k_tau_c": {"bleu4": 30.8, "rouge_l": 32.3, "meteor": 41.8, "cider": 43.9, "spice": 44.9},
     "pascal50s": {
         "bleu4": {"HC": 53.0, "HI": 92.4, "HM": 86.7, "MM": 59.4},
@@ -72,7 +73,7 @@ class ReportConfig:
     """Metric-score cache (None: ``<repo>/.qace-cache/meta``)."""
     use_cache: bool = True
     datasets: tuple[str, ...] = ("flickr8k", "pascal50s")
-    skipped: dict[str, str] = field(default_factory=dict)
+    """Which benchmarks to run."""
 
 
 def _finite(x: float) -> float | None:
@@ -118,15 +119,23 @@ def _safe_baselines(fn: Callable[[list[str]], dict], metrics: list[str], skipped
     return result
 
 
-def _flickr_section(cfg: ReportConfig, score_rows: list[dict]) -> tuple[dict, dict]:
+def _add_column(target: dict, name: str, value: object) -> None:
+    if name in target:
+        logger.warning("score column %r has the name of a baseline; keeping the baseline", name)
+    else:
+        target[name] = value
+
+
+def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str]
+                    ) -> tuple[dict, dict]:
     data = load_flickr8k_expert(cfg.data_dir, standard=True)
-    metrics = _runnable(cfg.metrics, cfg.skipped)
+    metrics = _runnable(cfg.metrics, skipped)
     scores = _safe_baselines(
         lambda ms: compute_baselines(data.candidates, data.references, ms, cfg.cache_dir, cfg.use_cache),
-        metrics, cfg.skipped)
+        metrics, skipped)
     for rows in score_rows:
         for col, values in join_scores(rows, data.ids).items():
-            scores.setdefault(col, values)
+            _add_column(scores, col, values)
     corr = flickr_correlations(data, scores, n_boot=cfg.n_boot)
     section: dict = {"n_captions": len(data), "n_pairs": int(np.isfinite(data.human).sum()),
                      "protocol": "standard: 158 own-image candidates dropped; each expert score is a row",
@@ -153,19 +162,22 @@ def _flickr_section(cfg: ReportConfig, score_rows: list[dict]) -> tuple[dict, di
     return {"flickr8k_expert": section, "flickr8k_judges": agree}, plot_data
 
 
-def _pascal_section(cfg: ReportConfig, score_rows: list[dict]) -> dict:
+def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str]) -> dict:
     pairs = load_pascal50s(cfg.data_dir)
     chosen = cfg.pascal_metrics
     if chosen is None:
         chosen = tuple(m for m in cfg.metrics if m != "bertscore")
-    metrics = _runnable(chosen, cfg.skipped)
+    metrics = _runnable(chosen, skipped)
     runs = _safe_baselines(
         lambda ms: pascal_baselines(pairs, ms, cfg.seeds, cfg.n_refs, cfg.cache_dir, cfg.use_cache),
-        metrics, cfg.skipped)
+        metrics, skipped)
+    extra: dict[str, dict] = {}
     for rows in score_rows:
         for seed in cfg.seeds:
             for col, (s1, s2) in join_pascal_scores(rows, pairs, seed).items():
-                runs.setdefault(col, {})[seed] = pair_accuracy(pairs, s1, s2)
+                extra.setdefault(col, {})[seed] = pair_accuracy(pairs, s1, s2)
+    for col, by_seed in extra.items():
+        _add_column(runs, col, by_seed)
     acc = {}
     for name, by_seed in runs.items():
         acc[name] = {"mean": mean_accuracy(list(by_seed.values())).to_dict(),
@@ -188,12 +200,13 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
                                "seeds": list(cfg.seeds), "n_boot": cfg.n_boot},
                     "published": PUBLISHED}
     plot_data: dict = {}
+    skipped: dict[str, str] = {}
     if "flickr8k" in cfg.datasets:
-        sections, plot_data = _flickr_section(cfg, score_rows)
+        sections, plot_data = _flickr_section(cfg, score_rows, skipped)
         report.update(sections)
     if "pascal50s" in cfg.datasets:
-        report["pascal50s"] = _pascal_section(cfg, score_rows)
-    report["skipped"] = dict(cfg.skipped)
+        report["pascal50s"] = _pascal_section(cfg, score_rows, skipped)
+    report["skipped"] = skipped
     return _clean_json(report), plot_data  # type: ignore[return-value]
 
 
