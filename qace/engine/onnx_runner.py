@@ -3,7 +3,8 @@
 Same contract as :class:`qace.engine.torch_runner.TorchRunner`: encoder once per batch, first decoder
 step through ``decoder_init`` (which also returns the cross-attention K/V), later steps through
 ``decoder`` with the past K/V fed back; answerability from the first step's logits; stop when every
-row has emitted EOS. On CPU, finished rows are dropped from the batch (as the PyTorch runner does).
+row has emitted EOS. On CPU, finished rows are dropped once at most half are still running (as the
+PyTorch runner does: each drop copies the K/V, so it is amortised).
 With the CUDA provider the K/V stay on the GPU through IO binding and only the logits are copied to
 the host; rows are then not dropped (that would need a device-side gather), they keep decoding and
 their extra tokens are ignored, so the outputs are the same. The CUDA path is written but untested.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,8 @@ class OnnxRunner:
         self._past_names = [i.name for i in self.sessions["decoder"].get_inputs()][2:]
         self._init_outputs = [o.name for o in self.sessions["decoder_init"].get_outputs()]
         self._step_outputs = [o.name for o in self.sessions["decoder"].get_outputs()]
+        self.stop_at: Callable[[TextBatch | VisualBatch], Any] | None = None
+        """Benchmarks only: per-row output lengths for a batch, as ``TorchRunner.stop_at``."""
 
     @classmethod
     def for_model(
@@ -158,12 +162,20 @@ class OnnxRunner:
         if isinstance(batch, VisualBatch):
             feeds["features"] = np.ascontiguousarray(batch.features, dtype=np.float32)
         hidden, mask = self._run("encoder", feeds, ["encoder_hidden_states", "encoder_attention_mask"])
-        return self._greedy(hidden, mask, max_new_tokens, unanswerable_id)
+        stop_at = None if self.stop_at is None else np.asarray(self.stop_at(batch))
+        return self._greedy(hidden, mask, max_new_tokens, unanswerable_id, stop_at)
 
-    def _greedy(self, hidden: Any, mask: Any, max_new_tokens: int, unanswerable_id: int | None) -> Generated:
+    def _greedy(
+        self,
+        hidden: Any,
+        mask: Any,
+        max_new_tokens: int,
+        unanswerable_id: int | None,
+        stop_at: np.ndarray | None,
+    ) -> Generated:
         rows = len(self._host(mask))
         alive = np.arange(rows)
-        done = np.zeros(rows, dtype=bool)
+        finished = np.zeros(rows, dtype=bool)
         token = np.full((rows, 1), self.info.start_id, dtype=np.int64)
         out = np.full((rows, max_new_tokens), -1, dtype=np.int64)
         answerability = None
@@ -182,20 +194,23 @@ class OnnxRunner:
                     "encoder_attention_mask": mask,
                     **dict(zip(self._past_names, past, strict=True)),
                 }
-                logits, *selfkv = self._run("decoder", feeds, self._step_outputs)
-                past = merge_past(selfkv, past)
+                logits, *self_kv = self._run("decoder", feeds, self._step_outputs)
+                past = merge_past(self_kv, past)
             logits = self._host(logits)
             if step == 0 and unanswerable_id is not None:
                 answerability = 1.0 - _softmax_at(logits, unanswerable_id)
-            token = logits.argmax(axis=-1).astype(np.int64)[:, None]
-            live = ~done
-            out[alive[live], step] = token[live, 0]
-            done |= token[:, 0] == self.info.eos_id
-            if done.all():
+            next_token = logits.argmax(axis=-1).astype(np.int64)
+            if stop_at is not None:
+                next_token = np.where(stop_at[alive] <= step + 1, self.info.eos_id, next_token)
+            out[alive, step] = np.where(finished, -1, next_token)
+            finished |= next_token == self.info.eos_id
+            token = np.where(finished, self.info.eos_id, next_token)[:, None]  # ended rows idle until dropped
+            n_alive = int((~finished).sum())
+            if n_alive == 0:
                 break
-            if done.any() and not self._bound:
-                keep = np.flatnonzero(~done)
-                alive, token, done, mask = alive[keep], token[keep], done[keep], mask[keep]
+            if n_alive <= len(alive) // 2 and not self._bound:  # compact rarely: each drop copies the K/V
+                keep = np.flatnonzero(~finished)
+                alive, token, finished, mask = alive[keep], token[keep], finished[keep], mask[keep]
                 past = [np.ascontiguousarray(p[keep]) for p in past]
         return Generated(tokens=_cut(out, self.info.eos_id), answerability=answerability)
 
