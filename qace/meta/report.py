@@ -287,6 +287,8 @@ def render_markdown(report: dict) -> str:
         lines.append(f"- PASCAL-50S: {report['pascal50s']['protocol']}.")
     for msg in report.get("skipped", {}).values():
         lines.append(f"- {msg}")
+    lines.append("- –: not computed for that data set (BERTScore on PASCAL-50S is opt-in: it takes ~4 "
+                 "CPU-minutes per seed; add it with --pascal-metrics).")
     lines.append("- Scales: KA = Krippendorff (1980), LK = Landis & Koch (1977), R = Rosenthal (1996).")
     return "\n".join(lines) + "\n"
 
