@@ -103,7 +103,7 @@ def plot_pascal(report: dict, path: Path) -> Path:
     names = list(acc)
     groups = [*CATEGORIES, "mean"]
     width = 0.8 / max(1, len(names))
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.45 * len(groups) * max(1, len(names))) + 1.5, 4.2))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.25 * len(groups) * max(1, len(names)))) + 1.5, 4.2))
     x = np.arange(len(groups))
     for k, name in enumerate(names):
         vals = [acc[name]["mean"].get(g) for g in groups]
