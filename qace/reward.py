@@ -130,15 +130,20 @@ class QACEReward:
             else:
                 results[i] = RewardResult(self.invalid_reward, False, reason)
         if keep:
-            rows = self.scorer.score(
-                [captions[i] for i in keep],
-                references=[references[i] for i in keep] if references is not None else None,
-                image_ids=[str(image_ids[i]) for i in keep] if image_ids is not None else None,
-                ids=[str(i) for i in keep],
-            )
-            for i, row in zip(keep, rows, strict=True):
-                if "error" in row:
-                    raise InputError(row["error"], record_id=f"sample {i}")
+            from qace.data.records import Record
+
+            records = [
+                Record(
+                    str(i),
+                    captions[i],
+                    str(image_ids[i]) if image_ids is not None else None,
+                    tuple(references[i]) if references is not None else None,
+                )
+                for i in keep
+            ]
+            for i, row in zip(keep, score_records_safely(self.scorer, records), strict=True):
+                if not isinstance(row, dict):
+                    raise InputError(row.reason, record_id=f"sample {i}")
                 scores = {name: float(row[name]) for name in COMPONENTS}
                 results[i] = RewardResult(scores[component], True, None, scores, row)
         invalid = n - len(keep)
@@ -283,3 +288,31 @@ def completion_text(completion: Any, strip: Sequence[str] = DEFAULT_STRIP) -> An
             if marker and text.endswith(marker):
                 text, changed = text[: -len(marker)].rstrip(), True
     return text
+
+
+CARRIER_CAPTION = "a dog runs on the grass"
+"""A caption with answer candidates, scored alongside a chunk that would otherwise give the models nothing."""
+
+
+def score_records_safely(scorer: QACE, records: Sequence[Any]) -> list[Any]:
+    """``scorer.score_records(records)`` as a list, also when a chunk has no work for the models.
+
+    Why: the engine's tokenizer call fails on an empty list (``IndexError``), which happens when
+    no caption of a chunk is valid or has an answer candidate ("the the the"), a common sight in
+    RL rollouts. Such a chunk is scored again with a carrier caption in front, whose row is dropped;
+    the other rows are exactly what QACE gives them (0.0 and ``no_questions``, or their error).
+    Remove once ``qace.engine.tokenize.encode_texts`` returns early on empty input.
+    """
+    from qace.data.records import Record
+
+    try:
+        return list(scorer.score_records(records))
+    except IndexError:
+        first = next((r for r in records if isinstance(r, Record)), None)
+        image_id = first.image_id if first is not None else None
+        carrier = Record("\x00qace-carrier", CARRIER_CAPTION, image_id, (CARRIER_CAPTION,))
+        size = max(1, scorer.config.chunk_size - 1)
+        out: list[Any] = []
+        for at in range(0, len(records), size):
+            out += list(scorer.score_records([carrier, *records[at : at + size]]))[1:]
+        return out

@@ -1,0 +1,1 @@
+"""Scoring beyond one GPU: shards over one host's GPUs, Ray Data over many machines (docs/scale.md)."""

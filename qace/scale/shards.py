@@ -1,0 +1,354 @@
+"""Score one file on several GPUs of one host: split into shards, one engine process per device, merge.
+
+Layout under ``<output>.shards/``:
+
+- ``plan.json``: the input it was made from, the record count and the shard boundaries;
+- ``input-i.jsonl``: shard ``i``'s slice of the input, contiguous and in input order, as
+  normalized records (reader errors travel as ``{"id", "error"}`` lines so they keep their place);
+- ``shard-i.jsonl``: shard ``i``'s crash-safe, resumable `ResultWriter` output.
+
+Why contiguous slices: concatenating the shard outputs in shard order *is* input order, so the
+merge streams files and needs no sort. Each worker is a fresh ``spawn`` process (CUDA cannot
+survive ``fork``) that builds its own `QACE` on its device. A killed run resumes per shard: each
+shard skips the ids its writer has committed. The merge writes the final output through a
+`ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so a killed merge resumes
+too; the shard directory is removed only after the final output exists.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import queue
+import shutil
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from qace.api import Summary
+from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
+
+log = logging.getLogger(__name__)
+
+PLAN_VERSION = 1
+MERGE_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What one worker process does (plain values only: it crosses a process boundary)."""
+
+    index: int
+    device: str
+    input: str
+    output: str
+    scorer_kwargs: dict[str, Any]
+    resume: bool
+    threads: int | None = None
+
+
+def resolve_devices(gpus: str | int) -> list[str]:
+    """``--gpus N`` or ``--gpus all`` -> ``["cuda:0", ...]``; refuses more GPUs than are visible."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if str(gpus) == "all":
+        count = visible
+    else:
+        try:
+            count = int(gpus)
+        except ValueError:
+            raise ConfigError(f"--gpus takes a number or 'all', got {gpus!r}") from None
+    if count < 1:
+        raise BackendUnavailableError("no CUDA GPU is visible; drop --gpus to score on one device")
+    if count > visible:
+        raise BackendUnavailableError(f"--gpus {count} asked for more GPUs than the {visible} visible ones")
+    return [f"cuda:{i}" for i in range(count)]
+
+
+def score_file_sharded(
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    devices: list[str],
+    scorer_kwargs: dict[str, Any] | None = None,
+    references: str | Path | None = None,
+    fmt: str = "auto",
+    resume: bool = False,
+    keep_shards: bool = False,
+) -> Summary:
+    """Score ``input_path`` into ``output_path`` with one worker per entry of ``devices``.
+
+    ``scorer_kwargs`` are `QACE` keyword arguments (``models=``, ``variant=``, ...; not
+    ``device``). The output equals what one `QACE.score_file` run writes, byte for byte for JSONL.
+    """
+    if not devices:
+        raise ConfigError("devices must name at least one torch device")
+    kwargs = dict(scorer_kwargs or {})
+    if "device" in kwargs:
+        raise ConfigError("pass devices=[...] instead of a device in scorer_kwargs")
+    kwargs.setdefault("progress", False)
+    output = Path(output_path)
+    work = output.with_name(output.name + ".shards")
+    start = time.perf_counter()
+    partial = output.with_name(output.name + ".partial")
+    if not resume and (output.exists() or work.exists() or partial.exists()):
+        raise ResumeError(f"{output} (or its .shards/.partial) already exists; pass resume=True or remove it")
+    bounds = _plan(Path(input_path), work, len(devices), references=references, fmt=fmt)
+    threads = _cpu_threads(devices)
+    jobs = [
+        ShardJob(
+            i, device, str(work / f"input-{i}.jsonl"), str(work / f"shard-{i}.jsonl"), kwargs, resume, threads
+        )
+        for i, device in enumerate(devices)
+    ]
+    outcomes = _run_workers(jobs) if not output.exists() else {}
+    failed = {i: out for i, out in outcomes.items() if "error" in out}
+    for i, out in sorted(failed.items()):
+        log.error("shard %d on %s failed:\n%s", i, jobs[i].device, out.get("traceback", out["error"]))
+    if failed:
+        detail = "; ".join(
+            f"shard {i} on {jobs[i].device}: {out['error']}" for i, out in sorted(failed.items())
+        )
+        raise QACEError(
+            f"{len(failed)} shard(s) failed ({detail}); fix it and rerun with resume=True (--resume)"
+        )
+    signatures = {out["signature"] for out in outcomes.values()}
+    if len(signatures) > 1:
+        raise QACEError(f"shards produced different signatures {sorted(signatures)}; the devices disagree")
+    signature = signatures.pop() if signatures else None
+    rows, errors, mean = _merge(work, output, len(bounds), signature, resume=resume)
+    if not keep_shards:
+        shutil.rmtree(work, ignore_errors=True)
+    if not outcomes:  # the final output was already complete
+        return Summary(0, 0, rows + errors, mean, time.perf_counter() - start)
+    return Summary(
+        _count(outcomes, "scored"),
+        _count(outcomes, "errors"),
+        _count(outcomes, "skipped"),
+        mean,
+        time.perf_counter() - start,
+    )
+
+
+def _plan(
+    input_path: Path, work: Path, shards: int, *, references: str | Path | None, fmt: str
+) -> list[tuple[int, int]]:
+    """Write (or, on resume, check and reuse) the shard inputs; returns each shard's [start, end)."""
+    from qace.data.records import RecordError, read_records
+
+    plan_path = work / "plan.json"
+    stat = input_path.stat() if input_path.is_file() else None
+    source = {
+        "input": str(input_path.resolve()),
+        "size": stat.st_size if stat else None,
+        "references": str(references) if references else None,
+        "format": fmt,
+    }
+    if plan_path.exists():
+        plan = json.loads(plan_path.read_text("utf-8"))
+        if plan.get("version") != PLAN_VERSION or plan.get("source") != source:
+            raise ResumeError(f"{work} was planned for another input ({plan.get('source')}); remove it")
+        if len(plan["bounds"]) != shards:
+            raise ResumeError(
+                f"{work} has {len(plan['bounds'])} shards, not {shards}; resume with that many devices"
+            )
+        return [tuple(b) for b in plan["bounds"]]  # type: ignore[misc]
+    if work.exists():
+        shutil.rmtree(work)  # killed before the plan was written: nothing was scored
+    work.mkdir(parents=True)
+    total = sum(1 for _ in read_records(input_path, references=references, fmt=fmt))
+    size, extra = divmod(total, shards)
+    bounds, at = [], 0
+    for i in range(shards):
+        bounds.append((at, at + size + (1 if i < extra else 0)))
+        at = bounds[-1][1]
+    records = iter(read_records(input_path, references=references, fmt=fmt))
+    for i, (lo, hi) in enumerate(bounds):
+        lines = []
+        for _ in range(hi - lo):
+            item = next(records)
+            if isinstance(item, RecordError):
+                lines.append(json.dumps({"id": item.id, "error": item.reason}, ensure_ascii=False) + "\n")
+            else:
+                lines.append(json.dumps(asdict(item), ensure_ascii=False) + "\n")
+        _write_atomic(work / f"input-{i}.jsonl", "".join(lines))
+    _write_atomic(
+        plan_path,
+        json.dumps({"version": PLAN_VERSION, "source": source, "records": total, "bounds": bounds}, indent=1),
+    )
+    log.info("split %d records into %d shards under %s", total, shards, work)
+    return bounds
+
+
+def _run_workers(jobs: list[ShardJob]) -> dict[int, dict[str, Any]]:
+    """One spawned process per job; waits for all, so one failure never discards the others' work."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(job, results), name=f"qace-shard-{job.index}") for job in jobs]
+    for proc in procs:
+        proc.start()
+    outcomes: dict[int, dict[str, Any]] = {}
+    try:
+        while len(outcomes) < len(jobs):
+            try:
+                index, outcome = results.get(timeout=1.0)
+                outcomes[index] = outcome
+            except queue.Empty:  # check for workers that died without a word
+                for job, proc in zip(jobs, procs, strict=True):
+                    if job.index not in outcomes and not proc.is_alive() and results.empty():
+                        outcomes[job.index] = {"error": f"worker exited with code {proc.exitcode}"}
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+    return outcomes
+
+
+def _worker(job: ShardJob, results: Any) -> None:
+    """Entry point of a shard process: report a summary dict or an error, never raise."""
+    try:
+        outcome = run_shard(job)
+    except BaseException as exc:  # noqa: BLE001  (reported to the parent, which raises)
+        outcome = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    results.put((job.index, outcome))
+
+
+def run_shard(job: ShardJob) -> dict[str, Any]:
+    """Score one shard input into its resumable output; returns counts and the signature."""
+    import torch
+
+    from qace.api import QACE
+    from qace.data.output import ResultWriter
+    from qace.data.records import Record, RecordError
+    from qace.reward import score_records_safely
+
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    scorer = QACE(device=job.device, **job.scorer_kwargs)
+    scored = errors = skipped = 0
+    with ResultWriter(
+        job.output, signature=scorer.signature, resume=job.resume, chunk_size=scorer.config.chunk_size
+    ) as writer:
+        done = writer.done_ids()
+
+        def pending() -> Any:
+            nonlocal skipped
+            with open(job.input, encoding="utf-8") as f:
+                for line in f:
+                    obj = json.loads(line)
+                    if obj["id"] in done:
+                        skipped += 1
+                    elif "error" in obj:
+                        yield RecordError(obj["id"], obj["error"])
+                    else:
+                        refs = obj.get("references")
+                        yield Record(
+                            obj["id"],
+                            obj["caption"],
+                            obj.get("image_id"),
+                            tuple(refs) if refs is not None else None,
+                        )
+
+        items = pending()
+        while chunk := list(itertools.islice(items, scorer.config.chunk_size)):
+            # a chunk of reader errors only bypasses the scorer (QACE.score_records cannot take one)
+            scorable = any(not isinstance(item, RecordError) for item in chunk)
+            for result in score_records_safely(scorer, chunk) if scorable else chunk:
+                if isinstance(result, RecordError):
+                    writer.add_error(result.id, result.reason)
+                    errors += 1
+                else:
+                    writer.add(result)
+                    scored += 1
+    log.info(
+        "shard %d on %s: %d scored, %d errors, %d skipped", job.index, job.device, scored, errors, skipped
+    )
+    return {"signature": scorer.signature, "scored": scored, "errors": errors, "skipped": skipped}
+
+
+def _merge(
+    work: Path, output: Path, shards: int, signature: str | None, *, resume: bool
+) -> tuple[int, int, float | None]:
+    """Concatenate the shard outputs in shard order into the final output; returns rows, errors, mean."""
+    from qace.data.output import ResultWriter
+
+    if signature is None:  # final output already complete: nothing was run
+        signature = _first_signature(output)
+    total, scored, errors = 0.0, 0, 0
+    with ResultWriter(output, signature=signature or "", resume=resume, chunk_size=MERGE_CHUNK) as writer:
+        done = writer.done_ids()
+        if output.exists() and done:
+            return _final_counts(output)
+        for i in range(shards):
+            shard = work / f"shard-{i}.jsonl"
+            for line in _lines(shard):
+                row = json.loads(line)
+                scored += 1
+                total += row["qace"]
+                if row["id"] not in done:
+                    writer.add(row)
+            for line in _lines(shard.with_name(shard.stem + ".errors.jsonl")):
+                error = json.loads(line)
+                errors += 1
+                if error["id"] not in done:
+                    writer.add_error(error["id"], error["reason"])
+    return scored, errors, total / scored if scored else None
+
+
+def _final_counts(output: Path) -> tuple[int, int, float | None]:
+    import pyarrow.parquet as pq
+
+    errors_path = output.with_name(output.stem + ".errors.jsonl")
+    errors = sum(1 for _ in _lines(errors_path))
+    if output.suffix.lower() == ".parquet":
+        values = pq.read_table(output, columns=["qace"]).column("qace").to_pylist()
+    else:
+        values = [json.loads(line)["qace"] for line in _lines(output)]
+    return len(values), errors, sum(values) / len(values) if values else None
+
+
+def _first_signature(output: Path) -> str | None:
+    """The signature a finished output records (Parquet metadata, else its first row)."""
+    if output.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        value = (pq.read_schema(output).metadata or {}).get(b"qace.signature")
+        return value.decode("utf-8") if value is not None else None
+    for line in _lines(output):
+        return json.loads(line).get("signature")
+    return None
+
+
+def _lines(path: Path) -> Any:
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield line
+
+
+def _count(outcomes: dict[int, dict[str, Any]], key: str) -> int:
+    return sum(int(out.get(key, 0)) for out in outcomes.values())
+
+
+def _cpu_threads(devices: list[str]) -> int | None:
+    """Split the host's cores between CPU workers so they do not oversubscribe; GPUs need no say."""
+    cpu = sum(1 for d in devices if d == "cpu")
+    return max(1, (os.cpu_count() or 1) // cpu) if cpu else None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
