@@ -1,0 +1,249 @@
+"""Score a data set on many machines with Ray Data: ``map_batches`` over a GPU actor pool, Parquet out.
+
+Why Ray Data and not our own cluster code: it already streams blocks from shared storage, keeps
+one model-holding actor per GPU busy (``ActorPoolStrategy``), retries lost tasks and writes
+Parquet in parallel. What it adds here is small: `QACEBatchScorer` (a callable class, so each
+actor loads the models once) and a fixed output schema, so every Parquet file of a run, and of
+its resumed runs, reads back as one table.
+
+Resume by caption id (our own manifest: the output directory itself): each run writes new
+Parquet files next to the old ones; a resumed run reads the ``id`` column of every readable file,
+deletes unreadable ones (a write killed mid-file has no footer) and scores only the other ids.
+Ids must be unique in the input.
+
+Entry points: `score_dataset` (a lazy ``Dataset`` in, a lazy ``Dataset`` out) and
+`score_to_parquet` (paths in, Parquet directory out, resumable). Needs the ``ray`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from qace.errors import BackendUnavailableError, ConfigError, InputError
+
+log = logging.getLogger(__name__)
+
+SCORE_FIELDS = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
+
+
+def output_schema() -> Any:
+    """The Arrow schema of every output file: scores are null (and ``error`` set) for rejected records."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [("id", pa.string()), ("image_id", pa.string())]
+        + [(name, pa.float64()) for name in SCORE_FIELDS]
+        + [
+            ("n_questions", pa.int64()),
+            ("n_references", pa.int64()),
+            ("flags", pa.list_(pa.string())),
+            ("error", pa.string()),
+            ("signature", pa.string()),
+            ("explanation", pa.string()),  # JSON, only with explain=True
+        ]
+    )
+
+
+class QACEBatchScorer:
+    """Callable class for ``Dataset.map_batches``: one `QACE` per actor, one Arrow table per batch.
+
+    Input columns: ``id`` and ``caption``, plus ``references`` (list of strings, or a JSON list
+    string) for QACE-Ref or ``image_id`` for QACE-Img. Under Ray each GPU actor sees only its GPU,
+    so the default device is ``cuda`` when one is visible, else ``cpu``.
+    """
+
+    def __init__(self, scorer_kwargs: dict[str, Any] | None = None, torch_threads: int | None = None) -> None:
+        import torch
+
+        from qace.api import QACE
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        kwargs = dict(scorer_kwargs or {})
+        kwargs.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
+        kwargs.setdefault("progress", False)
+        self.scorer = QACE(**kwargs)
+        self.signature = self.scorer.signature
+
+    def __call__(self, batch: Any) -> Any:
+        import pyarrow as pa
+
+        rows = batch.to_pylist() if hasattr(batch, "to_pylist") else _rows_of(batch)
+        if rows and "id" not in rows[0]:
+            raise InputError("the data set needs an 'id' column (unique per caption; resume relies on it)")
+        ids = [str(row["id"]) for row in rows]
+        references = [_references(row.get("references")) for row in rows]
+        image_ids = [None if row.get("image_id") is None else str(row["image_id"]) for row in rows]
+        results = self.scorer.score(
+            [row.get("caption") for row in rows],
+            references=references if any(r is not None for r in references) else None,
+            image_ids=image_ids if any(i is not None for i in image_ids) else None,
+            ids=ids,
+        )
+        schema = output_schema()
+        out: dict[str, list[Any]] = {name: [] for name in schema.names}
+        for image_id, result in zip(image_ids, results, strict=True):
+            out["id"].append(result["id"])
+            out["image_id"].append(image_id)
+            for name in (*SCORE_FIELDS, "n_questions", "n_references", "flags"):
+                out[name].append(result.get(name))
+            out["error"].append(result.get("error"))
+            out["signature"].append(self.signature)
+            explanation = result.get("explanation")
+            out["explanation"].append(
+                None if explanation is None else json.dumps(explanation, ensure_ascii=False)
+            )
+        return pa.Table.from_pydict(out, schema=schema)
+
+
+def score_dataset(
+    ds: Any,
+    *,
+    scorer_kwargs: dict[str, Any] | None = None,
+    actors: int | tuple[int, int] = 1,
+    gpus_per_actor: float = 1.0,
+    cpus_per_actor: float = 1.0,
+    batch_size: int = 512,
+    torch_threads: int | None = None,
+) -> Any:
+    """Lazily score a Ray ``Dataset``; ``actors`` is a fixed pool size or ``(min, max)`` for autoscaling.
+
+    With ``gpus_per_actor=0`` the actors run on CPU (tests, CPU clusters).
+    """
+    from ray.data import ActorPoolStrategy
+
+    if isinstance(actors, tuple):
+        pool = ActorPoolStrategy(min_size=actors[0], max_size=actors[1])
+    else:
+        pool = ActorPoolStrategy(size=actors)
+    return ds.map_batches(
+        QACEBatchScorer,
+        fn_constructor_kwargs={"scorer_kwargs": scorer_kwargs or {}, "torch_threads": torch_threads},
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        compute=pool,
+        num_gpus=gpus_per_actor,
+        num_cpus=cpus_per_actor,
+    )
+
+
+def score_to_parquet(
+    inputs: str | list[str],
+    output_dir: str | Path,
+    *,
+    scorer_kwargs: dict[str, Any] | None = None,
+    fmt: str = "auto",
+    resume: bool = False,
+    actors: int | tuple[int, int] = 1,
+    gpus_per_actor: float = 1.0,
+    cpus_per_actor: float = 1.0,
+    batch_size: int = 512,
+    torch_threads: int | None = None,
+) -> dict[str, Any]:
+    """Read Parquet or JSONL ``inputs``, score them, write Parquet files into ``output_dir``.
+
+    ``resume=True`` skips ids already in ``output_dir`` (see the module docstring); without it an
+    existing non-empty ``output_dir`` is refused. Returns counts: ``scored`` (rows written by this
+    run, errors included), ``skipped`` (ids found done), ``seconds``.
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        raise BackendUnavailableError("Ray Data is not installed: pip install 'qace[ray]'") from exc
+    start = time.perf_counter()
+    out = Path(output_dir)
+    existing = sorted(out.glob("*.parquet")) if out.is_dir() else []
+    if existing and not resume:
+        raise ConfigError(
+            f"{out} already holds Parquet files; pass resume=True (--resume) or pick another directory"
+        )
+    done = _done_ids(existing)
+    ds = _read(ray, inputs, fmt)
+    if done:
+        ds = ds.map_batches(_drop_done, fn_kwargs={"done": sorted(done)}, batch_format="pyarrow")
+    scored = score_dataset(
+        ds,
+        scorer_kwargs=scorer_kwargs,
+        actors=actors,
+        gpus_per_actor=gpus_per_actor,
+        cpus_per_actor=cpus_per_actor,
+        batch_size=batch_size,
+        torch_threads=torch_threads,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    before = set(out.glob("*.parquet"))
+    scored.write_parquet(str(out))
+    written = sum(_rows(path) for path in set(out.glob("*.parquet")) - before)
+    log.info("wrote %d rows to %s (%d ids were already done)", written, out, len(done))
+    return {"scored": written, "skipped": len(done), "seconds": time.perf_counter() - start}
+
+
+def read_scores(output_dir: str | Path) -> Any:
+    """All rows of a (possibly resumed) output directory as one Arrow table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(output_dir).glob("*.parquet"))
+    tables = [pq.read_table(path, schema=output_schema()) for path in files]
+    return pa.concat_tables(tables) if tables else output_schema().empty_table()
+
+
+def _read(ray: Any, inputs: str | list[str], fmt: str) -> Any:
+    paths = [inputs] if isinstance(inputs, str) else list(inputs)
+    if fmt == "auto":
+        fmt = "parquet" if all(str(p).endswith(".parquet") or Path(p).is_dir() for p in paths) else "jsonl"
+    if fmt == "parquet":
+        return ray.data.read_parquet(paths)
+    if fmt == "jsonl":
+        return ray.data.read_json(paths, lines=True)
+    raise ConfigError(f"unknown input format {fmt!r}; use parquet or jsonl")
+
+
+def _done_ids(files: list[Path]) -> set[str]:
+    """Ids of every readable output file; unreadable ones are leftovers of a killed write and go."""
+    import pyarrow.parquet as pq
+
+    done: set[str] = set()
+    for path in files:
+        try:
+            done.update(str(i) for i in pq.read_table(path, columns=["id"]).column("id").to_pylist())
+        except Exception as exc:  # noqa: BLE001  (pyarrow raises several types for a torn file)
+            log.warning("removing unreadable %s (a write killed midway): %s", path, exc)
+            path.unlink()
+    return done
+
+
+def _drop_done(batch: Any, done: list[str]) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = pc.cast(batch.column("id"), pa.string())
+    return batch.filter(pc.invert(pc.is_in(ids, value_set=pa.array(done, pa.string()))))
+
+
+def _rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def _references(value: Any) -> list[str] | None:
+    """References from a list column, a numpy array (pandas batches) or a JSON list string."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return [value]
+    return [str(v) for v in value] if not isinstance(value, str) else [value]
+
+
+def _rows_of(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    names = list(batch)
+    count = len(batch[names[0]]) if names else 0
+    return [{name: batch[name][i] for name in names} for i in range(count)]
