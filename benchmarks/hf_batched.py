@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.workload import ForceLength, target_length
+from benchmarks.workload import ForceTokens, target_tokens
 from qace.data.records import Record
 from qace.engine.tokenize import unanswerable_id
 from qace.kernels.token_f1 import token_f1
@@ -28,10 +28,10 @@ def _generate(model: Any, tok: Any, prompts: Sequence[str], role: str, batch_siz
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, truncation=True, max_length=512)
-        targets = [target_length(ids[m == 1].tolist(), role) for ids, m in zip(enc.input_ids, enc.attention_mask)]
+        targets = np.stack([target_tokens(ids[m == 1].tolist(), role) for ids, m in zip(enc.input_ids, enc.attention_mask)])
         out = model.generate(
             input_ids=enc.input_ids.to(device), attention_mask=enc.attention_mask.to(device), max_length=MAX_LENGTH,
-            num_beams=1, do_sample=False, logits_processor=[ForceLength(targets, model.config.eos_token_id, device)],
+            num_beams=1, do_sample=False, logits_processor=[ForceTokens(targets, device)],
             return_dict_in_generate=True, output_logits=an_id is not None,
         )
         decoded = tok.batch_decode(out.sequences, skip_special_tokens=True)
@@ -52,10 +52,10 @@ def _generate_visual(model: Any, tok: Any, questions: Sequence[str], feats: Sequ
         ids, mask, _ = visual_question_inputs(tok, questions[start : start + batch_size])
         f = torch.from_numpy(np.stack(feats[start : start + batch_size])).to(device, model.dtype)
         enc, full_mask = model.encode_visual(ids.to(device), mask.to(device), f)
-        targets = [target_length(i[m == 1].tolist(), "vqa") for i, m in zip(ids, mask)]
+        targets = np.stack([target_tokens(i[m == 1].tolist(), "vqa") for i, m in zip(ids, mask)])
         out = model.generate(
             encoder_outputs=enc, attention_mask=full_mask, max_length=MAX_LENGTH, num_beams=1, do_sample=False,
-            logits_processor=[ForceLength(targets, model.config.eos_token_id, device)],
+            logits_processor=[ForceTokens(targets, device)],
             return_dict_in_generate=True, output_logits=True,
         )
         texts += [t.strip() for t in tok.batch_decode(out.sequences, skip_special_tokens=True)]

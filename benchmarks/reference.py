@@ -59,7 +59,7 @@ class ReferenceQACE:
     features: Callable[[str], np.ndarray] | None = None
     max_input_tokens: int = 512
     length_control: bool = False
-    """Benchmarks only: end each output at ``benchmarks.workload.target_length`` (random weights never stop)."""
+    """Benchmarks only: force ``benchmarks.workload.target_tokens`` (random weights never stop)."""
     memo: dict[tuple[int, str], tuple[str, float]] = field(default_factory=dict)
     """Outputs of inputs already run (greedy decoding is deterministic), so test suites can score the
     same captions under several variants without paying twice."""
@@ -100,9 +100,9 @@ class ReferenceQACE:
     def _length_control(self, model: Any, ids: list[int], role: str) -> dict[str, Any]:
         if not self.length_control:
             return {}
-        from benchmarks.workload import ForceLength, target_length
+        from benchmarks.workload import ForceTokens, target_tokens
 
-        return {"logits_processor": [ForceLength([target_length(ids, role)], model.config.eos_token_id, model.device)]}
+        return {"logits_processor": [ForceTokens(target_tokens(ids, role)[None], model.device)]}
 
     @staticmethod
     def _finish(tokenizer: Any, out: Any, unanswerable: int | None) -> tuple[str, float]:

@@ -25,7 +25,7 @@ import torch
 
 from benchmarks import hf_batched
 from benchmarks.reference import ReferenceQACE
-from benchmarks.workload import batch_lengths, build_models, flickr_workload
+from benchmarks.workload import batch_tokens, build_models, flickr_workload
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
@@ -47,7 +47,7 @@ def _engine(models_dir: Path, variant: str, precision: str, device: str, args: a
     for role in ("qg", "tqa", "vqa"):
         runner = getattr(scorer.models, role)
         if runner is not None:
-            runner.stop_at = batch_lengths(role)
+            runner.force = batch_tokens(role)
     return scorer
 
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "precision": args.precision, "torch": torch.__version__, "python": platform.python_version(),
         "qace": __version__, "workload": "Flickr8k-Expert standard protocol, random T5-base QG/TQA, "
-        "random T5-small Visual-T5, random features, length control (questions 8-16, answers 2-4 tokens)",
+        "random T5-small Visual-T5, random features, forced seeded outputs (questions 8-16, answers 2-4 tokens)",
         "results": [run_variant(v, records, models_dir, args) for v in args.variants],
         "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }

@@ -1,8 +1,10 @@
 """The benchmark workload: Flickr8k-Expert captions, T5-base/T5-small-shaped random models, length control.
 
-Random weights never emit EOS, so every system under test gets the same benchmark-only length control:
-each output's length is drawn from a fixed seed keyed by its input ids (questions 8-16 tokens, mean 12;
-answers 2-4, mean 3, EOS included), and EOS is forced at that step.
+Random weights never emit EOS and, left alone, write nearly the same tokens for every input (which would let
+de-duplication skip most of the work). So every system under test gets the same benchmark-only output
+control: each output is drawn from a fixed seed keyed by its input ids (length 8-16 tokens for questions,
+mean 12; 2-4 for answers, mean 3, EOS included; content tokens uniform over the tokenizer's words) and forced
+step by step. The models still compute every step in full.
 """
 
 from __future__ import annotations
@@ -45,35 +47,41 @@ def flickr_workload(data_dir: Path) -> list[Record]:
     return records
 
 
-def target_length(ids: Sequence[int], role: str) -> int:
-    """Deterministic output length (EOS included) for one input, from a fixed seed."""
+WORD_IDS = (3, 8000)
+"""Content tokens are drawn from these ids (the benchmark tokenizer's words; 0-2 are special)."""
+
+
+def target_tokens(ids: Sequence[int], role: str, steps: int = 31, eos_id: int = 1) -> np.ndarray:
+    """The output forced for one input: random word ids, EOS at a seeded length, EOS-padded to ``steps``."""
     low, high = LENGTHS[role]
-    digest = zlib.crc32(np.asarray(ids, dtype=np.int32).tobytes(), zlib.crc32(role.encode()))
-    return low + digest % (high - low + 1)
+    rng = np.random.default_rng(zlib.crc32(np.asarray(ids, dtype=np.int32).tobytes(), zlib.crc32(role.encode())))
+    length = int(rng.integers(low, high + 1))
+    out = np.full(steps, eos_id, dtype=np.int64)
+    out[: length - 1] = rng.integers(*WORD_IDS, size=length - 1)
+    return out
 
 
-def batch_lengths(role: str) -> Any:
-    """``TorchRunner.stop_at`` for ``role``: per-row target lengths of a planned batch."""
+def batch_tokens(role: str) -> Any:
+    """``TorchRunner.force`` for ``role``: the forced outputs of every row of a planned batch."""
 
-    def lengths(batch: TextBatch | VisualBatch) -> np.ndarray:
-        return np.array([target_length(ids[m == 1], role) for ids, m in zip(batch.input_ids, batch.attention_mask)])
+    def tokens(batch: TextBatch | VisualBatch, steps: int) -> np.ndarray:
+        return np.stack([target_tokens(ids[m == 1], role, steps)
+                         for ids, m in zip(batch.input_ids, batch.attention_mask)])
 
-    return lengths
+    return tokens
 
 
-class ForceLength:
-    """A Hugging Face logits processor that ends row ``i`` after ``targets[i]`` tokens (EOS included)."""
+class ForceTokens:
+    """A Hugging Face logits processor that makes row ``i`` emit ``tokens[i]`` step by step."""
 
-    def __init__(self, targets: Sequence[int], eos_id: int, device: torch.device) -> None:
-        self.targets = torch.as_tensor(list(targets), device=device)
-        self.eos_id = eos_id
+    def __init__(self, tokens: np.ndarray, device: torch.device) -> None:
+        self.tokens = torch.as_tensor(tokens, device=device)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         step = input_ids.shape[1] - 1  # tokens generated so far (the decoder start is not one)
-        force = self.targets <= step + 1
         forced = torch.full_like(scores, float("-inf"))
-        forced[:, self.eos_id] = 0.0
-        return torch.where(force[:, None], forced, scores)
+        forced.scatter_(1, self.tokens[:, step : step + 1], 0.0)
+        return forced
 
 
 def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | None, seed: int = 0) -> Path:
@@ -85,6 +93,8 @@ def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | N
 
     corpus = sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
     tokenizer = build_tokenizer(corpus, vocab_size=8000)
+    if len(tokenizer) < WORD_IDS[1]:
+        raise RuntimeError(f"benchmark tokenizer has {len(tokenizer)} ids, fewer than {WORD_IDS[1]}")
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
                   feed_forward_proj="relu", dropout_rate=0.0)
@@ -94,8 +104,6 @@ def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | N
         prefix = [tokenizer.convert_tokens_to_ids("▁image"), tokenizer.convert_tokens_to_ids(":")]
         extra = {"image_prefix_ids": prefix} if role == "vqa" else {}
         model = cls(T5Config(**common, **shape, **extra)).eval()
-        with torch.no_grad():  # ids the tokenizer cannot decode never win the argmax
-            model.lm_head.weight[len(tokenizer):] = 0.0
         model.save_pretrained(out / role)
         tokenizer.save_pretrained(out / role)
     if bertscore_files is not None:  # MiniLM-shaped encoder with random weights, real tokenizer files

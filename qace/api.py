@@ -10,6 +10,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,15 @@ from qace.metric.pipeline import Models, score_chunk
 log = logging.getLogger(__name__)
 
 _CONFIG_FIELDS = {f.name for f in fields(QACEConfig)}
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A chunk whose records are validated and whose candidates are being extracted."""
+
+    results: list[dict[str, Any] | RecordError | None]
+    valid: list[Record]
+    candidates: Future[list[list[str]]]
 
 
 @dataclass(frozen=True)
@@ -74,14 +84,14 @@ class QACE:
         self.config = (config or QACEConfig()).with_(**settings)
         from qace.engine.feature_cache import FeatureCache
         from qace.kernels.bertscore import BertScoreMatcher
-        from qace.metric.candidates import load_spacy
+        from qace.metric.candidates import CandidateExtractor
         from qace.engine.models import build_models
 
         self.models, fingerprints, self.uses_test_models = build_models(self.config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa)
         self.matcher = BertScoreMatcher(
             self.config.bertscore_model, layer=self.config.bertscore_layer, device=self.config.device
         )
-        self.nlp = load_spacy(self.config.spacy_model)
+        self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
         self.features = None
         if self.config.variant == "img" and features is not None:
             from qace.data.features import open_feature_store
@@ -121,27 +131,40 @@ class QACE:
         ]
 
     def score_records(self, records: Iterable[Record | RecordError]) -> Iterator[dict[str, Any] | RecordError]:
-        """Stream results (rows or ``RecordError``) in input order, a chunk of captions at a time."""
-        iterator = iter(records)
-        while chunk := list(itertools.islice(iterator, self.config.chunk_size)):
-            yield from self._score_chunk(chunk)
+        """Stream results (rows or ``RecordError``) in input order, a chunk of captions at a time.
 
-    def _score_chunk(self, chunk: list[Record | RecordError]) -> list[dict[str, Any] | RecordError]:
+        The next chunk is validated and handed to the candidate extractor before the current chunk's
+        model stages run, so with ``spacy_workers`` parsing overlaps the GPU work.
+        """
+        iterator = iter(records)
+        pending: _Prepared | None = None
+        while chunk := list(itertools.islice(iterator, self.config.chunk_size)):
+            upcoming = self._prepare(chunk)
+            if pending is not None:
+                yield from self._finish(pending)
+            pending = upcoming
+        if pending is not None:
+            yield from self._finish(pending)
+
+    def _prepare(self, chunk: list[Record | RecordError]) -> _Prepared:
         results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)
-        valid: list[int] = []
+        valid: list[Record] = []
         for pos, item in enumerate(chunk):
             problem = item if isinstance(item, RecordError) else self._check(item)
             if problem is None:
-                valid.append(pos)
+                valid.append(item)  # type: ignore[arg-type]
             else:
                 results[pos] = problem
-        rows = score_chunk(
-            [chunk[i] for i in valid], self.models, self.config, self.matcher, self.nlp,  # type: ignore[misc]
+        return _Prepared(results, valid, self.candidates.submit([r.caption for r in valid]))
+
+    def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
+        with self.timer("candidates"):
+            candidates = prepared.candidates.result()
+        rows = iter(score_chunk(
+            prepared.valid, candidates, self.models, self.config, self.matcher,
             features=self.features, signature=self.signature, timer=self.timer,
-        )
-        for pos, row in zip(valid, rows, strict=True):
-            results[pos] = row
-        return results  # type: ignore[return-value]
+        ))
+        return [next(rows) if r is None else r for r in prepared.results]
 
     def _check(self, record: Record) -> RecordError | None:
         """Why ``record`` cannot be scored by this variant, as an error naming it; else None."""

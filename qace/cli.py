@@ -52,6 +52,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per model batch")
     p.add_argument("--batch-rows", type=int, default=256, help="sequences per model batch")
     p.add_argument("--chunk-size", type=int, default=512, help="captions per committed output chunk")
+    p.add_argument("--spacy-workers", type=int, default=0, help="processes parsing captions ahead of the models")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -63,7 +64,7 @@ def _scorer(args: argparse.Namespace, models: str | None = None):  # noqa: ANN20
         variant=args.variant, precision=args.precision, backend=args.backend, device=args.device,
         bertscore_model=args.bertscore_model, bertscore_layer=args.bertscore_layer, explain=args.explain,
         max_batch_tokens=args.batch_tokens, max_batch_rows=args.batch_rows, chunk_size=args.chunk_size,
-        progress=not args.no_progress,
+        spacy_workers=args.spacy_workers, progress=not args.no_progress,
     )
 
 

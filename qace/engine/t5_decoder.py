@@ -84,12 +84,12 @@ class StaticT5Decoder:
         *,
         max_new_tokens: int,
         unanswerable_id: int | None = None,
-        stop_at: torch.Tensor | None = None,
+        forced: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Greedy tokens ``(B, max_new_tokens)`` (``-1`` after a row ended) and first-step answerability.
 
-        ``stop_at`` (benchmarks only) ends row ``i`` after ``stop_at[i]`` tokens as if it had emitted EOS,
-        so random-weight models can be timed with realistic output lengths.
+        ``forced`` (benchmarks only, ``(B, max_new_tokens)``) replaces each step's argmax, so random-weight
+        models can be timed on realistic outputs (varied, EOS-terminated) with all the work still done.
         """
         rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
         min_value = torch.finfo(dtype).min
@@ -111,9 +111,7 @@ class StaticT5Decoder:
             self.row_steps += len(alive)
             if step == 0 and unanswerable_id is not None:
                 answerability = 1.0 - torch.softmax(logits.float(), dim=-1)[:, unanswerable_id]
-            token = logits.argmax(dim=-1)
-            if stop_at is not None:
-                token = torch.where(stop_at[alive] <= step + 1, self.eos_id, token)
+            token = logits.argmax(dim=-1) if forced is None else forced[alive, step]
             out[alive, step] = torch.where(finished, -1, token)
             finished |= token == self.eos_id
             token = torch.where(finished, self.eos_id, token)  # ended rows idle until dropped

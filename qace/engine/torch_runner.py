@@ -21,8 +21,8 @@ class TorchRunner:
         self.model = model
         self.device = torch.device(device)
         self.decoder = StaticT5Decoder(model)
-        self.stop_at: Any = None
-        """Benchmarks only: a callable mapping a batch to per-row output lengths (see StaticT5Decoder)."""
+        self.force: Any = None
+        """Benchmarks only: a callable mapping a batch to the tokens each row must emit (see StaticT5Decoder)."""
         self.profile = False
         """Benchmarks only: synchronise around encoder and decoder to time them apart (costs a little)."""
         self.stats = {"sequences": 0, "encoder_tokens": 0, "encoder_seconds": 0.0, "decoder_seconds": 0.0}
@@ -52,11 +52,11 @@ class TorchRunner:
         start = self._clock()
         hidden, mask = self.encode(batch)
         encoded = self._clock()
-        stop_at = None
-        if self.stop_at is not None:
-            stop_at = torch.as_tensor(self.stop_at(batch), device=self.device)
+        forced = None
+        if self.force is not None:
+            forced = torch.as_tensor(self.force(batch, max_new_tokens), device=self.device)
         tokens, answerability = self.decoder.generate(
-            hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, stop_at=stop_at
+            hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
         )
         if self.profile:
             self.stats["encoder_seconds"] += encoded - start

@@ -17,7 +17,6 @@ from qace.data.records import Record
 from qace.engine.engine import BatchLimits, generate_text, generate_visual
 from qace.engine.profiling import NO_TIMER
 from qace.metric.aggregate import caption_scores
-from qace.metric.candidates import extract_candidates
 from qace.metric.prompts import clean_question, qg_input, tqa_input
 from qace.metric.text import filter_stopwords
 
@@ -50,15 +49,15 @@ class CaptionWork:
 
 def score_chunk(
     records: Sequence[Record],
+    candidates: Sequence[list[str]],
     models: Models,
     config: QACEConfig,
     matcher: Any,
-    nlp: Any,
     features: Any = None,
     signature: str = "",
     timer: Any = NO_TIMER,
 ) -> list[dict[str, Any]]:
-    """Score already validated records; returns one result row per record, in order."""
+    """Score validated records given their answer candidates; one result row per record, in order."""
     limits = BatchLimits(config.max_batch_tokens, config.max_batch_rows)
     progress = config.progress and len(records) > 64
     text_run = dict(max_input_tokens=config.max_input_tokens, limits=limits, progress=progress)
@@ -66,9 +65,8 @@ def score_chunk(
         CaptionWork(r, list(r.references or ()) if config.variant == "ref" else [r.image_id or ""]) for r in records
     ]
 
-    with timer("candidates"):
-        for item, cands in zip(work, extract_candidates([w.record.caption for w in work], nlp), strict=True):
-            item.candidates = cands
+    for item, cands in zip(work, candidates, strict=True):
+        item.candidates = cands
 
     # questions (first (question, answer) pair of each question wins)
     owners = [(item, a) for item in work for a in item.candidates]

@@ -1,0 +1,37 @@
+"""Answer candidates: the release's rules, and the fast paths (cache, workers, no lemmatizer) change nothing."""
+
+from __future__ import annotations
+
+import spacy
+
+from qace.metric.candidates import DEFAULT_SPACY_MODEL, CandidateExtractor, extract_candidates, load_spacy
+from qace.metric.text import filter_stopwords, stopwords
+from tests.helpers import flickr_records
+
+
+def test_entities_first_then_noun_chunks_filtered_and_deduplicated():
+    cands = extract_candidates(["Barack Obama walks in Paris with two dogs.", "the the the", "A dog and a dog."])
+    assert cands[0] == ["barack obama", "paris", "two", "two dogs"]
+    assert cands[1] == []
+    assert cands[2] == ["dog"]
+
+
+def test_stopword_filter_splits_on_single_spaces_like_the_release():
+    assert len(stopwords()) == 179
+    assert filter_stopwords("The  Red Dress") == " red dress"  # double space keeps an empty word
+    assert filter_stopwords("a the of") == ""
+
+
+def test_fast_paths_equal_the_plain_full_pipeline():
+    captions = [r.caption for r in flickr_records(300)] * 2
+    full = spacy.load(DEFAULT_SPACY_MODEL)  # lemmatizer included
+    expected = extract_candidates(captions, full)
+    assert extract_candidates(captions, load_spacy()) == expected
+    in_process = CandidateExtractor()
+    assert in_process(captions) == expected
+    assert in_process(captions[:10]) == expected[:10]  # from the cache
+    pooled = CandidateExtractor(workers=2, cache_size=50)
+    try:
+        assert pooled.submit(captions).result() == expected
+    finally:
+        pooled.close()
