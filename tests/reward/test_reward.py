@@ -1,0 +1,124 @@
+"""QACEReward: tensor rewards, invalid captions, components, TRL and SCST adapters, the SCST example."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qace.data.features import RandomFeatureStore
+from qace.errors import ConfigError, InputError
+from qace.reward import QACEReward, completion_text
+
+REPO = Path(__file__).resolve().parents[2]
+REFS = ["a girl in a red dress runs on the beach", "a child plays near the sea"]
+
+
+@pytest.fixture(scope="module")
+def reward(test_models_dir: Path) -> QACEReward:
+    return QACEReward(models=test_models_dir)
+
+
+def test_tensor_matches_scorer_and_invalid_captions_get_zero(reward: QACEReward) -> None:
+    captions = ["a girl runs on the beach", "", "   ", None, "the the the", "a dog in the snow"]
+    values = reward(captions, references=[REFS] * len(captions))
+    assert values.shape == (6,) and values.dtype == torch.float32 and str(values.device) == "cpu"
+    want = reward.scorer.score([captions[0], captions[5]], references=[REFS, REFS])
+    assert values[0].item() == pytest.approx(want[0]["qace"], abs=1e-6)
+    assert values[5].item() == pytest.approx(want[1]["qace"], abs=1e-6)
+    assert values[1:5].tolist() == [0.0, 0.0, 0.0, 0.0]
+    results = reward.score(captions, references=[REFS] * len(captions))
+    assert [r.valid for r in results] == [True, False, False, False, True, True]
+    assert results[1].reason == "empty or whitespace-only caption" and "NoneType" in results[3].reason
+    assert results[4].row["flags"] == ["no_questions"]  # a real caption without candidates: 0.0 by the spec
+
+
+def test_only_unscorable_captions_do_not_crash(reward: QACEReward) -> None:
+    assert reward(["the the the", "a a"], references=[REFS, REFS]).tolist() == [0.0, 0.0]
+    assert reward(["", " "], references=[REFS, REFS]).tolist() == [0.0, 0.0]
+
+
+def test_components_and_settings(reward: QACEReward, test_models_dir: Path) -> None:
+    results = reward.score(["a girl runs on the beach"], references=[REFS])[0]
+    f1 = reward(["a girl runs on the beach"], references=[REFS], component="qace_f1")
+    assert f1.item() == pytest.approx(results.scores["qace_f1"])
+    assert set(results.scores) == {"qace", "qace_f1", "qace_bs", "qace_an", "qace_max"}
+    with pytest.raises(ConfigError):
+        reward(["a"], references=[REFS], component="bleu")
+    with pytest.raises(ConfigError):
+        QACEReward(reward.scorer, device="cpu")
+    custom = QACEReward(reward.scorer, invalid_reward=-1.0)
+    assert custom([""], references=[REFS]).tolist() == [-1.0]
+
+
+def test_missing_context_is_a_caller_bug(reward: QACEReward) -> None:
+    with pytest.raises(InputError, match="references"):
+        reward(["a dog"])
+    with pytest.raises(InputError, match="sample 1"):
+        reward(["a dog", "a cat"], references=[REFS, []])
+    with pytest.raises(InputError, match="entries"):
+        reward(["a dog", "a cat"], references=[REFS])
+
+
+def test_trl_reward_func(reward: QACEReward) -> None:
+    func = reward.trl_reward_func()
+    assert func.__name__ == "qace_ref_qace"
+    completions = [
+        "a girl runs on the beach</s>",
+        [{"role": "assistant", "content": "a dog in the snow"}],
+        "",
+    ]
+    got = func(prompts=["p"] * 3, completions=completions, references=[REFS] * 3, completion_ids=None)
+    want = reward(["a girl runs on the beach", "a dog in the snow", ""], references=[REFS] * 3).tolist()
+    assert got == pytest.approx(want) and isinstance(got[0], float)
+    with pytest.raises(InputError, match="column"):
+        func(prompts=["p"], completions=["a dog"], image_id=["x"])
+    assert completion_text("a cat <|im_end|><|endoftext|>") == "a cat"
+
+
+def test_scst_advantages(reward: QACEReward) -> None:
+    sampled = ["a girl runs on the beach", "", "a dog in the snow", "a child near the sea"]
+    greedy = ["a girl on the beach", "a dog"]
+    refs = [REFS, ["a dog runs in the snow"]]
+    adv = reward.scst(sampled, greedy, references=refs)
+    r_s = reward(sampled, references=[REFS, REFS, refs[1], refs[1]])
+    r_g = reward(greedy, references=refs)
+    assert adv.tolist() == pytest.approx((r_s - r_g.repeat_interleave(2)).tolist(), abs=1e-6)
+    with pytest.raises(InputError):
+        reward.scst(sampled[:3], greedy, references=refs)
+
+
+def test_img_variant_reads_image_ids(test_models_dir: Path) -> None:
+    reward = QACEReward(models=test_models_dir, variant="img", features=RandomFeatureStore())
+    func = reward.trl_reward_func(component="qace_an")
+    values = func(prompts=None, completions=["a dog on the grass", ""], image_id=["img1", 7])
+    assert len(values) == 2 and values[1] == 0.0 and 0.0 <= values[0] <= 1.0
+    with pytest.raises(InputError, match="image id"):
+        reward(["a dog"], image_ids=[None])
+    with pytest.raises(ConfigError):
+        QACEReward(reward.scorer, component="qace_max")
+
+
+def test_scst_example_runs(test_models_dir: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "scst_train.py"),
+            "--models",
+            str(test_models_dir),
+            "--steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step 2:" in done.stdout and "greedy QACE" in done.stdout
