@@ -130,3 +130,14 @@ def test_resolve_devices_refuses_missing_gpus() -> None:
         shards.resolve_devices("all")
     with pytest.raises(BackendUnavailableError):
         shards.resolve_devices(2)
+
+
+def test_cli_sharded_score(inputs, test_models_dir, tmp_path, capsys) -> None:
+    from qace.cli import build_parser
+    from qace.scale.cli import cmd_score_sharded
+
+    out = tmp_path / "cli.jsonl"
+    args = build_parser().parse_args(["score", str(inputs), "-o", str(out), "--models", str(test_models_dir)])
+    assert cmd_score_sharded(args, devices=["cpu"]) == 0
+    assert "scored 11 captions (3 errors" in capsys.readouterr().out
+    assert len(out.read_text().splitlines()) == 11

@@ -230,3 +230,14 @@ def test_stopping_batcher_fails_queued_requests_instead_of_hanging() -> None:
 
     outcomes = asyncio.run(asyncio.wait_for(scenario(), 10))
     assert all(isinstance(o, Unavailable) for o in outcomes)
+
+
+def test_serve_command_parses() -> None:
+    import argparse
+
+    from qace.serve.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--models", "m", "--variant", "img", "--port", "9000", "--token", "t"])
+    assert (args.variant, args.port, args.token, args.host) == ("img", 9000, "t", "127.0.0.1")
