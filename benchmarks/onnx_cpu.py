@@ -44,8 +44,15 @@ def _random_t5(seed: int) -> Any:
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=VOCAB, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
-                      feed_forward_proj="relu", dropout_rate=0.0, **T5_SMALL)
+    config = T5Config(
+        vocab_size=VOCAB,
+        decoder_start_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+        feed_forward_proj="relu",
+        dropout_rate=0.0,
+        **T5_SMALL,
+    )
     return T5ForConditionalGeneration(config).eval()
 
 
@@ -78,7 +85,10 @@ def speed(args: argparse.Namespace, tokenizer: Any, work: Path) -> list[dict[str
         exports = {}
         for variant in ("fp32", "int8"):
             result = export_model(model, work / role / variant, variant=variant, validate=False)
-            exports[variant] = {"validation": result.validation.__dict__, "export_seconds": round(result.seconds, 1)}
+            exports[variant] = {
+                "validation": result.validation.__dict__,
+                "export_seconds": round(result.seconds, 1),
+            }
             runners[f"onnx_{variant}"] = OnnxRunner(result.out_dir, threads=args.threads)
         times: dict[str, list[float]] = {name: [] for name in runners}
         tokens: dict[str, list[list[int]]] = {}
@@ -89,14 +99,22 @@ def speed(args: argparse.Namespace, tokenizer: Any, work: Path) -> list[dict[str
                 times[name].append(_run(runner, batches, role)[0])
         base = statistics.median(times["torch_eager_fp32"])
         rows = sum(len(b.input_ids) for b in batches)
-        entry: dict[str, Any] = {"role": role, "model": "T5-small shape, random weights", "rows": rows,
-                                 "batches": len(batches), "exports": exports, "backends": {}}
+        entry: dict[str, Any] = {
+            "role": role,
+            "model": "T5-small shape, random weights",
+            "rows": rows,
+            "batches": len(batches),
+            "exports": exports,
+            "backends": {},
+        }
         for name, values in times.items():
             median = statistics.median(values)
             same = [a == b for a, b in zip(tokens[name], tokens["torch_eager_fp32"], strict=True)]
             entry["backends"][name] = {
-                "seconds_median": round(median, 3), "seconds_all": [round(v, 3) for v in values],
-                "rows_per_second": round(rows / median, 1), "speedup_vs_torch": round(base / median, 2),
+                "seconds_median": round(median, 3),
+                "seconds_all": [round(v, 3) for v in values],
+                "rows_per_second": round(rows / median, 1),
+                "speedup_vs_torch": round(base / median, 2),
                 "identical_outputs_vs_torch": round(float(np.mean(same)), 4),
             }
         results.append(entry)
@@ -120,20 +138,32 @@ def quality(args: argparse.Namespace, models_dir: Path) -> list[dict[str, Any]]:
             for role, runner in torch_models.items():
                 if runner is not None:
                     source = str(models_dir / role)
-                    setattr(scorer.models, role, OnnxRunner.for_model(runner.model, source, precision=precision))
+                    setattr(
+                        scorer.models, role, OnnxRunner.for_model(runner.model, source, precision=precision)
+                    )
             rows = list(scorer.score_records(records))
             q_same, a_same, deltas = [], [], []
             for row, exp in zip(rows, expected, strict=True):
                 got_q, exp_q = row["explanation"]["questions"], exp["explanation"]["questions"]
                 q_same.append([q["question"] for q in got_q] == [q["question"] for q in exp_q])
                 if q_same[-1]:
-                    a_same += [(a["answer_on_caption"], a["answers_on_context"])
-                               == (b["answer_on_caption"], b["answers_on_context"]) for a, b in zip(got_q, exp_q)]
+                    a_same += [
+                        (a["answer_on_caption"], a["answers_on_context"])
+                        == (b["answer_on_caption"], b["answers_on_context"])
+                        for a, b in zip(got_q, exp_q, strict=True)
+                    ]
                 deltas.append(abs(row["qace"] - exp["qace"]))
-            out.append({"variant": variant, "precision": precision, "captions": len(rows),
-                        "identical_questions_per_caption": round(float(np.mean(q_same)), 4),
-                        "identical_answers_per_question": round(float(np.mean(a_same)), 4) if a_same else None,
-                        "mean_abs_delta_qace": float(np.mean(deltas)), "max_abs_delta_qace": float(np.max(deltas))})
+            out.append(
+                {
+                    "variant": variant,
+                    "precision": precision,
+                    "captions": len(rows),
+                    "identical_questions_per_caption": round(float(np.mean(q_same)), 4),
+                    "identical_answers_per_question": round(float(np.mean(a_same)), 4) if a_same else None,
+                    "mean_abs_delta_qace": float(np.mean(deltas)),
+                    "max_abs_delta_qace": float(np.max(deltas)),
+                }
+            )
             print(json.dumps(out[-1]), file=sys.stderr)
         for role, runner in torch_models.items():
             setattr(scorer.models, role, runner)
@@ -141,7 +171,9 @@ def quality(args: argparse.Namespace, models_dir: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="benchmarks/results/onnx_cpu.json")
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     parser.add_argument("--n", type=int, default=512, help="prompts per role in the speed run")
@@ -166,10 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # the tiny test models run fastest on one thread
     report = {
         "command": "python -m benchmarks.onnx_cpu " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-        "threads": args.threads, "note": "2-core machine shared with other jobs: timings are noisy",
-        "versions": {"qace": __version__, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
-                     "python": platform.python_version()},
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": args.threads,
+        "note": "2-core machine shared with other jobs: timings are noisy",
+        "versions": {
+            "qace": __version__,
+            "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__,
+            "python": platform.python_version(),
+        },
         "speed": speed_results,
         "quality": quality(args, models_dir),
     }
