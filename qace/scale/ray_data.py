@@ -76,10 +76,12 @@ class QACEBatchScorer:
         if rows and "id" not in rows[0]:
             raise InputError("the data set needs an 'id' column (unique per caption; resume relies on it)")
         ids = [str(row["id"]) for row in rows]
-        references = [_references(row.get("references")) for row in rows]
-        image_ids = [None if row.get("image_id") is None else str(row["image_id"]) for row in rows]
+        # per-row None (and non-string captions) are allowed: QACE.score turns them into error rows
+        references: Any = [_references(row.get("references")) for row in rows]
+        image_ids: Any = [None if row.get("image_id") is None else str(row["image_id"]) for row in rows]
+        captions: Any = [row.get("caption") for row in rows]
         results = self.scorer.score(
-            [row.get("caption") for row in rows],
+            captions,
             references=references if any(r is not None for r in references) else None,
             image_ids=image_ids if any(i is not None for i in image_ids) else None,
             ids=ids,

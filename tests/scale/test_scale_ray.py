@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from inside Ray Data
 
 from qace.api import QACE  # noqa: E402
 from qace.scale.ray_data import read_scores, score_to_parquet  # noqa: E402
