@@ -5,7 +5,7 @@
 Speed: T5-small-shaped random QG and TQA models (benchmarks.workload shapes), the first ``--n``
 Flickr8k-Expert captions as QG prompts ("answer: <last word>  context: <caption> </s>") and TQA prompts,
 planned into batches by the engine's scheduler; every backend gets the same benchmark-only length
-control (``stop_at``: questions 8-16 tokens, answers 2-4). Rounds alternate the backends and the
+control (``force``: seeded outputs, questions 8-16 tokens, answers 2-4). Rounds alternate the backends and the
 median round is reported. Agreement here is on random weights (tiny logit margins), so it is a worst case.
 
 Quality: the whole metric on the tiny *trained* test models (100 captions, QACE-Ref and QACE-Img),
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.workload import T5_SMALL, VOCAB, batch_lengths, flickr_workload
+from benchmarks.workload import T5_SMALL, VOCAB, batch_tokens, flickr_workload
 from qace import __version__
 from qace.engine.batches import TextBatch
 from qace.engine.onnx_runner import OnnxRunner
@@ -63,7 +63,7 @@ def _batches(tokenizer: Any, prompts: list[str], rows: int, tokens: int) -> list
 
 
 def _run(runner: Any, batches: list[TextBatch], role: str) -> tuple[float, list[list[int]]]:
-    runner.stop_at = batch_lengths(role)
+    runner.force = batch_tokens(role)
     start = time.perf_counter()
     tokens = [t for b in batches for t in runner.generate(b, max_new_tokens=MAX_NEW_TOKENS).tokens]
     return time.perf_counter() - start, tokens

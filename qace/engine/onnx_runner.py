@@ -121,8 +121,9 @@ class OnnxRunner:
         self._past_names = [i.name for i in self.sessions["decoder"].get_inputs()][2:]
         self._init_outputs = [o.name for o in self.sessions["decoder_init"].get_outputs()]
         self._step_outputs = [o.name for o in self.sessions["decoder"].get_outputs()]
-        self.stop_at: Callable[[TextBatch | VisualBatch], Any] | None = None
-        """Benchmarks only: per-row output lengths for a batch, as ``TorchRunner.stop_at``."""
+        self.force: Callable[[TextBatch | VisualBatch, int], Any] | None = None
+        """Benchmarks only: ``(batch, steps) -> (B, steps)`` tokens that replace each step's argmax, as
+        ``TorchRunner.force``."""
 
     @classmethod
     def for_model(
@@ -162,8 +163,8 @@ class OnnxRunner:
         if isinstance(batch, VisualBatch):
             feeds["features"] = np.ascontiguousarray(batch.features, dtype=np.float32)
         hidden, mask = self._run("encoder", feeds, ["encoder_hidden_states", "encoder_attention_mask"])
-        stop_at = None if self.stop_at is None else np.asarray(self.stop_at(batch))
-        return self._greedy(hidden, mask, max_new_tokens, unanswerable_id, stop_at)
+        forced = None if self.force is None else np.asarray(self.force(batch, max_new_tokens), dtype=np.int64)
+        return self._greedy(hidden, mask, max_new_tokens, unanswerable_id, forced)
 
     def _greedy(
         self,
@@ -171,7 +172,7 @@ class OnnxRunner:
         mask: Any,
         max_new_tokens: int,
         unanswerable_id: int | None,
-        stop_at: np.ndarray | None,
+        forced: np.ndarray | None,
     ) -> Generated:
         rows = len(self._host(mask))
         alive = np.arange(rows)
@@ -199,9 +200,7 @@ class OnnxRunner:
             logits = self._host(logits)
             if step == 0 and unanswerable_id is not None:
                 answerability = 1.0 - _softmax_at(logits, unanswerable_id)
-            next_token = logits.argmax(axis=-1).astype(np.int64)
-            if stop_at is not None:
-                next_token = np.where(stop_at[alive] <= step + 1, self.info.eos_id, next_token)
+            next_token = logits.argmax(axis=-1).astype(np.int64) if forced is None else forced[alive, step]
             out[alive, step] = np.where(finished, -1, next_token)
             finished |= next_token == self.info.eos_id
             token = np.where(finished, self.info.eos_id, next_token)[:, None]  # ended rows idle until dropped
