@@ -14,7 +14,7 @@ from qace.errors import QACEError
 
 log = logging.getLogger("qace")
 
-OPTIONAL_COMMANDS = ("qace.meta.cli", "qace.export.cli", "qace.serve.cli")
+OPTIONAL_COMMANDS = ("qace.meta.cli", "qace.export.cli", "qace.serve.cli", "qace.scale.cli")
 """Modules whose ``register(subparsers)`` adds commands; each may need an optional extra."""
 
 TEST_MODEL_WARNING = """
@@ -34,6 +34,8 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "csv", "coco"], help="input format")
     _add_model_args(p)
     p.add_argument("--resume", action="store_true", help="continue a killed run (same settings required)")
+    p.add_argument("--gpus", help="score on N GPUs of this host (or 'all'): one engine per GPU, "
+                   "output merged in input order, resumable per shard")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +45,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tqa", help="text-QA model (hub id or directory), overrides --models")
     p.add_argument("--vqa", help="Visual-T5 model (directory or state-dict file), overrides --models")
     p.add_argument("--features", help="region features: directory of per-image .npz files or an HDF5 store")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16", "int8"],
+                   help="int8: ONNX backend on CPU only")
     p.add_argument("--backend", default="torch", choices=["torch", "onnx"])
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
     p.add_argument("--bertscore-model", help="BERTScore encoder (default: offline all-MiniLM-L6-v2)")
@@ -74,6 +77,10 @@ def _warn_if_test_models(scorer: object) -> None:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    if args.gpus:
+        from qace.scale.cli import cmd_score_sharded
+
+        return cmd_score_sharded(args)
     scorer = _scorer(args)
     _warn_if_test_models(scorer)
     summary = scorer.score_file(args.input, args.output, references=args.references, fmt=args.format,

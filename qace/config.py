@@ -16,7 +16,7 @@ SPEC_VERSION = "1"
 """Version of the (ours) decisions in QACE_SPEC.md; bump it whenever one of them changes."""
 
 Variant = Literal["ref", "img"]
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "int8"]
 Backend = Literal["torch", "onnx"]
 
 VARIANT_NAMES: dict[str, str] = {"ref": "QACE-Ref", "img": "QACE-Img"}
@@ -29,7 +29,8 @@ class QACEConfig:
     variant: Variant = "ref"
     """``ref``: answers on the references (QACE-Ref); ``img``: Visual-T5 on region features (QACE-Img)."""
     precision: Precision = "fp32"
-    """Model weights and activations; fp32 reproduces the reference implementation exactly."""
+    """Model weights and activations; fp32 reproduces the reference implementation exactly; int8 (dynamic
+    quantisation) is for the ONNX backend on CPU."""
     backend: Backend = "torch"
     """Runtime for the three T5 models."""
     device: str = "cpu"
@@ -60,8 +61,10 @@ class QACEConfig:
     def __post_init__(self) -> None:
         if self.variant not in VARIANT_NAMES:
             raise ConfigError(f"unknown variant {self.variant!r}; choose 'ref' (QACE-Ref) or 'img' (QACE-Img)")
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"unknown precision {self.precision!r}; choose fp32, bf16 or fp16")
+        if self.precision not in ("fp32", "bf16", "fp16", "int8"):
+            raise ConfigError(f"unknown precision {self.precision!r}; choose fp32, bf16, fp16 or int8")
+        if self.precision == "int8" and self.backend != "onnx":
+            raise ConfigError("precision int8 needs the ONNX backend (backend='onnx', --backend onnx)")
         if self.backend not in ("torch", "onnx"):
             raise ConfigError(f"unknown backend {self.backend!r}; choose torch or onnx")
         for name in ("max_input_tokens", "max_batch_tokens", "max_batch_rows", "chunk_size"):

@@ -141,7 +141,7 @@ class QACEReward:
                 )
                 for i in keep
             ]
-            for i, row in zip(keep, score_records_safely(self.scorer, records), strict=True):
+            for i, row in zip(keep, self.scorer.score_records(records), strict=True):
                 if not isinstance(row, dict):
                     raise InputError(row.reason, record_id=f"sample {i}")
                 scores = {name: float(row[name]) for name in COMPONENTS}
@@ -288,31 +288,3 @@ def completion_text(completion: Any, strip: Sequence[str] = DEFAULT_STRIP) -> An
             if marker and text.endswith(marker):
                 text, changed = text[: -len(marker)].rstrip(), True
     return text
-
-
-CARRIER_CAPTION = "a dog runs on the grass"
-"""A caption with answer candidates, scored alongside a chunk that would otherwise give the models nothing."""
-
-
-def score_records_safely(scorer: QACE, records: Sequence[Any]) -> list[Any]:
-    """``scorer.score_records(records)`` as a list, also when a chunk has no work for the models.
-
-    Why: the engine's tokenizer call fails on an empty list (``IndexError``), which happens when
-    no caption of a chunk is valid or has an answer candidate ("the the the"), a common sight in
-    RL rollouts. Such a chunk is scored again with a carrier caption in front, whose row is dropped;
-    the other rows are exactly what QACE gives them (0.0 and ``no_questions``, or their error).
-    Remove once ``qace.engine.tokenize.encode_texts`` returns early on empty input.
-    """
-    from qace.data.records import Record
-
-    try:
-        return list(scorer.score_records(records))
-    except IndexError:
-        first = next((r for r in records if isinstance(r, Record)), None)
-        image_id = first.image_id if first is not None else None
-        carrier = Record("\x00qace-carrier", CARRIER_CAPTION, image_id, (CARRIER_CAPTION,))
-        size = max(1, scorer.config.chunk_size - 1)
-        out: list[Any] = []
-        for at in range(0, len(records), size):
-            out += list(scorer.score_records([carrier, *records[at : at + size]]))[1:]
-        return out

@@ -142,3 +142,9 @@ def test_signature_names_what_changes_scores_and_parses_back():
 def test_unknown_setting_is_rejected():
     with pytest.raises(ConfigError, match="unknown setting"):
         QACE(batch=3)
+
+
+def test_chunk_with_no_work_for_the_models(ref_scorer):
+    rows = ref_scorer.score(["", "the the the", "  "], references=[REFS] * 3)
+    assert "error" in rows[0] and "error" in rows[2]
+    assert rows[1]["flags"] == ["no_questions"] and rows[1]["qace"] == 0.0

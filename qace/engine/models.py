@@ -5,18 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from qace.config import QACEConfig
 from qace.engine.tokenize import unanswerable_id
 from qace.errors import BackendUnavailableError, ModelNotFoundError
 from qace.metric.pipeline import Models
 
 
-def _runner(model: Any, config: QACEConfig) -> Any:
+def _runner(model: Any, config: QACEConfig, source: str, fingerprint: str) -> Any:
+    """Wrap a loaded model in the configured backend's runner (ONNX exports it on first use)."""
     if config.backend == "torch":
         from qace.engine.torch_runner import TorchRunner
 
         return TorchRunner(model, device=config.device)
-    raise BackendUnavailableError(f"backend {config.backend!r} is not available in this build; use --backend torch")
+    if config.backend == "onnx":
+        from qace.engine.onnx_runner import OnnxRunner
+
+        return OnnxRunner.for_model(model, source, precision=config.precision, device=config.device,
+                                    fingerprint=fingerprint)
+    raise BackendUnavailableError(f"backend {config.backend!r} is not available; use --backend torch or onnx")
 
 
 def build_models(
@@ -43,17 +51,23 @@ def build_models(
     explicit = {"qg": qg, "tqa": tqa, "vqa": vqa}
     roles = ("qg", "tqa", "vqa") if config.variant == "img" else ("qg", "tqa")
     sources = {role: str(explicit[role] or (base / role if base else defaults[role])) for role in roles}
-    dtype = DTYPES[config.precision]
-    qg_model, qg_tok = loading.load_seq2seq(sources["qg"], role="QG", device=config.device, dtype=dtype)
-    tqa_model, tqa_tok = loading.load_seq2seq(sources["tqa"], role="TQA", device=config.device, dtype=dtype)
-    models = Models(
-        qg=_runner(qg_model, config), qg_tokenizer=qg_tok,
-        tqa=_runner(tqa_model, config), tqa_tokenizer=tqa_tok, tqa_unanswerable=unanswerable_id(tqa_tok),
-    )
-    if "vqa" in sources:
-        vqa_model, vqa_tok = loading.load_visual_t5(sources["vqa"], device=config.device, dtype=dtype)
-        models.vqa, models.vqa_tokenizer = _runner(vqa_model, config), vqa_tok
-        models.vqa_unanswerable = unanswerable_id(vqa_tok)
+    # ONNX only needs the torch weights to export them, on the CPU, in fp32
+    onnx = config.backend == "onnx"
+    dtype = torch.float32 if onnx else DTYPES[config.precision]
+    device = "cpu" if onnx else config.device
+    loaded = {
+        role: loading.load_visual_t5(src, device=device, dtype=dtype) if role == "vqa"
+        else loading.load_seq2seq(src, role=role.upper(), device=device, dtype=dtype)
+        for role, src in sources.items()
+    }
     fingerprints = {role: loading.checkpoint_fingerprint(src) for role, src in sources.items()}
+    runners = {role: _runner(model, config, sources[role], fingerprints[role]) for role, (model, _) in loaded.items()}
+    models = Models(
+        qg=runners["qg"], qg_tokenizer=loaded["qg"][1],
+        tqa=runners["tqa"], tqa_tokenizer=loaded["tqa"][1], tqa_unanswerable=unanswerable_id(loaded["tqa"][1]),
+    )
+    if "vqa" in loaded:
+        models.vqa, models.vqa_tokenizer = runners["vqa"], loaded["vqa"][1]
+        models.vqa_unanswerable = unanswerable_id(loaded["vqa"][1])
     test_models = any(loading.is_test_model(src) for src in sources.values())
     return models, fingerprints, test_models

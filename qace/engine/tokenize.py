@@ -17,6 +17,8 @@ def encode_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> tuple
     T5 has relative positions, so nothing forces a cut; the cap bounds memory for pathological inputs and
     is part of the score signature.
     """
+    if not texts:
+        return [], []
     encoded = tokenizer(list(texts), add_special_tokens=True)["input_ids"]
     eos = tokenizer.eos_token_id
     out, truncated = [], []

@@ -17,7 +17,6 @@ too; the shard directory is removed only after the final output exists.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import multiprocessing
@@ -227,7 +226,6 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
     from qace.api import QACE
     from qace.data.output import ResultWriter
     from qace.data.records import Record, RecordError
-    from qace.reward import score_records_safely
 
     if job.threads:
         torch.set_num_threads(job.threads)
@@ -256,17 +254,13 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
                             tuple(refs) if refs is not None else None,
                         )
 
-        items = pending()
-        while chunk := list(itertools.islice(items, scorer.config.chunk_size)):
-            # a chunk of reader errors only bypasses the scorer (QACE.score_records cannot take one)
-            scorable = any(not isinstance(item, RecordError) for item in chunk)
-            for result in score_records_safely(scorer, chunk) if scorable else chunk:
-                if isinstance(result, RecordError):
-                    writer.add_error(result.id, result.reason)
-                    errors += 1
-                else:
-                    writer.add(result)
-                    scored += 1
+        for result in scorer.score_records(pending()):
+            if isinstance(result, RecordError):
+                writer.add_error(result.id, result.reason)
+                errors += 1
+            else:
+                writer.add(result)
+                scored += 1
     log.info(
         "shard %d on %s: %d scored, %d errors, %d skipped", job.index, job.device, scored, errors, skipped
     )
