@@ -3,6 +3,7 @@ Hugging Face ``generate`` in bf16, spaCy through ``nlp.pipe``, the same F1 and B
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ def _generate(model: Any, tok: Any, prompts: Sequence[str], role: str, batch_siz
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, truncation=True, max_length=512)
-        targets = np.stack([target_tokens(ids[m == 1].tolist(), role) for ids, m in zip(enc.input_ids, enc.attention_mask)])
+        targets = target_tokens([ids[m == 1].numpy() for ids, m in zip(enc.input_ids, enc.attention_mask)], role)
         out = model.generate(
             input_ids=enc.input_ids.to(device), attention_mask=enc.attention_mask.to(device), max_length=MAX_LENGTH,
             num_beams=1, do_sample=False, logits_processor=[ForceTokens(targets, device)],
@@ -52,7 +53,7 @@ def _generate_visual(model: Any, tok: Any, questions: Sequence[str], feats: Sequ
         ids, mask, _ = visual_question_inputs(tok, questions[start : start + batch_size])
         f = torch.from_numpy(np.stack(feats[start : start + batch_size])).to(device, model.dtype)
         enc, full_mask = model.encode_visual(ids.to(device), mask.to(device), f)
-        targets = np.stack([target_tokens(i[m == 1].tolist(), "vqa") for i, m in zip(ids, mask)])
+        targets = target_tokens([i[m == 1].numpy() for i, m in zip(ids, mask)], "vqa")
         out = model.generate(
             encoder_outputs=enc, attention_mask=full_mask, max_length=MAX_LENGTH, num_beams=1, do_sample=False,
             logits_processor=[ForceTokens(targets, device)],
@@ -64,10 +65,14 @@ def _generate_visual(model: Any, tok: Any, questions: Sequence[str], feats: Sequ
 
 
 def score(records: Sequence[Record], variant: str, models: dict[str, tuple[Any, Any]], nlp: Any, matcher: Any,
-          features: Any, batch_size: int, device: torch.device) -> list[float]:
+          features: Any, batch_size: int, device: torch.device, timings: dict[str, float] | None = None
+          ) -> list[float]:
     """QACE per caption, stage by stage, each stage one big batched ``generate``."""
     captions = [r.caption for r in records]
+    start = time.perf_counter()
     cands = [candidates_from_doc(doc) for doc in nlp.pipe(captions, batch_size=256)]
+    if timings is not None:
+        timings["spacy_seconds"] = time.perf_counter() - start
     qg, qg_tok = models["qg"]
     owners = [(i, a) for i, cs in enumerate(cands) for a in cs]
     texts, _ = _generate(qg, qg_tok, [qg_input(a, captions[i]) for i, a in owners], "qg", batch_size, None, device)

@@ -102,7 +102,7 @@ class ReferenceQACE:
             return {}
         from benchmarks.workload import ForceTokens, target_tokens
 
-        return {"logits_processor": [ForceTokens(target_tokens(ids, role)[None], model.device)]}
+        return {"logits_processor": [ForceTokens(target_tokens([ids], role), model.device)]}
 
     @staticmethod
     def _finish(tokenizer: Any, out: Any, unanswerable: int | None) -> tuple[str, float]:

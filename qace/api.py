@@ -89,7 +89,8 @@ class QACE:
 
         self.models, fingerprints, self.uses_test_models = build_models(self.config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa)
         self.matcher = BertScoreMatcher(
-            self.config.bertscore_model, layer=self.config.bertscore_layer, device=self.config.device
+            self.config.bertscore_model, layer=self.config.bertscore_layer, device=self.config.device,
+            batch_size=1024 if self.config.device.startswith("cuda") else 128,
         )
         self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
         self.features = None

@@ -1,8 +1,9 @@
-"""Plain dataclasses that cross the scheduler/runner boundary (numpy only, backend-neutral)."""
+"""Plain dataclasses that cross the scheduler/runner boundary (numpy, backend-neutral)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,8 @@ class VisualBatch:
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
-    features: np.ndarray
+    features: Any
+    """(B, 36, 2054) float32 numpy array, or a tensor already on the runner's device (its feature table)."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,11 @@ class TorchRunner:
         """Benchmarks only: synchronise around encoder and decoder to time them apart (costs a little)."""
         self.stats = {"sequences": 0, "encoder_tokens": 0, "encoder_seconds": 0.0, "decoder_seconds": 0.0}
 
+    def feature_table(self, features: np.ndarray) -> torch.Tensor:
+        """Region features of a chunk's images, uploaded once, in the model's dtype, for batches to index."""
+        dtype = self.model.encoder.img_emb.weight.dtype
+        return torch.from_numpy(features).to(self.device, dtype)
+
     def _clock(self) -> float:
         if self.profile and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -38,8 +43,7 @@ class TorchRunner:
         ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)
         mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
         if isinstance(batch, VisualBatch):
-            dtype = self.model.encoder.img_emb.weight.dtype
-            feats = torch.from_numpy(batch.features).to(self.device, dtype, non_blocking=True)
+            feats = torch.as_tensor(batch.features, device=self.device)
             encoder_outputs, mask = self.model.encode_visual(ids, mask, feats)
         else:
             encoder_outputs = self.model.get_encoder()(input_ids=ids, attention_mask=mask)

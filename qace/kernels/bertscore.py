@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qace.engine.scheduler import pad_batch
 from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
@@ -221,21 +222,19 @@ class BertScoreMatcher:
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         width = int(self._encoder.config.hidden_size)
-        flat = torch.empty((int(offsets[-1]), width), dtype=torch.float32)
+        flat = torch.empty((int(offsets[-1]), width), dtype=torch.float32, device=self.device)
         weight = np.array([t not in self._unweighted for x in ids for t in x], dtype=np.float64)
         order = np.argsort(-lengths, kind="stable")
         for lo in range(0, len(order), self.batch_size):
             batch = order[lo : lo + self.batch_size]
-            max_len = int(lengths[batch].max())
-            input_ids = torch.full((len(batch), max_len), self._pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), max_len), dtype=torch.long)
-            for row, k in enumerate(batch):
-                input_ids[row, : lengths[k]] = torch.tensor(ids[k], dtype=torch.long)
-                mask[row, : lengths[k]] = 1
-            hidden = self._hidden(input_ids.to(self.device), mask.to(self.device)).float().cpu()
+            input_ids, mask = pad_batch([ids[k] for k in batch], self._pad_id)
+            mask_t = torch.from_numpy(mask).to(self.device)
+            hidden = self._hidden(torch.from_numpy(input_ids).to(self.device), mask_t).float()
             hidden = hidden / hidden.norm(dim=-1, keepdim=True)
-            for row, k in enumerate(batch):
-                flat[offsets[k] : offsets[k + 1]] = hidden[row, : lengths[k]]
+            # token j of sentence k goes to offsets[k] + j; row-major mask order lists exactly those tokens
+            sizes = lengths[batch]
+            dest = np.repeat(offsets[batch] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+            flat[torch.from_numpy(dest).to(self.device)] = hidden[mask_t.bool()]
         return flat, weight, offsets
 
     def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -268,7 +267,7 @@ def _greedy_f1(
     c_emb, c_valid, c_w = _pad(emb, weight, offsets, ci)
     r_emb, r_valid, r_w = _pad(emb, weight, offsets, ri)
     sim = torch.bmm(c_emb, r_emb.transpose(1, 2)).double()
-    neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype)
+    neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype, device=sim.device)
     best_for_cand = torch.where(r_valid[:, None, :], sim, neg_inf).amax(dim=2)
     best_for_ref = torch.where(c_valid[:, :, None], sim, neg_inf).amax(dim=1)
     # Padding is -inf here and has weight 0; replace it so 0 * -inf does not poison the sums.
@@ -277,7 +276,7 @@ def _greedy_f1(
     precision = (best_for_cand * c_w).sum(1) / c_w.sum(1)
     recall = (best_for_ref * r_w).sum(1) / r_w.sum(1)
     f1 = 2 * precision * recall / (precision + recall)
-    return torch.nan_to_num(f1, nan=0.0).numpy()
+    return torch.nan_to_num(f1, nan=0.0).cpu().numpy()
 
 
 def _pad(
@@ -289,7 +288,8 @@ def _pad(
     cols = np.arange(width)
     valid = cols[None, :] < lens[:, None]
     rows = np.where(valid, starts[:, None] + cols[None, :], 0)
-    padded = emb[torch.from_numpy(rows)]
-    valid_t = torch.from_numpy(valid)
-    w = torch.from_numpy(np.where(valid, weight[rows], 0.0))
+    device = emb.device
+    padded = emb[torch.from_numpy(rows).to(device)]
+    valid_t = torch.from_numpy(valid).to(device)
+    w = torch.from_numpy(np.where(valid, weight[rows], 0.0)).to(device)
     return padded, valid_t, w
