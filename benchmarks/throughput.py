@@ -155,6 +155,37 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     return result
 
 
+def precision_agreement(records: list, device: str, n: int) -> dict[str, Any]:
+    """bf16/fp16 against fp32 on the trained test models (random weights have no meaningful margins):
+    share of identical answers and the mean absolute QACE difference, per variant."""
+    from qace.models.testing import make_test_models
+
+    models = make_test_models(Path(tempfile.gettempdir()) / "qace-test-models")
+    out: dict[str, Any] = {"models": "qace test models (tiny, trained)", "captions": min(n, len(records))}
+    for variant in ("img", "ref"):
+        rows = {}
+        for precision in ("fp32", "bf16", "fp16"):
+            scorer = QACE(models=models, variant=variant, features=RandomFeatureStore(seed=0), device=device,
+                          precision=precision, explain=True, progress=False)
+            rows[precision] = list(scorer.score_records(records[:n]))
+
+        def answers(row: dict[str, Any]) -> list[str]:
+            return [a for q in row["explanation"]["questions"] for a in [q["answer_on_caption"],
+                                                                          *q["answers_on_context"]]]
+
+        for precision in ("bf16", "fp16"):
+            same = total = 0
+            for a, b in zip(rows["fp32"], rows[precision], strict=True):
+                x, y = answers(a), answers(b)
+                total += max(len(x), len(y))
+                same += sum(p == q for p, q in zip(x, y))
+            diffs = [abs(a["qace"] - b["qace"]) for a, b in zip(rows["fp32"], rows[precision], strict=True)]
+            out[f"{variant}_{precision}"] = {"answers_identical": same / max(total, 1),
+                                             "mean_abs_qace_diff": float(np.mean(diffs)),
+                                             "max_abs_qace_diff": float(np.max(diffs))}
+    return out
+
+
 def _context(record: Any, variant: str) -> dict[str, Any]:
     return {"references": record.references} if variant == "ref" else {"image_id": record.image_id}
 
@@ -171,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-tokens", type=int, default=131072)
     parser.add_argument("--chunk-size", type=int, default=2048)
     parser.add_argument("--spacy-workers", type=int, default=8)
+    parser.add_argument("--agreement-n", type=int, default=1000, help="captions for the bf16/fp16 agreement check")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files (random weights)")
@@ -190,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "qace": __version__, "workload": "Flickr8k-Expert standard protocol, random T5-base QG/TQA, "
         "random T5-small Visual-T5, random features, forced seeded outputs (questions 8-16, answers 2-4 tokens)",
         "results": [run_variant(v, records, models_dir, args) for v in args.variants],
+        "precision_agreement": precision_agreement(records, args.device, args.agreement_n),
         "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
