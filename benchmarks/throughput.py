@@ -155,7 +155,7 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     return result
 
 
-def precision_agreement(records: list, device: str, n: int) -> dict[str, Any]:
+def precision_agreement(records: list, device: str, n: int, bertscore: str) -> dict[str, Any]:
     """bf16/fp16 against fp32 on the trained test models (random weights have no meaningful margins):
     share of identical answers and the mean absolute QACE difference, per variant."""
     from qace.models.testing import make_test_models
@@ -166,7 +166,7 @@ def precision_agreement(records: list, device: str, n: int) -> dict[str, Any]:
         rows = {}
         for precision in ("fp32", "bf16", "fp16"):
             scorer = QACE(models=models, variant=variant, features=RandomFeatureStore(seed=0), device=device,
-                          precision=precision, explain=True, progress=False)
+                          precision=precision, explain=True, progress=False, bertscore_model=bertscore)
             rows[precision] = list(scorer.score_records(records[:n]))
 
         def answers(row: dict[str, Any]) -> list[str]:
@@ -221,12 +221,17 @@ def main(argv: list[str] | None = None) -> int:
         "precision": args.precision, "torch": torch.__version__, "python": platform.python_version(),
         "qace": __version__, "workload": "Flickr8k-Expert standard protocol, random T5-base QG/TQA, "
         "random T5-small Visual-T5, random features, forced seeded outputs (questions 8-16, answers 2-4 tokens)",
-        "results": [run_variant(v, records, models_dir, args) for v in args.variants],
-        "precision_agreement": precision_agreement(records, args.device, args.agreement_n),
-        "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "results": [],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for variant in args.variants:  # the report is rewritten after each part, so a late failure loses nothing
+        report["results"].append(run_variant(variant, records, models_dir, args))
+        out.write_text(json.dumps(report, indent=2))
+    report["host_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    report["precision_agreement"] = precision_agreement(records, args.device, args.agreement_n,
+                                                        str(models_dir / "bertscore"))
+    out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0
 
