@@ -32,25 +32,47 @@ def _child(size: int, args: argparse.Namespace) -> dict:
     with source.open("w") as f:
         for i in range(size):
             r = records[i % len(records)]
-            f.write(json.dumps({"id": f"{i}", "image_id": r.image_id, "caption": r.caption,
-                                "references": list(r.references or ())}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"{i}",
+                        "image_id": r.image_id,
+                        "caption": r.caption,
+                        "references": list(r.references or ()),
+                    }
+                )
+                + "\n"
+            )
     scorer = _engine(Path(args.models_dir), args.variant, args.precision, args.device, args)
     scorer.config = scorer.config.with_(progress=False)
     start = time.perf_counter()
     summary = scorer.score_file(source, work / "out.jsonl")
     seconds = time.perf_counter() - start
-    return {"captions": size, "scored": summary.scored, "seconds": seconds, "captions_per_s": size / seconds,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "input_bytes": source.stat().st_size}
+    return {
+        "captions": size,
+        "scored": summary.scored,
+        "seconds": seconds,
+        "captions_per_s": size / seconds,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "input_bytes": source.stat().st_size,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000])
     parser.add_argument("--out", default="benchmarks/results/memory.json")
-    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
-    parser.add_argument("--models-dir", required=True, help="random benchmark models (built there if missing)")
-    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files (random weights)")
+    parser.add_argument(
+        "--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    )
+    parser.add_argument(
+        "--models-dir", required=True, help="random benchmark models (built there if missing)"
+    )
+    parser.add_argument(
+        "--bertscore-files", default=None, help="MiniLM config/tokenizer files (random weights)"
+    )
     parser.add_argument("--variant", default="img")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -72,11 +94,19 @@ def main(argv: list[str] | None = None) -> int:
         build_models(Path(args.models_dir), flickr_workload(Path(args.data_dir)), files)
     runs = []
     for size in args.sizes:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.memory", *raw, "--child", str(size)],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.memory", *raw, "--child", str(size)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
-    report = {"command": "python -m benchmarks.memory " + shlex.join(raw), "variant": args.variant,
-              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "runs": runs}
+    report = {
+        "command": "python -m benchmarks.memory " + shlex.join(raw),
+        "variant": args.variant,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "runs": runs,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))

@@ -64,7 +64,9 @@ class ReferenceQACE:
     """Outputs of inputs already run (greedy decoding is deterministic), so test suites can score the
     same captions under several variants without paying twice."""
 
-    def _generate_text(self, model: Any, tokenizer: Any, text: str, unanswerable: int | None) -> tuple[str, float]:
+    def _generate_text(
+        self, model: Any, tokenizer: Any, text: str, unanswerable: int | None
+    ) -> tuple[str, float]:
         key = (id(model), text)
         if key not in self.memo:
             self.memo[key] = self._generate_text_once(model, tokenizer, text, unanswerable)
@@ -78,8 +80,13 @@ class ReferenceQACE:
         input_ids = torch.tensor(ids, device=model.device)
         role = "qg" if model is self.qg else "tqa"
         out = model.generate(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_length=MAX_LENGTH,
-            num_beams=1, do_sample=False, return_dict_in_generate=True, output_logits=True,
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_length=MAX_LENGTH,
+            num_beams=1,
+            do_sample=False,
+            return_dict_in_generate=True,
+            output_logits=True,
             **self._length_control(model, ids[0], role),
         )
         return self._finish(tokenizer, out, unanswerable)
@@ -91,8 +98,13 @@ class ReferenceQACE:
         feats = torch.from_numpy(np.asarray(self.features(image_id), dtype=np.float32))[None]
         encoder_outputs, full_mask = self.vqa.encode_visual(ids, mask, feats.to(self.vqa.device))
         out = self.vqa.generate(
-            encoder_outputs=encoder_outputs, attention_mask=full_mask, max_length=MAX_LENGTH,
-            num_beams=1, do_sample=False, return_dict_in_generate=True, output_logits=True,
+            encoder_outputs=encoder_outputs,
+            attention_mask=full_mask,
+            max_length=MAX_LENGTH,
+            num_beams=1,
+            do_sample=False,
+            return_dict_in_generate=True,
+            output_logits=True,
             **self._length_control(self.vqa, ids[0][mask[0] == 1].tolist(), "vqa"),
         )
         return self._finish(self.vqa_tokenizer, out, unanswerable_id(self.vqa_tokenizer))
@@ -124,8 +136,10 @@ class ReferenceQACE:
             if question not in questions:
                 questions.append(question)
         u = unanswerable_id(self.tqa_tokenizer)
-        own = [filter_stopwords(self._generate_text(self.tqa, self.tqa_tokenizer, tqa_input(q, caption), u)[0])
-               for q in questions]
+        own = [
+            filter_stopwords(self._generate_text(self.tqa, self.tqa_tokenizer, tqa_input(q, caption), u)[0])
+            for q in questions
+        ]
         contexts: list[Any] = list(references) if references is not None else [image_id]
         f1 = np.zeros((len(contexts), len(questions)))
         bs, an = np.zeros_like(f1), np.zeros_like(f1)
@@ -143,12 +157,22 @@ class ReferenceQACE:
             answers.append(row)
         if questions:
             per_context = (f1.mean(1) + bs.mean(1) + an.mean(1)) / 3
-            scores = {"qace": per_context.mean(), "qace_f1": f1.mean(1).mean(), "qace_bs": bs.mean(1).mean(),
-                      "qace_an": an.mean(1).mean(), "qace_max": per_context.max()}
+            scores = {
+                "qace": per_context.mean(),
+                "qace_f1": f1.mean(1).mean(),
+                "qace_bs": bs.mean(1).mean(),
+                "qace_an": an.mean(1).mean(),
+                "qace_max": per_context.max(),
+            }
         else:
             scores = dict.fromkeys(("qace", "qace_f1", "qace_bs", "qace_an", "qace_max"), 0.0)
         return {
             **{k: float(v) for k, v in scores.items()},
-            "candidates": candidates, "questions": questions, "answer_on_caption": own,
-            "answers_on_context": answers, "f1": f1, "bs": bs, "an": an,
+            "candidates": candidates,
+            "questions": questions,
+            "answer_on_caption": own,
+            "answers_on_context": answers,
+            "f1": f1,
+            "bs": bs,
+            "an": an,
         }

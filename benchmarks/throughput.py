@@ -41,10 +41,19 @@ def _sync() -> None:
 
 
 def _engine(models_dir: Path, variant: str, precision: str, device: str, args: argparse.Namespace) -> QACE:
-    scorer = QACE(models=models_dir, variant=variant, features=RandomFeatureStore(seed=0), device=device,
-                  precision=precision, bertscore_model=str(models_dir / "bertscore"), progress=False,
-                  max_batch_rows=args.batch_rows, max_batch_tokens=args.batch_tokens, chunk_size=args.chunk_size,
-                  spacy_workers=args.spacy_workers)
+    scorer = QACE(
+        models=models_dir,
+        variant=variant,
+        features=RandomFeatureStore(seed=0),
+        device=device,
+        precision=precision,
+        bertscore_model=str(models_dir / "bertscore"),
+        progress=False,
+        max_batch_rows=args.batch_rows,
+        max_batch_tokens=args.batch_tokens,
+        chunk_size=args.chunk_size,
+        spacy_workers=args.spacy_workers,
+    )
     for role in ("qg", "tqa", "vqa"):
         runner = getattr(scorer.models, role)
         if runner is not None:
@@ -66,11 +75,15 @@ def _mfu(scorer: QACE, seconds_peak: float) -> dict[str, Any]:
             continue
         model, stats = runner.model, runner.stats
         enc_flops = 2 * _linear_params(model.encoder) * stats["encoder_tokens"]
-        dec_flops = 2 * (_linear_params(model.decoder) + model.lm_head.weight.numel()) * runner.decoder.row_steps
+        dec_flops = (
+            2 * (_linear_params(model.decoder) + model.lm_head.weight.numel()) * runner.decoder.row_steps
+        )
         out[role] = {
-            "sequences": stats["sequences"], "encoder_tokens_padded": stats["encoder_tokens"],
+            "sequences": stats["sequences"],
+            "encoder_tokens_padded": stats["encoder_tokens"],
             "decoder_positions": runner.decoder.row_steps,
-            "encoder_seconds": stats["encoder_seconds"], "decoder_seconds": stats["decoder_seconds"],
+            "encoder_seconds": stats["encoder_seconds"],
+            "decoder_seconds": stats["decoder_seconds"],
             "encoder_tflops": enc_flops / max(stats["encoder_seconds"], 1e-9) / 1e12,
             "decoder_tflops": dec_flops / max(stats["decoder_seconds"], 1e-9) / 1e12,
             "encoder_mfu": enc_flops / max(stats["encoder_seconds"], 1e-9) / seconds_peak,
@@ -91,9 +104,12 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     rows = list(engine.score_records(records))
     _sync()
     seconds = time.perf_counter() - start
-    result["engine"] = {"seconds": seconds, "captions_per_s": len(records) / seconds,
-                        "mean_qace": float(np.mean([r["qace"] for r in rows])),
-                        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None}
+    result["engine"] = {
+        "seconds": seconds,
+        "captions_per_s": len(records) / seconds,
+        "mean_qace": float(np.mean([r["qace"] for r in rows])),
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
+    }
     for role in ("qg", "tqa", "vqa"):
         runner = getattr(engine.models, role)
         if runner is not None:
@@ -108,19 +124,30 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     result["engine"]["mfu_vs_datasheet_bf16_peak"] = _mfu(engine, peak)
 
     # batched Hugging Face generate, bf16
-    hf_models = {role: (getattr(engine.models, role).model, getattr(engine.models, f"{role}_tokenizer"))
-                 for role in ("qg", "tqa", "vqa") if getattr(engine.models, role) is not None}
+    hf_models = {
+        role: (getattr(engine.models, role).model, getattr(engine.models, f"{role}_tokenizer"))
+        for role in ("qg", "tqa", "vqa")
+        if getattr(engine.models, role) is not None
+    }
     nlp = load_spacy()
-    hf_batched.score(records[:256], variant, hf_models, nlp, engine.matcher, engine.features, args.hf_batch, device)
+    hf_batched.score(
+        records[:256], variant, hf_models, nlp, engine.matcher, engine.features, args.hf_batch, device
+    )
     _sync()
     start = time.perf_counter()
     timings: dict[str, float] = {}
-    hf_scores = hf_batched.score(records, variant, hf_models, nlp, engine.matcher, engine.features,
-                                 args.hf_batch, device, timings)
+    hf_scores = hf_batched.score(
+        records, variant, hf_models, nlp, engine.matcher, engine.features, args.hf_batch, device, timings
+    )
     _sync()
     seconds = time.perf_counter() - start
-    result["hf_batched"] = {"seconds": seconds, "captions_per_s": len(records) / seconds,
-                            "batch_size": args.hf_batch, "mean_qace": float(np.mean(hf_scores)), **timings}
+    result["hf_batched"] = {
+        "seconds": seconds,
+        "captions_per_s": len(records) / seconds,
+        "batch_size": args.hf_batch,
+        "mean_qace": float(np.mean(hf_scores)),
+        **timings,
+    }
     engine.candidates.close()
     del engine, hf_models
 
@@ -129,10 +156,16 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     exact = _engine(models_dir, variant, "fp32", args.device, args)
     exact.config = exact.config.with_(explain=True)
     ref = ReferenceQACE(
-        qg=exact.models.qg.model, qg_tokenizer=exact.models.qg_tokenizer, tqa=exact.models.tqa.model,
-        tqa_tokenizer=exact.models.tqa_tokenizer, nlp=nlp, bertscore=exact.matcher.score,
-        vqa=exact.models.vqa.model if exact.models.vqa else None, vqa_tokenizer=exact.models.vqa_tokenizer,
-        features=exact.features.get if exact.features else None, length_control=True,
+        qg=exact.models.qg.model,
+        qg_tokenizer=exact.models.qg_tokenizer,
+        tqa=exact.models.tqa.model,
+        tqa_tokenizer=exact.models.tqa_tokenizer,
+        nlp=nlp,
+        bertscore=exact.matcher.score,
+        vqa=exact.models.vqa.model if exact.models.vqa else None,
+        vqa_tokenizer=exact.models.vqa_tokenizer,
+        features=exact.features.get if exact.features else None,
+        length_control=True,
     )
     ref.score_caption(subset[0].caption, **_context(subset[0], variant))
     ref.memo.clear()
@@ -142,15 +175,25 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     _sync()
     seconds = time.perf_counter() - start
     got = list(exact.score_records(subset))
-    same_questions = sum([q["question"] for q in g["explanation"]["questions"]] == e["questions"]
-                         for g, e in zip(got, expected, strict=True))
+    same_questions = sum(
+        [q["question"] for q in g["explanation"]["questions"]] == e["questions"]
+        for g, e in zip(got, expected, strict=True)
+    )
     max_diff = max(abs(g["qace"] - e["qace"]) for g, e in zip(got, expected, strict=True))
-    result["reference"] = {"captions_measured": len(subset), "seconds": seconds,
-                           "captions_per_s": len(subset) / seconds, "extrapolated": True,
-                           "fp32_engine_same_questions": f"{same_questions}/{len(subset)}",
-                           "fp32_engine_max_abs_qace_diff": max_diff}
-    result["speedup_vs_reference"] = result["engine"]["captions_per_s"] / result["reference"]["captions_per_s"]
-    result["speedup_vs_hf_batched"] = result["engine"]["captions_per_s"] / result["hf_batched"]["captions_per_s"]
+    result["reference"] = {
+        "captions_measured": len(subset),
+        "seconds": seconds,
+        "captions_per_s": len(subset) / seconds,
+        "extrapolated": True,
+        "fp32_engine_same_questions": f"{same_questions}/{len(subset)}",
+        "fp32_engine_max_abs_qace_diff": max_diff,
+    }
+    result["speedup_vs_reference"] = (
+        result["engine"]["captions_per_s"] / result["reference"]["captions_per_s"]
+    )
+    result["speedup_vs_hf_batched"] = (
+        result["engine"]["captions_per_s"] / result["hf_batched"]["captions_per_s"]
+    )
     result["speedup_vs_paper_1s_per_caption"] = result["engine"]["captions_per_s"]
     return result
 
@@ -165,24 +208,37 @@ def precision_agreement(records: list, device: str, n: int, bertscore: str) -> d
     for variant in ("img", "ref"):
         rows = {}
         for precision in ("fp32", "bf16", "fp16"):
-            scorer = QACE(models=models, variant=variant, features=RandomFeatureStore(seed=0), device=device,
-                          precision=precision, explain=True, progress=False, bertscore_model=bertscore)
+            scorer = QACE(
+                models=models,
+                variant=variant,
+                features=RandomFeatureStore(seed=0),
+                device=device,
+                precision=precision,
+                explain=True,
+                progress=False,
+                bertscore_model=bertscore,
+            )
             rows[precision] = list(scorer.score_records(records[:n]))
 
         def answers(row: dict[str, Any]) -> list[str]:
-            return [a for q in row["explanation"]["questions"] for a in [q["answer_on_caption"],
-                                                                          *q["answers_on_context"]]]
+            return [
+                a
+                for q in row["explanation"]["questions"]
+                for a in [q["answer_on_caption"], *q["answers_on_context"]]
+            ]
 
         for precision in ("bf16", "fp16"):
             same = total = 0
             for a, b in zip(rows["fp32"], rows[precision], strict=True):
                 x, y = answers(a), answers(b)
                 total += max(len(x), len(y))
-                same += sum(p == q for p, q in zip(x, y))
+                same += sum(p == q for p, q in zip(x, y, strict=False))
             diffs = [abs(a["qace"] - b["qace"]) for a, b in zip(rows["fp32"], rows[precision], strict=True)]
-            out[f"{variant}_{precision}"] = {"answers_identical": same / max(total, 1),
-                                             "mean_abs_qace_diff": float(np.mean(diffs)),
-                                             "max_abs_qace_diff": float(np.max(diffs))}
+            out[f"{variant}_{precision}"] = {
+                "answers_identical": same / max(total, 1),
+                "mean_abs_qace_diff": float(np.mean(diffs)),
+                "max_abs_qace_diff": float(np.max(diffs)),
+            }
     return out
 
 
@@ -191,9 +247,13 @@ def _context(record: Any, variant: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="benchmarks/results/throughput.json")
-    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    parser.add_argument(
+        "--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    )
     parser.add_argument("--variants", nargs="+", default=["img", "ref"])
     parser.add_argument("--n", type=int, default=None, help="captions (default: all 5,664)")
     parser.add_argument("--reference-n", type=int, default=24)
@@ -202,10 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-tokens", type=int, default=131072)
     parser.add_argument("--chunk-size", type=int, default=2048)
     parser.add_argument("--spacy-workers", type=int, default=8)
-    parser.add_argument("--agreement-n", type=int, default=1000, help="captions for the bf16/fp16 agreement check")
+    parser.add_argument(
+        "--agreement-n", type=int, default=1000, help="captions for the bf16/fp16 agreement check"
+    )
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files (random weights)")
+    parser.add_argument(
+        "--bertscore-files", default=None, help="MiniLM config/tokenizer files (random weights)"
+    )
     parser.add_argument("--models-dir", default=None, help="reuse random models built earlier")
     args = parser.parse_args(argv)
 
@@ -214,13 +278,20 @@ def main(argv: list[str] | None = None) -> int:
     if not (models_dir / "qg" / "config.json").exists():
         from qace.kernels.bertscore import default_model_dir
 
-        build_models(models_dir, records, Path(args.bertscore_files) if args.bertscore_files else default_model_dir())
+        build_models(
+            models_dir, records, Path(args.bertscore_files) if args.bertscore_files else default_model_dir()
+        )
     report: dict[str, Any] = {
-        "command": "python -m benchmarks.throughput " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.throughput "
+        + shlex.join(argv if argv is not None else sys.argv[1:]),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "precision": args.precision, "torch": torch.__version__, "python": platform.python_version(),
-        "qace": __version__, "workload": "Flickr8k-Expert standard protocol, random T5-base QG/TQA, "
-        "random T5-small Visual-T5, random features, forced seeded outputs (questions 8-16, answers 2-4 tokens)",
+        "precision": args.precision,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "qace": __version__,
+        "workload": "Flickr8k-Expert standard protocol, random T5-base QG/TQA, "
+        "random T5-small Visual-T5, random features, forced seeded outputs "
+        "(questions 8-16, answers 2-4 tokens)",
         "results": [],
     }
     out = Path(args.out)
@@ -229,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         report["results"].append(run_variant(variant, records, models_dir, args))
         out.write_text(json.dumps(report, indent=2))
     report["host_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    report["precision_agreement"] = precision_agreement(records, args.device, args.agreement_n,
-                                                        str(models_dir / "bertscore"))
+    report["precision_agreement"] = precision_agreement(
+        records, args.device, args.agreement_n, str(models_dir / "bertscore")
+    )
     out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0

@@ -53,7 +53,9 @@ WORD_IDS = (3, 600)
 
 def _row_seeds(rows: Sequence[Sequence[int]] | Sequence[np.ndarray], role: str) -> np.ndarray:
     salt = zlib.crc32(role.encode())
-    return np.array([zlib.crc32(np.asarray(ids, dtype=np.int32).tobytes(), salt) for ids in rows], dtype=np.uint64)
+    return np.array(
+        [zlib.crc32(np.asarray(ids, dtype=np.int32).tobytes(), salt) for ids in rows], dtype=np.uint64
+    )
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -64,8 +66,9 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def target_tokens(rows: Sequence[Sequence[int]] | Sequence[np.ndarray], role: str, steps: int = 31,
-                  eos_id: int = 1) -> np.ndarray:
+def target_tokens(
+    rows: Sequence[Sequence[int]] | Sequence[np.ndarray], role: str, steps: int = 31, eos_id: int = 1
+) -> np.ndarray:
     """The outputs forced for a batch of inputs ``(B, steps)``: seeded word ids, EOS at a seeded length."""
     low, high = LENGTHS[role]
     with np.errstate(over="ignore"):
@@ -81,7 +84,9 @@ def batch_tokens(role: str) -> Any:
     """``TorchRunner.force`` for ``role``: the forced outputs of every row of a planned batch."""
 
     def tokens(batch: TextBatch | VisualBatch, steps: int) -> np.ndarray:
-        return target_tokens([ids[m == 1] for ids, m in zip(batch.input_ids, batch.attention_mask)], role, steps)
+        return target_tokens(
+            [ids[m == 1] for ids, m in zip(batch.input_ids, batch.attention_mask, strict=False)], role, steps
+        )
 
     return tokens
 
@@ -111,11 +116,19 @@ def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | N
     if len(tokenizer) < WORD_IDS[1]:
         raise RuntimeError(f"benchmark tokenizer has {len(tokenizer)} ids, fewer than {WORD_IDS[1]}")
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
-                  feed_forward_proj="relu", dropout_rate=0.0)
-    for role, cls, shape in (("qg", T5ForConditionalGeneration, T5_BASE),
-                             ("tqa", T5ForConditionalGeneration, T5_BASE),
-                             ("vqa", VisualT5ForConditionalGeneration, T5_SMALL)):
+    common = dict(
+        vocab_size=VOCAB,
+        decoder_start_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+        feed_forward_proj="relu",
+        dropout_rate=0.0,
+    )
+    for role, cls, shape in (
+        ("qg", T5ForConditionalGeneration, T5_BASE),
+        ("tqa", T5ForConditionalGeneration, T5_BASE),
+        ("vqa", VisualT5ForConditionalGeneration, T5_SMALL),
+    ):
         prefix = [tokenizer.convert_tokens_to_ids("▁image"), tokenizer.convert_tokens_to_ids(":")]
         extra = {"image_prefix_ids": prefix} if role == "vqa" else {}
         model = cls(T5Config(**common, **shape, **extra)).eval()

@@ -19,7 +19,7 @@ from qace.config import QACEConfig, build_signature
 from qace.data.records import Record, RecordError, require
 from qace.engine.profiling import NO_TIMER
 from qace.errors import ConfigError, FeatureError
-from qace.metric.pipeline import Models, score_chunk
+from qace.metric.pipeline import score_chunk
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +83,17 @@ class QACE:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
         self.config = (config or QACEConfig()).with_(**settings)
         from qace.engine.feature_cache import FeatureCache
+        from qace.engine.models import build_models
         from qace.kernels.bertscore import BertScoreMatcher
         from qace.metric.candidates import CandidateExtractor
-        from qace.engine.models import build_models
 
-        self.models, fingerprints, self.uses_test_models = build_models(self.config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa)
+        self.models, fingerprints, self.uses_test_models = build_models(
+            self.config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa
+        )
         self.matcher = BertScoreMatcher(
-            self.config.bertscore_model, layer=self.config.bertscore_layer, device=self.config.device,
+            self.config.bertscore_model,
+            layer=self.config.bertscore_layer,
+            device=self.config.device,
             batch_size=1024 if self.config.device.startswith("cuda") else 128,
         )
         self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
@@ -102,7 +106,10 @@ class QACE:
         self.timer: Any = NO_TIMER
         """Benchmarks set a :class:`~qace.engine.profiling.StageTimer` here to time each stage."""
         self.signature = build_signature(
-            self.config, qg=fingerprints["qg"], qa=fingerprints["tqa"], vqa=fingerprints.get("vqa"),
+            self.config,
+            qg=fingerprints["qg"],
+            qa=fingerprints["tqa"],
+            vqa=fingerprints.get("vqa"),
             bertscore=self.matcher.signature,
         )
 
@@ -122,8 +129,12 @@ class QACE:
         """
         ids = [str(i) for i in (ids if ids is not None else range(len(captions)))]
         records = [
-            _record(ids[i], captions[i], references[i] if references is not None else None,
-                    image_ids[i] if image_ids is not None else None)
+            _record(
+                ids[i],
+                captions[i],
+                references[i] if references is not None else None,
+                image_ids[i] if image_ids is not None else None,
+            )
             for i in range(len(captions))
         ]
         return [
@@ -131,7 +142,9 @@ class QACE:
             for r in self.score_records(records)
         ]
 
-    def score_records(self, records: Iterable[Record | RecordError]) -> Iterator[dict[str, Any] | RecordError]:
+    def score_records(
+        self, records: Iterable[Record | RecordError]
+    ) -> Iterator[dict[str, Any] | RecordError]:
         """Stream results (rows or ``RecordError``) in input order, a chunk of captions at a time.
 
         The next chunk is validated and handed to the candidate extractor before the current chunk's
@@ -161,10 +174,18 @@ class QACE:
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
         with self.timer("candidates"):
             candidates = prepared.candidates.result()
-        rows = iter(score_chunk(
-            prepared.valid, candidates, self.models, self.config, self.matcher,
-            features=self.features, signature=self.signature, timer=self.timer,
-        ))
+        rows = iter(
+            score_chunk(
+                prepared.valid,
+                candidates,
+                self.models,
+                self.config,
+                self.matcher,
+                features=self.features,
+                signature=self.signature,
+                timer=self.timer,
+            )
+        )
         return [next(rows) if r is None else r for r in prepared.results]
 
     def _check(self, record: Record) -> RecordError | None:
@@ -200,8 +221,9 @@ class QACE:
         start = time.perf_counter()
         scored = errors = skipped = 0
         total = 0.0
-        with ResultWriter(output_path, signature=self.signature, resume=resume,
-                          chunk_size=self.config.chunk_size) as writer:
+        with ResultWriter(
+            output_path, signature=self.signature, resume=resume, chunk_size=self.config.chunk_size
+        ) as writer:
             done = writer.done_ids()
 
             def pending() -> Iterator[Record | RecordError]:
@@ -242,7 +264,11 @@ def _record(
     return Record(record_id, caption, None if image_id is None else str(image_id), refs)
 
 
-def score(captions: Sequence[str], references: Sequence[Sequence[str]] | None = None,
-          image_ids: Sequence[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+def score(
+    captions: Sequence[str],
+    references: Sequence[Sequence[str]] | None = None,
+    image_ids: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
     """One-shot convenience: build a :class:`QACE` with ``kwargs`` and score the captions."""
     return QACE(**kwargs).score(captions, references=references, image_ids=image_ids)

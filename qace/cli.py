@@ -1,4 +1,4 @@
-"""Command line: ``qace score``, ``qace demo``, ``qace make-test-models``, ``qace features``, ``qace meta``."""
+"""Command line: ``qace score``, ``demo``, ``make-test-models``, ``features`` and the optional commands."""
 
 from __future__ import annotations
 
@@ -34,8 +34,11 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "csv", "coco"], help="input format")
     _add_model_args(p)
     p.add_argument("--resume", action="store_true", help="continue a killed run (same settings required)")
-    p.add_argument("--gpus", help="score on N GPUs of this host (or 'all'): one engine per GPU, "
-                   "output merged in input order, resumable per shard")
+    p.add_argument(
+        "--gpus",
+        help="score on N GPUs of this host (or 'all'): one engine per GPU, "
+        "output merged in input order, resumable per shard",
+    )
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -45,8 +48,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tqa", help="text-QA model (hub id or directory), overrides --models")
     p.add_argument("--vqa", help="Visual-T5 model (directory or state-dict file), overrides --models")
     p.add_argument("--features", help="region features: directory of per-image .npz files or an HDF5 store")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16", "int8"],
-                   help="int8: ONNX backend on CPU only")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "bf16", "fp16", "int8"],
+        help="int8: ONNX backend on CPU only",
+    )
     p.add_argument("--backend", default="torch", choices=["torch", "onnx"])
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
     p.add_argument("--bertscore-model", help="BERTScore encoder (default: offline all-MiniLM-L6-v2)")
@@ -55,7 +62,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per model batch")
     p.add_argument("--batch-rows", type=int, default=256, help="sequences per model batch")
     p.add_argument("--chunk-size", type=int, default=512, help="captions per committed output chunk")
-    p.add_argument("--spacy-workers", type=int, default=0, help="processes parsing captions ahead of the models")
+    p.add_argument(
+        "--spacy-workers", type=int, default=0, help="processes parsing captions ahead of the models"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -63,11 +72,23 @@ def _scorer(args: argparse.Namespace, models: str | None = None):  # noqa: ANN20
     from qace.api import QACE
 
     return QACE(
-        models=models or args.models, qg=args.qg, tqa=args.tqa, vqa=args.vqa, features=args.features,
-        variant=args.variant, precision=args.precision, backend=args.backend, device=args.device,
-        bertscore_model=args.bertscore_model, bertscore_layer=args.bertscore_layer, explain=args.explain,
-        max_batch_tokens=args.batch_tokens, max_batch_rows=args.batch_rows, chunk_size=args.chunk_size,
-        spacy_workers=args.spacy_workers, progress=not args.no_progress,
+        models=models or args.models,
+        qg=args.qg,
+        tqa=args.tqa,
+        vqa=args.vqa,
+        features=args.features,
+        variant=args.variant,
+        precision=args.precision,
+        backend=args.backend,
+        device=args.device,
+        bertscore_model=args.bertscore_model,
+        bertscore_layer=args.bertscore_layer,
+        explain=args.explain,
+        max_batch_tokens=args.batch_tokens,
+        max_batch_rows=args.batch_rows,
+        chunk_size=args.chunk_size,
+        spacy_workers=args.spacy_workers,
+        progress=not args.no_progress,
     )
 
 
@@ -83,12 +104,16 @@ def cmd_score(args: argparse.Namespace) -> int:
         return cmd_score_sharded(args)
     scorer = _scorer(args)
     _warn_if_test_models(scorer)
-    summary = scorer.score_file(args.input, args.output, references=args.references, fmt=args.format,
-                                resume=args.resume)
+    summary = scorer.score_file(
+        args.input, args.output, references=args.references, fmt=args.format, resume=args.resume
+    )
     print(f"signature: {scorer.signature}")
     print(summary.line())
     if summary.errors:
-        print(f"{summary.errors} record(s) could not be scored; see the .errors.jsonl file next to {args.output}")
+        print(
+            f"{summary.errors} record(s) could not be scored; "
+            f"see the .errors.jsonl file next to {args.output}"
+        )
     return 0
 
 
@@ -128,11 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rebuild even if complete")
     p.set_defaults(func=cmd_make_test_models)
 
-    p = sub.add_parser("demo", help="score the bundled example (paper's models if loadable, else test models)")
+    p = sub.add_parser(
+        "demo", help="score the bundled example (paper's models if loadable, else test models)"
+    )
     p.add_argument("--output-dir", default="qace-demo", help="where the demo writes its outputs")
     p.add_argument("--models", help="directory with qg/, tqa/, vqa/")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--download", action="store_true", help="fetch the paper's models from the hub if not cached")
+    p.add_argument(
+        "--download", action="store_true", help="fetch the paper's models from the hub if not cached"
+    )
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("features", help="region-feature stores")
@@ -154,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return int(args.func(args) or 0)
     except QACEError as exc:

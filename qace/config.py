@@ -60,7 +60,9 @@ class QACEConfig:
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANT_NAMES:
-            raise ConfigError(f"unknown variant {self.variant!r}; choose 'ref' (QACE-Ref) or 'img' (QACE-Img)")
+            raise ConfigError(
+                f"unknown variant {self.variant!r}; choose 'ref' (QACE-Ref) or 'img' (QACE-Img)"
+            )
         if self.precision not in ("fp32", "bf16", "fp16", "int8"):
             raise ConfigError(f"unknown precision {self.precision!r}; choose fp32, bf16, fp16 or int8")
         if self.precision == "int8" and self.backend != "onnx":
@@ -78,9 +80,7 @@ class QACEConfig:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-def build_signature(
-    config: QACEConfig, *, qg: str, qa: str, vqa: str | None, bertscore: str
-) -> str:
+def build_signature(config: QACEConfig, *, qg: str, qa: str, vqa: str | None, bertscore: str) -> str:
     """sacrebleu-style ``key:value`` signature naming everything that changes the numbers."""
     parts = [VARIANT_NAMES[config.variant], f"qg:{qg}", f"qa:{qa}"]
     if config.variant == "img":

@@ -31,8 +31,10 @@ def test_models_home() -> Path:
     return Path(os.environ.get("QACE_TEST_MODELS", Path.home() / ".cache" / "qace" / "test-models"))
 
 
-def run_demo(output_dir: Path, *, models: str | None = None, device: str = "cpu", download: bool = False) -> int:
-    """Score the example; without ``download`` the paper's models come only from a directory or the HF cache."""
+def run_demo(
+    output_dir: Path, *, models: str | None = None, device: str = "cpu", download: bool = False
+) -> int:
+    """Score the example; without ``download``, the paper's models come only from a directory or cache."""
     import os
 
     from qace.api import QACE
@@ -45,18 +47,24 @@ def run_demo(output_dir: Path, *, models: str | None = None, device: str = "cpu"
     if not download:  # don't wait on network retries for models that are not cached
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        scorers = {v: QACE(models=models, variant=v, features=features, device=device, explain=True)
-                   for v in ("ref", "img")}
+        scorers = {
+            v: QACE(models=models, variant=v, features=features, device=device, explain=True)
+            for v in ("ref", "img")
+        }
     except ModelNotFoundError as exc:
         if models is not None:
             raise
         log.warning("the paper's models are not available here (%s)", str(exc).splitlines()[0])
         test_dir = make_test_models(test_models_home())
-        scorers = {v: QACE(models=test_dir, variant=v, features=features, device=device, explain=True)
-                   for v in ("ref", "img")}
+        scorers = {
+            v: QACE(models=test_dir, variant=v, features=features, device=device, explain=True)
+            for v in ("ref", "img")
+        }
         print(TEST_MODEL_WARNING, file=sys.stderr)
-    print("NOTE: QACE-Img uses deterministic RANDOM region features here (no image features ship with qace).",
-          file=sys.stderr)
+    print(
+        "NOTE: QACE-Img uses deterministic RANDOM region features here (no image features ship with qace).",
+        file=sys.stderr,
+    )
     for variant, scorer in scorers.items():
         out = output_dir / f"example.{variant}.jsonl"
         for stale in (out, out.with_suffix(".errors.jsonl")):
@@ -67,9 +75,11 @@ def run_demo(output_dir: Path, *, models: str | None = None, device: str = "cpu"
         captions = {json.loads(line)["id"]: json.loads(line)["caption"] for line in example_path().open()}
         for line in out.open():
             row = json.loads(line)
-            print(f"{row['id']:6} {row['qace']:7.3f} {row['qace_f1']:7.3f} {row['qace_bs']:7.3f} "
-                  f"{row['qace_an']:7.3f}  {row['n_questions']:3d} {','.join(row['flags']) or '-':5}  "
-                  f"{captions[row['id']][:60]}")
+            print(
+                f"{row['id']:6} {row['qace']:7.3f} {row['qace_f1']:7.3f} {row['qace_bs']:7.3f} "
+                f"{row['qace_an']:7.3f}  {row['n_questions']:3d} {','.join(row['flags']) or '-':5}  "
+                f"{captions[row['id']][:60]}"
+            )
         errors = out.with_name(out.stem + ".errors.jsonl")
         if errors.exists():
             for line in errors.open():

@@ -39,19 +39,33 @@ def test_batch_size_does_not_change_fp32_scores(test_models_dir, ref_scorer):
     captions = [json.loads(line) for line in example_path().open()]
     captions = [c for c in captions if c["caption"].strip()]
     args = ([c["caption"] for c in captions], [c["references"] for c in captions])
-    small = QACE(models=test_models_dir, variant="ref", progress=False, explain=True,
-                 max_batch_rows=3, max_batch_tokens=64, chunk_size=4)
+    small = QACE(
+        models=test_models_dir,
+        variant="ref",
+        progress=False,
+        explain=True,
+        max_batch_rows=3,
+        max_batch_tokens=64,
+        chunk_size=4,
+    )
     assert small.signature == ref_scorer.signature
     a, b = small.score(*args), ref_scorer.score(*args)
+
     # Texts are identical; floats may differ in the last bits, since BLAS sums in a shape-dependent order.
     def texts(rows):
-        return [[(q["question"], q["answer_on_caption"], q["answers_on_context"]) for q in r["explanation"]["questions"]]
-                for r in rows]
+        return [
+            [
+                (q["question"], q["answer_on_caption"], q["answers_on_context"])
+                for q in r["explanation"]["questions"]
+            ]
+            for r in rows
+        ]
 
     assert texts(a) == texts(b)
     for x, y in zip(a, b, strict=True):
         assert {k: v for k, v in x.items() if not isinstance(v, float | dict)} == {
-            k: v for k, v in y.items() if not isinstance(v, float | dict)}
+            k: v for k, v in y.items() if not isinstance(v, float | dict)
+        }
         for key in ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max"):
             assert x[key] == pytest.approx(y[key], abs=1e-6)
 
@@ -135,8 +149,9 @@ def test_signature_names_what_changes_scores_and_parses_back():
     sig = build_signature(config, qg="q", qa="a", vqa="v", bertscore="bs_L6")
     fields = parse_signature(sig)
     assert fields["metric"] == "QACE-Img" and fields["prec"] == "bf16" and fields["vqa"] == "v"
-    assert sig == build_signature(config.with_(max_batch_rows=7, device="cuda"), qg="q", qa="a", vqa="v",
-                                  bertscore="bs_L6")
+    assert sig == build_signature(
+        config.with_(max_batch_rows=7, device="cuda"), qg="q", qa="a", vqa="v", bertscore="bs_L6"
+    )
 
 
 def test_unknown_setting_is_rejected():

@@ -10,7 +10,12 @@ from qace.cli import main
 
 
 def test_score_command_reports_bad_lines_and_scores_the_rest(test_models_dir, tmp_path, capsys):
-    good = {"id": "a", "image_id": "i", "caption": "a girl runs on the beach", "references": ["a girl on sand"]}
+    good = {
+        "id": "a",
+        "image_id": "i",
+        "caption": "a girl runs on the beach",
+        "references": ["a girl on sand"],
+    }
     lines = [
         json.dumps(good).encode(),
         b'{"id": "broken", "caption": ',
@@ -34,7 +39,16 @@ def test_score_command_reports_bad_lines_and_scores_the_rest(test_models_dir, tm
 
 
 def test_missing_models_exit_with_a_clear_message(tmp_path, capsys):
-    code = main(["score", str(tmp_path / "x.jsonl"), "--models", str(tmp_path / "none"), "-o", str(tmp_path / "o.jsonl")])
+    code = main(
+        [
+            "score",
+            str(tmp_path / "x.jsonl"),
+            "--models",
+            str(tmp_path / "none"),
+            "-o",
+            str(tmp_path / "o.jsonl"),
+        ]
+    )
     assert code == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -28,8 +28,14 @@ def reference(test_models_dir):
     tqa, tqa_tok = load_seq2seq(str(test_models_dir / "tqa"), role="TQA")
     vqa, vqa_tok = load_visual_t5(str(test_models_dir / "vqa"))
     return ReferenceQACE(
-        qg=qg, qg_tokenizer=qg_tok, tqa=tqa, tqa_tokenizer=tqa_tok, nlp=load_spacy(),
-        bertscore=BertScoreMatcher().score, vqa=vqa, vqa_tokenizer=vqa_tok,
+        qg=qg,
+        qg_tokenizer=qg_tok,
+        tqa=tqa,
+        tqa_tokenizer=tqa_tok,
+        nlp=load_spacy(),
+        bertscore=BertScoreMatcher().score,
+        vqa=vqa,
+        vqa_tokenizer=vqa_tok,
         features=RandomFeatureStore(seed=0).get,
     )
 
@@ -62,8 +68,14 @@ def test_qace_ref_matches_reference(test_models_dir, reference, n_refs):
 
 def test_qace_img_matches_reference(test_models_dir, reference):
     records = flickr_records(N_CAPTIONS)
-    scorer = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(seed=0), explain=True,
-                  progress=False, max_batch_rows=48)
+    scorer = QACE(
+        models=test_models_dir,
+        variant="img",
+        features=RandomFeatureStore(seed=0),
+        explain=True,
+        progress=False,
+        max_batch_rows=48,
+    )
     rows = list(scorer.score_records(records))
     expected = [reference.score_caption(r.caption, image_id=r.image_id) for r in records]
     _compare(rows, expected)

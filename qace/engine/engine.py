@@ -58,7 +58,9 @@ def _run_planned(
     answerability = np.zeros(len(lengths), dtype=np.float64) if unanswerable_id is not None else None
     batches = plan_batches(lengths, limits.max_batch_tokens, limits.max_batch_rows)
     for index in tqdm(batches, desc=desc, disable=not progress or len(batches) < 2, leave=False):
-        out = runner.generate(make_batch(index), max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id)
+        out = runner.generate(
+            make_batch(index), max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id
+        )
         for row, item in enumerate(index):
             tokens[item] = out.tokens[row]
         if answerability is not None and out.answerability is not None:
@@ -85,7 +87,9 @@ def generate_text(
         input_ids, mask = pad_batch([ids[i] for i in index], tokenizer.pad_token_id)
         return TextBatch(input_ids, mask)
 
-    tokens, an = _run_planned(runner, [len(x) for x in ids], make_batch, limits, unanswerable_id, desc, progress)
+    tokens, an = _run_planned(
+        runner, [len(x) for x in ids], make_batch, limits, unanswerable_id, desc, progress
+    )
     texts = decode(tokenizer, tokens)
     return StageOutput(
         texts=[texts[i] for i in unique.inverse],
@@ -118,14 +122,18 @@ def generate_visual(
     input_ids, mask, truncated = visual_question_inputs(tokenizer, [q for q, _ in unique.unique])
     input_ids, mask = np.asarray(input_ids, dtype=np.int64), np.asarray(mask, dtype=np.int64)
     images = dedupe([image for _, image in unique.unique])
-    host_table = np.stack([features(image) for image in images.unique]) if images.unique else np.zeros((0, 36, 2054))
+    host_table = (
+        np.stack([features(image) for image in images.unique]) if images.unique else np.zeros((0, 36, 2054))
+    )
     table = getattr(runner, "feature_table", np.asarray)(host_table.astype(np.float32, copy=False))
 
     def make_batch(index: np.ndarray) -> VisualBatch:
         return VisualBatch(input_ids[index], mask[index], table[images.inverse[index]])
 
     width = input_ids.shape[1] + 38
-    tokens, an = _run_planned(runner, [width] * len(unique.unique), make_batch, limits, unanswerable_id, desc, progress)
+    tokens, an = _run_planned(
+        runner, [width] * len(unique.unique), make_batch, limits, unanswerable_id, desc, progress
+    )
     texts = decode(tokenizer, tokens)
     return StageOutput(
         texts=[texts[i] for i in unique.inverse],

@@ -22,8 +22,9 @@ def _runner(model: Any, config: QACEConfig, source: str, fingerprint: str) -> An
     if config.backend == "onnx":
         from qace.engine.onnx_runner import OnnxRunner
 
-        return OnnxRunner.for_model(model, source, precision=config.precision, device=config.device,
-                                    fingerprint=fingerprint)
+        return OnnxRunner.for_model(
+            model, source, precision=config.precision, device=config.device, fingerprint=fingerprint
+        )
     raise BackendUnavailableError(f"backend {config.backend!r} is not available; use --backend torch or onnx")
 
 
@@ -45,8 +46,10 @@ def build_models(
 
     base = Path(models_dir).expanduser() if models_dir is not None else None
     if base is not None and not base.is_dir():
-        raise ModelNotFoundError(f"models directory {base} does not exist; create it with `qace make-test-models "
-                                 f"{base}` (test models) or put qg/, tqa/ and vqa/ checkpoints there")
+        raise ModelNotFoundError(
+            f"models directory {base} does not exist; create it with `qace make-test-models "
+            f"{base}` (test models) or put qg/, tqa/ and vqa/ checkpoints there"
+        )
     defaults = loading.default_sources()
     explicit = {"qg": qg, "tqa": tqa, "vqa": vqa}
     roles = ("qg", "tqa", "vqa") if config.variant == "img" else ("qg", "tqa")
@@ -56,15 +59,21 @@ def build_models(
     dtype = torch.float32 if onnx else DTYPES[config.precision]
     device = "cpu" if onnx else config.device
     loaded = {
-        role: loading.load_visual_t5(src, device=device, dtype=dtype) if role == "vqa"
+        role: loading.load_visual_t5(src, device=device, dtype=dtype)
+        if role == "vqa"
         else loading.load_seq2seq(src, role=role.upper(), device=device, dtype=dtype)
         for role, src in sources.items()
     }
     fingerprints = {role: loading.checkpoint_fingerprint(src) for role, src in sources.items()}
-    runners = {role: _runner(model, config, sources[role], fingerprints[role]) for role, (model, _) in loaded.items()}
+    runners = {
+        role: _runner(model, config, sources[role], fingerprints[role]) for role, (model, _) in loaded.items()
+    }
     models = Models(
-        qg=runners["qg"], qg_tokenizer=loaded["qg"][1],
-        tqa=runners["tqa"], tqa_tokenizer=loaded["tqa"][1], tqa_unanswerable=unanswerable_id(loaded["tqa"][1]),
+        qg=runners["qg"],
+        qg_tokenizer=loaded["qg"][1],
+        tqa=runners["tqa"],
+        tqa_tokenizer=loaded["tqa"][1],
+        tqa_unanswerable=unanswerable_id(loaded["tqa"][1]),
     )
     if "vqa" in loaded:
         models.vqa, models.vqa_tokenizer = runners["vqa"], loaded["vqa"][1]

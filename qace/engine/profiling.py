@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 
 class StageTimer:
-    """Accumulates seconds per named stage; ``sync`` (e.g. ``torch.cuda.synchronize``) makes GPU time honest."""
+    """Seconds per named stage; ``sync`` (e.g. ``torch.cuda.synchronize``) makes GPU times honest."""
 
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.sync = sync

@@ -37,7 +37,9 @@ def dedupe(keys: Sequence[K]) -> Deduped[K]:
     return Deduped(unique=list(index), inverse=inverse)
 
 
-def plan_batches(lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max_batch_rows: int) -> list[np.ndarray]:
+def plan_batches(
+    lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max_batch_rows: int
+) -> list[np.ndarray]:
     """Split items into batches of indices, longest first, each within both budgets.
 
     A batch's cost is its row count times its longest item (everything is padded to that). An item longer

@@ -60,12 +60,20 @@ class StaticT5Decoder:
         self.model = model
         self.embed = decoder.embed_tokens
         self.layers = [
-            _Layer(b.layer[0].SelfAttention, b.layer[0].layer_norm, b.layer[1].EncDecAttention,
-                   b.layer[1].layer_norm, b.layer[2].DenseReluDense, b.layer[2].layer_norm)
+            _Layer(
+                b.layer[0].SelfAttention,
+                b.layer[0].layer_norm,
+                b.layer[1].EncDecAttention,
+                b.layer[1].layer_norm,
+                b.layer[2].DenseReluDense,
+                b.layer[2].layer_norm,
+            )
             for b in decoder.block
         ]
-        self.qkv = [torch.cat([lay.self_attn.q.weight, lay.self_attn.k.weight, lay.self_attn.v.weight])
-                    for lay in self.layers]
+        self.qkv = [
+            torch.cat([lay.self_attn.q.weight, lay.self_attn.k.weight, lay.self_attn.v.weight])
+            for lay in self.layers
+        ]
         """Self-attention q, k and v weights stacked, so each step projects them in one matrix product."""
         self.final_norm = decoder.final_layer_norm
         self.lm_head = model.lm_head.weight.float()
@@ -76,7 +84,9 @@ class StaticT5Decoder:
         config = model.config
         self.heads, self.d_kv = config.num_heads, config.d_kv
         scale = getattr(config, "scale_decoder_outputs", None)
-        self.output_scale = config.d_model**-0.5 if (config.tie_word_embeddings if scale is None else scale) else None
+        self.output_scale = (
+            config.d_model**-0.5 if (config.tie_word_embeddings if scale is None else scale) else None
+        )
         self.start_id = int(config.decoder_start_token_id)
         self.eos_id = int(config.eos_token_id)
         self._bias_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -111,8 +121,10 @@ class StaticT5Decoder:
         rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
         min_value = torch.finfo(dtype).min
         cross_bias = torch.where(mask[:, None, None, :].bool(), 0.0, min_value).to(dtype)
-        cross = [(self._split(layer.cross_attn.k(hidden)), self._split(layer.cross_attn.v(hidden)))
-                 for layer in self.layers]
+        cross = [
+            (self._split(layer.cross_attn.k(hidden)), self._split(layer.cross_attn.v(hidden)))
+            for layer in self.layers
+        ]
         shape = (len(self.layers), rows, self.heads, max_new_tokens, self.d_kv)
         keys = torch.empty(shape, device=device, dtype=dtype)
         values = torch.empty(shape, device=device, dtype=dtype)
@@ -137,7 +149,12 @@ class StaticT5Decoder:
                 break
             if n_alive <= len(alive) // 2:
                 keep = (~finished).nonzero()[:, 0]
-                alive, token, finished, cross_bias = alive[keep], token[keep], finished[keep], cross_bias[keep]
+                alive, token, finished, cross_bias = (
+                    alive[keep],
+                    token[keep],
+                    finished[keep],
+                    cross_bias[keep],
+                )
                 keys, values = keys[:, keep], values[:, keep]
                 cross = [(k[keep], v[keep]) for k, v in cross]
         return out, answerability

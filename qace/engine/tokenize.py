@@ -42,6 +42,8 @@ def unanswerable_id(tokenizer: Any, override: int | None = None) -> int:
     if len(pieces) != 1:
         log.warning(
             "the QA tokenizer splits %r into %d pieces; answerability uses the first one (id %d)",
-            UNANSWERABLE, len(pieces), pieces[0],
+            UNANSWERABLE,
+            len(pieces),
+            pieces[0],
         )
     return int(pieces[0])

@@ -22,7 +22,7 @@ class TorchRunner:
         self.device = torch.device(device)
         self.decoder = StaticT5Decoder(model)
         self.force: Any = None
-        """Benchmarks only: a callable mapping a batch to the tokens each row must emit (see StaticT5Decoder)."""
+        """Benchmarks only: maps a batch to the tokens each row must emit (see StaticT5Decoder)."""
         self.profile = False
         """Benchmarks only: synchronise around encoder and decoder to time them apart (costs a little)."""
         self.stats = {"sequences": 0, "encoder_tokens": 0, "encoder_seconds": 0.0, "decoder_seconds": 0.0}

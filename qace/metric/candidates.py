@@ -50,7 +50,9 @@ def candidates_from_doc(doc: Any) -> list[str]:
     return list(seen)
 
 
-def extract_candidates(captions: Sequence[str], nlp: Any | None = None, batch_size: int = 256) -> list[list[str]]:
+def extract_candidates(
+    captions: Sequence[str], nlp: Any | None = None, batch_size: int = 256
+) -> list[list[str]]:
     """Answer candidates for every caption, batched through ``nlp.pipe`` in this process."""
     nlp = nlp if nlp is not None else load_spacy()
     return [candidates_from_doc(doc) for doc in nlp.pipe(captions, batch_size=batch_size)]
@@ -79,8 +81,11 @@ class CandidateExtractor:
         self._lock = threading.Lock()
         self._nlp = load_spacy(model) if workers == 0 else None
         self._pool = (
-            ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(model,))
-            if workers > 0 else None
+            ProcessPoolExecutor(
+                workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(model,)
+            )
+            if workers > 0
+            else None
         )
 
     def __call__(self, captions: Sequence[str]) -> list[list[str]]:

@@ -62,7 +62,8 @@ def score_chunk(
     progress = config.progress and len(records) > 64
     text_run = dict(max_input_tokens=config.max_input_tokens, limits=limits, progress=progress)
     work = [
-        CaptionWork(r, list(r.references or ()) if config.variant == "ref" else [r.image_id or ""]) for r in records
+        CaptionWork(r, list(r.references or ()) if config.variant == "ref" else [r.image_id or ""])
+        for r in records
     ]
 
     for item, cands in zip(work, candidates, strict=True):
@@ -72,8 +73,11 @@ def score_chunk(
     owners = [(item, a) for item in work for a in item.candidates]
     with timer("questions"):
         qg = generate_text(
-            models.qg, models.qg_tokenizer, [qg_input(a, item.record.caption) for item, a in owners],
-            desc="questions", **text_run,
+            models.qg,
+            models.qg_tokenizer,
+            [qg_input(a, item.record.caption) for item, a in owners],
+            desc="questions",
+            **text_run,
         )
     for (item, answer), text, cut in zip(owners, qg.texts, qg.truncated, strict=True):
         question = clean_question(text)
@@ -89,8 +93,12 @@ def score_chunk(
         text_pairs += [(item, q, ctx) for item in work for ctx in item.contexts for q in item.questions]
     with timer("text_answers"):
         tqa = generate_text(
-            models.tqa, models.tqa_tokenizer, [tqa_input(q, ctx) for _, q, ctx in text_pairs],
-            unanswerable_id=models.tqa_unanswerable, desc="answers", **text_run,
+            models.tqa,
+            models.tqa_tokenizer,
+            [tqa_input(q, ctx) for _, q, ctx in text_pairs],
+            unanswerable_id=models.tqa_unanswerable,
+            desc="answers",
+            **text_run,
         )
     for (item, _, _), cut in zip(text_pairs, tqa.truncated, strict=True):
         if cut:
@@ -105,9 +113,14 @@ def score_chunk(
         visual_pairs = [(item, q) for item in work for q in item.questions]
         with timer("visual_answers"):
             vqa = generate_visual(
-                models.vqa, models.vqa_tokenizer, [q for _, q in visual_pairs],
-                [item.record.image_id or "" for item, _ in visual_pairs], features.get,
-                limits=limits, unanswerable_id=models.vqa_unanswerable, progress=progress,
+                models.vqa,
+                models.vqa_tokenizer,
+                [q for _, q in visual_pairs],
+                [item.record.image_id or "" for item, _ in visual_pairs],
+                features.get,
+                limits=limits,
+                unanswerable_id=models.vqa_unanswerable,
+                progress=progress,
             )
         for (item, _), cut in zip(visual_pairs, vqa.truncated, strict=True):
             if cut:
@@ -130,10 +143,16 @@ def score_chunk(
         m, k = len(item.questions), len(item.contexts)
         shape = (k, m)
         span = slice(ctx_at, ctx_at + k * m)
-        values = {"f1": f1[span].reshape(shape), "bs": bs[span].reshape(shape), "an": ctx_an[span].reshape(shape)}
+        values = {
+            "f1": f1[span].reshape(shape),
+            "bs": bs[span].reshape(shape),
+            "an": ctx_an[span].reshape(shape),
+        }
         row = _result_row(item, config, values, signature)
         if config.explain:
-            row["explanation"] = _explanation(item, own_answers[own_at : own_at + m], ctx_answers[span], values)
+            row["explanation"] = _explanation(
+                item, own_answers[own_at : own_at + m], ctx_answers[span], values
+            )
         rows.append(row)
         own_at, ctx_at = own_at + m, ctx_at + k * m
     return rows
@@ -150,11 +169,17 @@ def _align_own_answers(work: Sequence[CaptionWork], own_answers: list[str]) -> l
     return aligned
 
 
-def _result_row(item: CaptionWork, config: QACEConfig, values: dict[str, np.ndarray], signature: str) -> dict[str, Any]:
+def _result_row(
+    item: CaptionWork, config: QACEConfig, values: dict[str, np.ndarray], signature: str
+) -> dict[str, Any]:
     record = item.record
     if not item.questions:
         item.flags.add("no_questions")
-    row: dict[str, Any] = {"id": record.id, "image_id": record.image_id, "metric": VARIANT_NAMES[config.variant]}
+    row: dict[str, Any] = {
+        "id": record.id,
+        "image_id": record.image_id,
+        "metric": VARIANT_NAMES[config.variant],
+    }
     row.update(caption_scores(values["f1"], values["bs"], values["an"]))
     row["n_questions"] = len(item.questions)
     if config.variant == "ref":
@@ -171,13 +196,15 @@ def _explanation(
     m = len(item.questions)
     questions = []
     for i, (question, source) in enumerate(zip(item.questions, item.sources, strict=True)):
-        questions.append({
-            "candidate": source,
-            "question": question,
-            "answer_on_caption": own[i],
-            "answers_on_context": [ctx_answers[c * m + i] for c in range(len(item.contexts))],
-            "f1": [float(v) for v in values["f1"][:, i]],
-            "bs": [float(v) for v in values["bs"][:, i]],
-            "an": [float(v) for v in values["an"][:, i]],
-        })
+        questions.append(
+            {
+                "candidate": source,
+                "question": question,
+                "answer_on_caption": own[i],
+                "answers_on_context": [ctx_answers[c * m + i] for c in range(len(item.contexts))],
+                "f1": [float(v) for v in values["f1"][:, i]],
+                "bs": [float(v) for v in values["bs"][:, i]],
+                "an": [float(v) for v in values["an"][:, i]],
+            }
+        )
     return {"caption": item.record.caption, "candidates": item.candidates, "questions": questions}

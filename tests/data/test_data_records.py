@@ -103,7 +103,8 @@ def test_csv_references_json_column(tmp_path: Path) -> None:
     assert isinstance(items[3], RecordError) and items[3].id == "d" and "empty" in items[3].reason
     assert items[4] == Record("e", "multi\nline caption", "3.jpg", ("r",))
     assert items[5] == RecordError("line 8", "line 8: missing id")
-    assert isinstance(items[6], RecordError) and items[6].id.startswith("line") and "duplicate id 'a'" in items[6].reason
+    assert isinstance(items[6], RecordError) and items[6].id.startswith("line")
+    assert "duplicate id 'a'" in items[6].reason
 
 
 def test_csv_numbered_reference_columns_and_bad_bytes(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Answer candidates: the release's rules, and the fast paths (cache, workers, no lemmatizer) change nothing."""
+"""Answer candidates: the release's rules; the fast paths (cache, workers, no lemmatizer) change nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from tests.helpers import flickr_records
 
 
 def test_entities_first_then_noun_chunks_filtered_and_deduplicated():
-    cands = extract_candidates(["Barack Obama walks in Paris with two dogs.", "the the the", "A dog and a dog."])
+    cands = extract_candidates(
+        ["Barack Obama walks in Paris with two dogs.", "the the the", "A dog and a dog."]
+    )
     assert cands[0] == ["barack obama", "paris", "two", "two dogs"]
     assert cands[1] == []
     assert cands[2] == ["dog"]
