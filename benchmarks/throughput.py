@@ -40,8 +40,11 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _engine(models_dir: Path, variant: str, precision: str, device: str, args: argparse.Namespace) -> QACE:
+def _engine(
+    models_dir: Path, variant: str, precision: str, device: str, args: argparse.Namespace, backend: str = "torch"
+) -> QACE:
     scorer = QACE(
+        backend=backend,
         models=models_dir,
         variant=variant,
         features=RandomFeatureStore(seed=0),

@@ -1,0 +1,80 @@
+"""ONNX Runtime (CUDA) against the PyTorch runner on the throughput workload, same process, same precision.
+
+    python -m benchmarks.backends --out benchmarks/results/backends.json
+
+Both backends score the same captions with the same models (random T5-base QG/TQA, T5-small Visual-T5, see
+``benchmarks/workload.py``) in fp16 and the same forced outputs; the first ONNX use exports and validates
+the graphs (timed separately). Reported: captions/s of each and the mean absolute QACE difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.throughput import _engine, _sync
+from benchmarks.workload import build_models, flickr_workload
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/backends.json")
+    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    parser.add_argument("--models-dir", required=True)
+    parser.add_argument("--bertscore-files", default=None)
+    parser.add_argument("--variants", nargs="+", default=["img", "ref"])
+    parser.add_argument("--n", type=int, default=None)
+    parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch-rows", type=int, default=2048)
+    parser.add_argument("--batch-tokens", type=int, default=131072)
+    parser.add_argument("--chunk-size", type=int, default=2048)
+    parser.add_argument("--spacy-workers", type=int, default=8)
+    args = parser.parse_args(argv)
+    records = flickr_workload(Path(args.data_dir))[: args.n]
+    models = Path(args.models_dir)
+    if not (models / "qg" / "config.json").exists():
+        from qace.kernels.bertscore import default_model_dir
+
+        build_models(models, records, Path(args.bertscore_files) if args.bertscore_files else default_model_dir())
+    report: dict[str, Any] = {
+        "command": "python -m benchmarks.backends " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "precision": args.precision, "captions": len(records), "results": [],
+    }
+    for variant in args.variants:
+        entry: dict[str, Any] = {"variant": variant}
+        scores = {}
+        for backend in ("torch", "onnx"):
+            start = time.perf_counter()
+            scorer = _engine(models, variant, args.precision, args.device, args, backend=backend)
+            setup = time.perf_counter() - start
+            list(scorer.score_records(records[:256]))
+            _sync()
+            start = time.perf_counter()
+            rows = list(scorer.score_records(records))
+            _sync()
+            seconds = time.perf_counter() - start
+            scores[backend] = np.array([r["qace"] for r in rows])
+            entry[backend] = {"captions_per_s": len(records) / seconds, "seconds": seconds,
+                              "setup_seconds_incl_export": setup, "mean_qace": float(scores[backend].mean())}
+            scorer.candidates.close()
+        entry["onnx_vs_torch"] = entry["onnx"]["captions_per_s"] / entry["torch"]["captions_per_s"]
+        entry["mean_abs_qace_diff"] = float(np.abs(scores["onnx"] - scores["torch"]).mean())
+        report["results"].append(entry)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
