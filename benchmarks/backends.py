@@ -25,9 +25,13 @@ from benchmarks.workload import build_models, flickr_workload
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="benchmarks/results/backends.json")
-    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    parser.add_argument(
+        "--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    )
     parser.add_argument("--models-dir", required=True)
     parser.add_argument("--bertscore-files", default=None)
     parser.add_argument("--variants", nargs="+", default=["img", "ref"])
@@ -44,11 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     if not (models / "qg" / "config.json").exists():
         from qace.kernels.bertscore import default_model_dir
 
-        build_models(models, records, Path(args.bertscore_files) if args.bertscore_files else default_model_dir())
+        build_models(
+            models, records, Path(args.bertscore_files) if args.bertscore_files else default_model_dir()
+        )
     report: dict[str, Any] = {
         "command": "python -m benchmarks.backends " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "precision": args.precision, "captions": len(records), "results": [],
+        "precision": args.precision,
+        "captions": len(records),
+        "results": [],
     }
     for variant in args.variants:
         entry: dict[str, Any] = {"variant": variant}
@@ -64,8 +72,12 @@ def main(argv: list[str] | None = None) -> int:
             _sync()
             seconds = time.perf_counter() - start
             scores[backend] = np.array([r["qace"] for r in rows])
-            entry[backend] = {"captions_per_s": len(records) / seconds, "seconds": seconds,
-                              "setup_seconds_incl_export": setup, "mean_qace": float(scores[backend].mean())}
+            entry[backend] = {
+                "captions_per_s": len(records) / seconds,
+                "seconds": seconds,
+                "setup_seconds_incl_export": setup,
+                "mean_qace": float(scores[backend].mean()),
+            }
             scorer.candidates.close()
         entry["onnx_vs_torch"] = entry["onnx"]["captions_per_s"] / entry["torch"]["captions_per_s"]
         entry["mean_abs_qace_diff"] = float(np.abs(scores["onnx"] - scores["torch"]).mean())

@@ -41,7 +41,12 @@ def _sync() -> None:
 
 
 def _engine(
-    models_dir: Path, variant: str, precision: str, device: str, args: argparse.Namespace, backend: str = "torch"
+    models_dir: Path,
+    variant: str,
+    precision: str,
+    device: str,
+    args: argparse.Namespace,
+    backend: str = "torch",
 ) -> QACE:
     scorer = QACE(
         backend=backend,

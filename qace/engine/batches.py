@@ -34,3 +34,12 @@ class Generated:
     """Generated ids per row, without the decoder start token and cut before EOS."""
     answerability: np.ndarray | None
     """``1 - softmax(first-step logits)[unanswerable]`` per row, when asked for (spec section 5)."""
+
+
+def cut_at_eos(out: np.ndarray, eos_id: int) -> list[list[int]]:
+    """Generated ids per row up to (excluding) EOS; ``-1`` marks steps after a row ended."""
+    tokens = []
+    for row in out:
+        ids = row[row >= 0].tolist()
+        tokens.append(ids[: ids.index(eos_id)] if eos_id in ids else ids)
+    return tokens

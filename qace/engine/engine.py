@@ -119,8 +119,8 @@ def generate_visual(
     from qace.models.visual_t5 import visual_question_inputs
 
     unique = dedupe(list(zip(questions, image_ids, strict=True)))
-    input_ids, mask, truncated = visual_question_inputs(tokenizer, [q for q, _ in unique.unique])
-    input_ids, mask = np.asarray(input_ids, dtype=np.int64), np.asarray(mask, dtype=np.int64)
+    ids_t, mask_t, truncated = visual_question_inputs(tokenizer, [q for q, _ in unique.unique])
+    input_ids, mask = np.asarray(ids_t, dtype=np.int64), np.asarray(mask_t, dtype=np.int64)
     images = dedupe([image for _, image in unique.unique])
     host_table = (
         np.stack([features(image) for image in images.unique]) if images.unique else np.zeros((0, 36, 2054))

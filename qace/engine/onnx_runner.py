@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from qace.engine.batches import Generated, TextBatch, VisualBatch
+from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.errors import BackendUnavailableError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class OnnxRunner:
                 keep = np.flatnonzero(~finished)
                 alive, token, finished, mask = alive[keep], token[keep], finished[keep], mask[keep]
                 past = [np.ascontiguousarray(p[keep]) for p in past]
-        return Generated(tokens=_cut(out, self.info.eos_id), answerability=answerability)
+        return Generated(tokens=cut_at_eos(out, self.info.eos_id), answerability=answerability)
 
     def _run(self, graph: str, feeds: dict[str, Any], outputs: list[str]) -> list[Any]:
         session = self.sessions[graph]
@@ -248,12 +248,3 @@ def _softmax_at(logits: np.ndarray, index: int) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
     return (exp[:, index] / exp.sum(axis=-1)).astype(np.float32)
-
-
-def _cut(out: np.ndarray, eos_id: int) -> list[list[int]]:
-    """Generated ids per row up to (excluding) EOS; ``-1`` marks steps a finished row never ran."""
-    tokens = []
-    for row in out:
-        ids = row[row >= 0].tolist()
-        tokens.append(ids[: ids.index(eos_id)] if eos_id in ids else ids)
-    return tokens

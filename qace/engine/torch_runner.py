@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qace.engine.batches import Generated, TextBatch, VisualBatch
+from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.t5_decoder import StaticT5Decoder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -68,15 +68,6 @@ class TorchRunner:
         self.stats["sequences"] += mask.shape[0]
         self.stats["encoder_tokens"] += mask.numel()
         return Generated(
-            tokens=_cut(tokens.cpu().numpy(), self.decoder.eos_id),
+            tokens=cut_at_eos(tokens.cpu().numpy(), self.decoder.eos_id),
             answerability=None if answerability is None else answerability.double().cpu().numpy(),
         )
-
-
-def _cut(out: np.ndarray, eos_id: int) -> list[list[int]]:
-    """Generated ids per row up to (excluding) EOS; ``-1`` marks steps after a row ended."""
-    tokens = []
-    for row in out:
-        ids = row[row >= 0].tolist()
-        tokens.append(ids[: ids.index(eos_id)] if eos_id in ids else ids)
-    return tokens

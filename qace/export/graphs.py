@@ -159,8 +159,8 @@ class VisualEncoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         shared = self.model.get_input_embeddings()
         batch = input_ids.shape[0]
-        prefix = self.prefix[None, :].expand(batch, -1)
-        img_emb = self.model.encoder.img_emb
+        prefix = self.prefix[None, :].expand(batch, -1)  # type: ignore[index]
+        img_emb: Any = self.model.encoder.img_emb
         regions = img_emb(features.to(img_emb.weight.dtype)).to(shared.weight.dtype)
         embeds = torch.cat([shared(input_ids), shared(prefix), regions], dim=1)
         ones = torch.ones_like(attention_mask[:, :1]).expand(batch, prefix.shape[1] + features.shape[1])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,11 +60,11 @@ def default_model_dir() -> Path:
     return path
 
 
-def _load(name_or_path: str) -> tuple[object, torch.nn.Module]:
+def _load(name_or_path: str) -> tuple[Any, Any]:
     """Tokenizer and fp32 encoder from a local dir or hub id, trying the local cache before the network."""
     from transformers import AutoModel, AutoTokenizer, GPT2Tokenizer, RobertaTokenizer
 
-    def attempt(local_only: bool) -> tuple[object, torch.nn.Module]:
+    def attempt(local_only: bool) -> tuple[Any, Any]:
         tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
         if isinstance(tok, GPT2Tokenizer | RobertaTokenizer):
             # bert-score encodes with add_prefix_space=True so the first word is tokenised like the rest.
@@ -250,13 +251,13 @@ def _truncate_layers(encoder: torch.nn.Module, layer: int) -> bool:
 
     Saves the compute bert-score also skips; returns False (use all hidden states) otherwise.
     """
-    inner = getattr(encoder, "encoder", None)
+    inner: Any = getattr(encoder, "encoder", None)
     stack = getattr(inner, "layer", None)
     if not isinstance(stack, torch.nn.ModuleList):
         return False
     if layer < len(stack):
-        inner.layer = stack[:layer]  # type: ignore[union-attr]
-        encoder.config.num_hidden_layers = layer
+        inner.layer = stack[:layer]
+        encoder.config.num_hidden_layers = layer  # type: ignore[union-attr]
     return True
 
 

@@ -60,7 +60,11 @@ def score_chunk(
     """Score validated records given their answer candidates; one result row per record, in order."""
     limits = BatchLimits(config.max_batch_tokens, config.max_batch_rows)
     progress = config.progress and len(records) > 64
-    text_run = dict(max_input_tokens=config.max_input_tokens, limits=limits, progress=progress)
+    text_run: dict[str, Any] = {
+        "max_input_tokens": config.max_input_tokens,
+        "limits": limits,
+        "progress": progress,
+    }
     work = [
         CaptionWork(r, list(r.references or ()) if config.variant == "ref" else [r.image_id or ""])
         for r in records
