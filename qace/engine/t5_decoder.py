@@ -91,9 +91,6 @@ class StaticT5Decoder:
         self.eos_id = int(config.eos_token_id)
         self._bias_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.row_steps = 0
-        self.check_every = 4 if model.device.type == "cuda" else 1
-        """Steps between checks for ended rows. Each check waits for the GPU, so on CUDA the loop checks
-        every few steps and lets finished rows idle meanwhile; on CPU there is nothing to overlap."""
         """Decoder positions computed so far (rows x steps), for FLOP accounting in benchmarks."""
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,8 +144,6 @@ class StaticT5Decoder:
             out[alive, step] = torch.where(finished, -1, token)
             finished |= token == self.eos_id
             token = torch.where(finished, self.eos_id, token)  # ended rows idle until dropped
-            if (step + 1) % self.check_every and step + 1 < max_new_tokens:
-                continue  # no host sync: the CPU queues the next steps while the GPU runs this one
             n_alive = int((~finished).sum())
             if n_alive == 0:
                 break
