@@ -67,7 +67,7 @@ def test_batch_size_does_not_change_fp32_scores(test_models_dir, ref_scorer):
             k: v for k, v in y.items() if not isinstance(v, float | dict)
         }
         for key in ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max"):
-            assert x[key] == pytest.approx(y[key], abs=1e-6)
+            assert x[key] == pytest.approx(y[key], abs=2e-6)  # see TOLERANCE in test_parity.py
 
 
 def test_qace_img_reports_missing_and_malformed_features(test_models_dir, tmp_path):

@@ -18,6 +18,11 @@ from tests.helpers import flickr_records
 
 N_CAPTIONS = 200
 COMPONENTS = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
+TOLERANCE = 2e-6
+"""fp32 answerability differs from per-input ``generate`` by up to about 1e-6: batched and single-input matrix
+products round differently, and MKL's choice of kernel also depends on the process's allocation history
+(one full-suite run measured 1.25e-6 on a single per-question value; isolated runs stay under 8e-7). Texts
+must match exactly."""
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +54,10 @@ def _compare(rows, expected_rows):
         got_ctx = [[q["answers_on_context"][c] for q in questions] for c in contexts]
         assert got_ctx == exp["answers_on_context"], row["id"]
         for key in COMPONENTS:
-            assert row[key] == pytest.approx(exp[key], abs=1e-6), (row["id"], key)
+            assert row[key] == pytest.approx(exp[key], abs=TOLERANCE), (row["id"], key)
         for key in ("f1", "bs", "an"):
             got = np.array([q[key] for q in questions]).T if questions else np.zeros((0, 0))
-            np.testing.assert_allclose(got.reshape(exp[key].shape), exp[key], atol=1e-6)
+            np.testing.assert_allclose(got.reshape(exp[key].shape), exp[key], rtol=0, atol=TOLERANCE)
 
 
 @pytest.mark.parametrize("n_refs", [1, 5])
