@@ -112,7 +112,7 @@ def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | N
     from qace.models.visual_t5 import VisualT5ForConditionalGeneration
 
     corpus = sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
-    tokenizer = build_tokenizer(corpus, vocab_size=8000)
+    tokenizer = build_tokenizer(corpus)
     if len(tokenizer) < WORD_IDS[1]:
         raise RuntimeError(f"benchmark tokenizer has {len(tokenizer)} ids, fewer than {WORD_IDS[1]}")
     torch.manual_seed(seed)

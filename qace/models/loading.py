@@ -237,20 +237,26 @@ def _weight_files(path: Path) -> list[Path]:
     return sorted({f for pattern in WEIGHT_FILE_PATTERNS for f in path.glob(pattern)})
 
 
-def checkpoint_fingerprint(model_dir_or_id: str | Path) -> str:
-    """Hub id for hub models; ``sha256-<12 hex>`` of the weight file(s) for local checkpoints.
+TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json", "special_tokens_map.json")
+"""Tokenizer files that change token ids, and so scores, as much as the weights do."""
 
-    Feeds the score signature: two local directories with the same name but other weights must not
-    produce comparable-looking scores.
+
+def checkpoint_fingerprint(model_dir_or_id: str | Path) -> str:
+    """Hub id for hub models; ``sha256-<12 hex>`` of the weight and tokenizer files for local checkpoints.
+
+    Feeds the score signature: two local directories with the same name but other weights or another
+    tokenizer must not produce comparable-looking scores.
     """
     path = Path(model_dir_or_id).expanduser()
     if not path.exists():
         return str(model_dir_or_id)
-    files = _weight_files(path)
-    if not files:
+    weights = _weight_files(path)
+    if not weights:
         raise ModelNotFoundError(
             f"{path}: no weight files ({', '.join(WEIGHT_FILE_PATTERNS)}) to fingerprint"
         )
+    tokenizer = [path / name for name in TOKENIZER_FILES if path.is_dir() and (path / name).is_file()]
+    files = weights + tokenizer
     digest = hashlib.sha256()
     for file in files:
         digest.update(file.name.encode() + b"\0")

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import T5Config, T5ForConditionalGeneration, T5TokenizerFast
 
 from qace.errors import ConfigError
@@ -43,7 +42,7 @@ TEST_MODEL_MARKER = "QACE_TEST_MODEL"
 COMPLETE_MARKER = ".qace-test-models-complete"
 """Written last into the output directory, so a half-built directory is never reused."""
 ROLES = ("qg", "tqa", "vqa")
-BUILD_VERSION = 1
+BUILD_VERSION = 3
 """Bump when the recipe changes, so cached builds are rebuilt."""
 UNANSWERABLE = "unanswerable"
 
@@ -190,29 +189,22 @@ def _vqa_examples(rng: random.Random, n: int) -> list[tuple[str, np.ndarray, str
     return out
 
 
-def build_tokenizer(corpus: Sequence[str], vocab_size: int = 1000) -> T5TokenizerFast:
-    """Train a T5-style Unigram tokenizer: <pad>=0, </s>=1, <unk>=2, ``unanswerable`` one piece."""
-    raw = Tokenizer(models.Unigram())
-    raw.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")]
+def build_tokenizer(corpus: Sequence[str]) -> T5TokenizerFast:
+    """A T5-style Unigram tokenizer: <pad>=0, </s>=1, <unk>=2, ``unanswerable`` one piece.
+
+    Built, not trained: the ``tokenizers`` Unigram trainer is not deterministic (its scores and tie order
+    change from run to run, even on one thread), and test models must be identical wherever they are
+    built. Every corpus word is a whole piece and punctuation is split off, as T5 does for common English;
+    anything else falls back to single characters, so unseen words still tokenise.
+    """
+    words = {w for line in corpus for w in re.findall(r"\w+", line)} | {UNANSWERABLE, "image"}
+    chars = sorted(
+        set(string.ascii_letters + string.digits) | {c for line in corpus for c in re.findall(r"\w", line)}
     )
-    trainer = trainers.UnigramTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "</s>", "<unk>"],
-        unk_token="<unk>",
-        initial_alphabet=list(string.ascii_letters + string.digits + string.punctuation),
-        show_progress=False,
-    )
-    raw.train_from_iterator(corpus, trainer=trainer)
-    vocab: list[tuple[str, float]] = [(p, float(s)) for p, s in json.loads(raw.to_str())["model"]["vocab"]]
-    # The Unigram trainer keeps few whole words on such a small, repetitive corpus; forcing every corpus
-    # word (and "unanswerable", which the answerability probe needs as one piece) in with the best score
-    # makes segmentation word-like, as T5's is for common English words.
-    best = max(s for _, s in vocab[3:])
-    words = {w for line in corpus for w in line.split() + re.findall(r"\w+", line)}
-    forced = {f"▁{w}" for w in words | {UNANSWERABLE, "image"}} | {":"}
-    vocab = [(p, best if p in forced else s) for p, s in vocab]
-    vocab += [(p, best) for p in sorted(forced - {p for p, _ in vocab})]
+    vocab: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -3.0)]
+    vocab += [(f"▁{w}", -2.0) for w in sorted(words)]
+    vocab += [(p, -2.0) for p in string.punctuation] + [(f"▁{p}", -2.0) for p in string.punctuation]
+    vocab += [(c, -10.0) for c in chars]
     tokenizer = T5TokenizerFast(vocab=vocab, extra_ids=0)
     unanswerable_ids = tokenizer(UNANSWERABLE, add_special_tokens=False)["input_ids"]
     if len(unanswerable_ids) != 1:

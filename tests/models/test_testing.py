@@ -95,3 +95,26 @@ def test_build_is_deterministic(tmp_path, test_models_dir) -> None:
     for role in ("qg", "tqa", "vqa"):
         assert checkpoint_fingerprint(again / role) == checkpoint_fingerprint(test_models_dir / role), role
     assert _generate(again / "qg", QG_PROMPTS) == _generate(test_models_dir / "qg", QG_PROMPTS)
+
+
+def test_tokenizer_is_identical_across_processes() -> None:
+    """Separate processes (different hash seeds, thread pools) build byte-identical tokenizers."""
+    import subprocess
+    import sys
+
+    code = (
+        "from qace.models.testing import build_tokenizer;"
+        "t = build_tokenizer(['a young girl runs on the beach', 'question: what ?']);"
+        "print(t.backend_tokenizer.to_str())"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(outputs) == 1
