@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.workload import T5_SMALL, VOCAB, batch_tokens, flickr_workload
+from benchmarks.workload import RANDOM_T5, T5_SMALL, batch_tokens, flickr_workload
 from qace import __version__
 from qace.engine.batches import TextBatch
 from qace.engine.onnx_runner import OnnxRunner
@@ -44,15 +44,7 @@ def _random_t5(seed: int) -> Any:
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(seed)
-    config = T5Config(
-        vocab_size=VOCAB,
-        decoder_start_token_id=0,
-        eos_token_id=1,
-        pad_token_id=0,
-        feed_forward_proj="relu",
-        dropout_rate=0.0,
-        **T5_SMALL,
-    )
+    config = T5Config(**RANDOM_T5, **T5_SMALL)
     return T5ForConditionalGeneration(config).eval()
 
 

@@ -25,6 +25,15 @@ LENGTHS = {"qg": (8, 16), "tqa": (2, 4), "vqa": (2, 4)}
 T5_BASE = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12)
 T5_SMALL = dict(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8)
 VOCAB = 32128
+RANDOM_T5 = dict(
+    vocab_size=VOCAB,
+    decoder_start_token_id=0,
+    eos_token_id=1,
+    pad_token_id=0,
+    feed_forward_proj="relu",
+    dropout_rate=0.0,
+)
+"""Config fields shared by every random benchmark T5 (the shape comes from T5_BASE or T5_SMALL)."""
 
 
 def flickr_workload(data_dir: Path) -> list[Record]:
@@ -116,14 +125,7 @@ def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | N
     if len(tokenizer) < WORD_IDS[1]:
         raise RuntimeError(f"benchmark tokenizer has {len(tokenizer)} ids, fewer than {WORD_IDS[1]}")
     torch.manual_seed(seed)
-    common = dict(
-        vocab_size=VOCAB,
-        decoder_start_token_id=0,
-        eos_token_id=1,
-        pad_token_id=0,
-        feed_forward_proj="relu",
-        dropout_rate=0.0,
-    )
+    common = RANDOM_T5
     for role, cls, shape in (
         ("qg", T5ForConditionalGeneration, T5_BASE),
         ("tqa", T5ForConditionalGeneration, T5_BASE),
