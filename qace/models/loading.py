@@ -12,7 +12,6 @@ import hashlib
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,19 +35,7 @@ VQA_BASE = "t5-small"
 """Config and tokenizer used with a raw Visual-T5 state dict (the release trained from t5-small)."""
 RAW_STATE_DICT_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors")
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
-ROLES = ("qg", "tqa", "vqa")
 IMG_EMB_KEYS = ("encoder.img_emb.weight", "encoder.img_emb.bias")
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """A model ready for inference plus what the score signature and CLI need to know about it."""
-
-    model: Any
-    tokenizer: Any
-    source: str
-    fingerprint: str
-    is_test_model: bool
 
 
 def _fix_hint() -> str:
@@ -269,38 +256,3 @@ def checkpoint_fingerprint(model_dir_or_id: str | Path) -> str:
 def default_sources() -> dict[str, str]:
     """The models used when no directory is given (QACE_VQA overrides the Visual-T5 location)."""
     return {"qg": DEFAULT_QG, "tqa": DEFAULT_TQA, "vqa": os.environ.get("QACE_VQA", DEFAULT_VQA)}
-
-
-def load_models(
-    models_dir: str | Path | None,
-    *,
-    roles: Sequence[str] = ROLES,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> dict[str, LoadedModel]:
-    """Load the requested roles from ``models_dir/{qg,tqa,vqa}``, or the defaults when it is None.
-
-    ``roles`` lets QACE-Ref skip Visual-T5, which it never uses.
-    """
-    unknown = [r for r in roles if r not in ROLES]
-    if unknown:
-        raise ConfigError(f"unknown model roles {unknown}; choose from {list(ROLES)}")
-    if models_dir is not None and not Path(models_dir).expanduser().is_dir():
-        raise ModelNotFoundError(f"models directory {models_dir} does not exist. {_fix_hint()}")
-    sources = (
-        default_sources()
-        if models_dir is None
-        else {r: str(Path(models_dir).expanduser() / r) for r in ROLES}
-    )
-    loaded: dict[str, LoadedModel] = {}
-    for role in roles:
-        source = sources[role]
-        if role == "vqa":
-            model, tokenizer = load_visual_t5(source, device=device, dtype=dtype)
-        else:
-            model, tokenizer = load_seq2seq(source, role=role, device=device, dtype=dtype)
-        test = is_test_model(source)
-        if test:
-            logger.warning("%s model %s is a qace TEST model: scores mean nothing", role.upper(), source)
-        loaded[role] = LoadedModel(model, tokenizer, source, checkpoint_fingerprint(source), test)
-    return loaded

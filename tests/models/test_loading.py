@@ -8,11 +8,12 @@ import shutil
 import pytest
 import torch
 
+from qace.config import QACEConfig
+from qace.engine.models import build_models
 from qace.errors import ConfigError, ModelNotFoundError
 from qace.models.loading import (
     checkpoint_fingerprint,
     is_test_model,
-    load_models,
     load_seq2seq,
     load_visual_t5,
 )
@@ -24,21 +25,24 @@ def _offline(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never wait on network retries in tests
 
 
-def test_load_models_from_dir(test_models_dir) -> None:
-    models = load_models(test_models_dir)
-    assert set(models) == {"qg", "tqa", "vqa"}
-    assert isinstance(models["vqa"].model, VisualT5ForConditionalGeneration)
-    for loaded in models.values():
-        assert not loaded.model.training
-        assert loaded.is_test_model
-        assert loaded.fingerprint.startswith("sha256-") and len(loaded.fingerprint) == 19
-        assert loaded.tokenizer.eos_token_id == 1
+def test_build_models_from_dir(test_models_dir) -> None:
+    models, fingerprints, test_models = build_models(QACEConfig(variant="img"), models_dir=test_models_dir)
+    assert set(fingerprints) == {"qg", "tqa", "vqa"} and test_models
+    assert isinstance(models.vqa.model, VisualT5ForConditionalGeneration)
+    for runner, tokenizer in (
+        (models.qg, models.qg_tokenizer),
+        (models.tqa, models.tqa_tokenizer),
+        (models.vqa, models.vqa_tokenizer),
+    ):
+        assert not runner.model.training
+        assert tokenizer.eos_token_id == 1
+    for fingerprint in fingerprints.values():
+        assert fingerprint.startswith("sha256-") and len(fingerprint) == 19
 
 
-def test_load_models_subset_and_unknown_role(test_models_dir) -> None:
-    assert set(load_models(test_models_dir, roles=("qg", "tqa"))) == {"qg", "tqa"}
-    with pytest.raises(ConfigError):
-        load_models(test_models_dir, roles=("bleu",))
+def test_qace_ref_skips_visual_t5(test_models_dir) -> None:
+    models, fingerprints, _ = build_models(QACEConfig(variant="ref"), models_dir=test_models_dir)
+    assert set(fingerprints) == {"qg", "tqa"} and models.vqa is None
 
 
 def test_missing_dir_names_role_and_fix(tmp_path) -> None:
@@ -46,7 +50,7 @@ def test_missing_dir_names_role_and_fix(tmp_path) -> None:
         load_seq2seq(str(tmp_path / "nope"), role="qg")
     assert "make-test-models" in str(err.value) and "--models" in str(err.value)
     with pytest.raises(ModelNotFoundError, match="does not exist"):
-        load_models(tmp_path / "nope")
+        build_models(QACEConfig(), models_dir=tmp_path / "nope")
 
 
 def test_dir_without_config_is_rejected(tmp_path) -> None:
