@@ -97,8 +97,9 @@ def _export_graphs(model: Any, out: Path) -> None:
         ids[:, :5] = 5
         mask = (ids != 0).long()
         feats = torch.rand((batch, NUM_REGIONS, REGION_DIM), generator=torch.Generator().manual_seed(0))
+        encoder: torch.nn.Module = graphs.VisualEncoder(model)
         _export_graph(
-            graphs.VisualEncoder(model),
+            encoder,
             (ids, mask, feats),
             out / "encoder.onnx",
             ["input_ids", "attention_mask", "features"],
@@ -111,12 +112,12 @@ def _export_graphs(model: Any, out: Path) -> None:
                 "encoder_attention_mask": {0: "batch"},
             },
         )
-        encoder = graphs.VisualEncoder(model)
         hidden, enc_mask = encoder(ids, mask, feats)
     else:
         seq = {0: "batch", 1: "encoder_length"}
+        encoder = graphs.TextEncoder(model)
         _export_graph(
-            graphs.TextEncoder(model),
+            encoder,
             (ids, mask),
             out / "encoder.onnx",
             ["input_ids", "attention_mask"],
@@ -128,7 +129,7 @@ def _export_graphs(model: Any, out: Path) -> None:
                 "encoder_attention_mask": seq,
             },
         )
-        hidden, enc_mask = graphs.TextEncoder(model)(ids, mask)
+        hidden, enc_mask = encoder(ids, mask)
     hidden = hidden.to(dtype)
     token = torch.full((batch, 1), int(config.decoder_start_token_id), dtype=torch.long)
     init_out = graphs.init_output_names(layers)
