@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
@@ -17,6 +16,7 @@ from typing import Any
 
 from qace.config import QACEConfig, build_signature
 from qace.data.records import Record, RecordError, require
+from qace.data.run import Summary, score_file
 from qace.engine.profiling import NO_TIMER
 from qace.errors import ConfigError, FeatureError
 from qace.metric.pipeline import score_chunk
@@ -33,28 +33,6 @@ class _Prepared:
     results: list[dict[str, Any] | RecordError | None]
     valid: list[Record]
     candidates: Future[list[list[str]]]
-
-
-@dataclass(frozen=True)
-class Summary:
-    """What a file run did: counts, mean score and throughput."""
-
-    scored: int
-    errors: int
-    skipped: int
-    mean_qace: float | None
-    seconds: float
-
-    @property
-    def captions_per_second(self) -> float:
-        return self.scored / self.seconds if self.seconds > 0 else 0.0
-
-    def line(self) -> str:
-        mean = "n/a" if self.mean_qace is None else f"{self.mean_qace:.4f}"
-        return (
-            f"scored {self.scored} captions ({self.errors} errors, {self.skipped} already done) "
-            f"mean QACE {mean} | {self.captions_per_second:.1f} captions/s"
-        )
 
 
 class QACE:
@@ -103,6 +81,7 @@ class QACE:
 
             store = open_feature_store(features) if isinstance(features, str | Path) else features
             self.features = FeatureCache(store)
+        self.score_key = "qace"
         self.timer: Any = NO_TIMER
         """Benchmarks set a :class:`~qace.engine.profiling.StageTimer` here to time each stage."""
         self.signature = build_signature(
@@ -203,6 +182,14 @@ class QACE:
                 reason = exc.reason
         return None if reason is None else RecordError(record.id, reason)
 
+    @property
+    def chunk_size(self) -> int:
+        return self.config.chunk_size
+
+    @property
+    def progress(self) -> bool:
+        return self.config.progress
+
     def score_file(
         self,
         input_path: str | Path,
@@ -213,41 +200,7 @@ class QACE:
         resume: bool = False,
     ) -> Summary:
         """Score a JSONL/CSV/COCO file into JSONL or Parquet, committing whole chunks (resumable)."""
-        from tqdm.auto import tqdm
-
-        from qace.data.output import ResultWriter
-        from qace.data.records import read_records
-
-        start = time.perf_counter()
-        scored = errors = skipped = 0
-        total = 0.0
-        with ResultWriter(
-            output_path, signature=self.signature, resume=resume, chunk_size=self.config.chunk_size
-        ) as writer:
-            done = writer.done_ids()
-
-            def pending() -> Iterator[Record | RecordError]:
-                nonlocal skipped
-                for record in read_records(input_path, references=references, fmt=fmt):
-                    if record.id in done:
-                        skipped += 1
-                    else:
-                        yield record
-
-            bar = tqdm(desc="scoring", unit="caption", disable=not self.config.progress)
-            for result in self.score_records(pending()):
-                if isinstance(result, RecordError):
-                    writer.add_error(result.id, result.reason)
-                    log.warning("record %s: %s", result.id, result.reason)
-                    errors += 1
-                else:
-                    writer.add(result)
-                    scored += 1
-                    total += result["qace"]
-                bar.update(1)
-            bar.close()
-        seconds = time.perf_counter() - start
-        return Summary(scored, errors, skipped, total / scored if scored else None, seconds)
+        return score_file(self, input_path, output_path, references=references, fmt=fmt, resume=resume)
 
 
 def _record(

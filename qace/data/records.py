@@ -35,12 +35,18 @@ _CSV_FIELD_LIMIT = 2**31 - 1  # very long captions are the metric's business (it
 
 @dataclass(frozen=True)
 class Record:
-    """One caption to score; `references`/`image_id` are None when the input has none."""
+    """One caption to score; `references`/`image_id`/`image` are None when the input has none.
+
+    `image` is the path of the image file (judges that look at pixels need it; QACE-Img reads
+    region features by `image_id` instead). Readers resolve a relative path against the input
+    file's directory, so a data set moves as one folder.
+    """
 
     id: str
     caption: str
     image_id: str | None = None
     references: tuple[str, ...] | None = None
+    image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,9 +74,9 @@ def read_records(
     Formats (`fmt`, or detected from the extension, then from the first byte):
 
     - ``jsonl`` (``.jsonl``/``.ndjson``, or a file starting with ``{``): one object a line with
-      ``id``, ``caption`` and optional ``image_id`` and ``references`` (a list of strings). Blank
-      lines are skipped.
-    - ``csv`` (``.csv``): a header row; columns ``id``, ``caption``, optional ``image_id``, and
+      ``id``, ``caption`` and optional ``image_id``, ``image`` (an image file path) and
+      ``references`` (a list of strings). Blank lines are skipped.
+    - ``csv`` (``.csv``): a header row; columns ``id``, ``caption``, optional ``image_id``, ``image``, and
       references either as one ``references`` column holding a JSON list string, or as several
       numbered columns (``reference_1``, ``ref2``, ``refs_3``, ...) read in header order with empty
       cells skipped, so images with fewer references fit the same table. A non-empty
@@ -97,7 +103,7 @@ def read_records(
         rows = _csv_rows(path)
     else:
         rows = _coco_rows(path)
-    yield from _records(rows, refs, ids_from_position=fmt == "coco")
+    yield from _records(rows, refs, ids_from_position=fmt == "coco", base_dir=path.parent)
 
 
 def detect_format(path: Path) -> str:
@@ -257,7 +263,11 @@ class _Bad:
 
 
 def _records(
-    rows: Iterable[tuple[str, Any]], refs: dict[str, tuple[str, ...]] | None, *, ids_from_position: bool
+    rows: Iterable[tuple[str, Any]],
+    refs: dict[str, tuple[str, ...]] | None,
+    *,
+    ids_from_position: bool,
+    base_dir: Path,
 ) -> Iterator[Record | RecordError]:
     """Validate parsed rows into records; the second occurrence of an id is an error."""
     seen: dict[str, str] = {}
@@ -282,14 +292,16 @@ def _records(
             yield RecordError(where, f"{where}: duplicate id {record_id!r} (first on {seen[record_id]})")
             continue
         seen[record_id] = where
-        result = _record(record_id, obj, refs)
+        result = _record(record_id, obj, refs, base_dir)
         if isinstance(result, str):
             yield RecordError(record_id, f"{where}: {result}")
         else:
             yield result
 
 
-def _record(record_id: str, obj: dict[str, Any], refs: dict[str, tuple[str, ...]] | None) -> Record | str:
+def _record(
+    record_id: str, obj: dict[str, Any], refs: dict[str, tuple[str, ...]] | None, base_dir: Path
+) -> Record | str:
     """Build a Record from a parsed row, or return the reason it is invalid."""
     caption = obj.get("caption")
     if caption is None:
@@ -302,6 +314,9 @@ def _record(record_id: str, obj: dict[str, Any], refs: dict[str, tuple[str, ...]
     image_id = _as_id(raw_image)
     if raw_image not in (None, "") and image_id is None:
         return f"image_id must be a string or integer, got {type(raw_image).__name__}"
+    image = obj.get("image")
+    if image is not None and (not isinstance(image, str) or not image.strip()):
+        return f"image must be a file path string, got {image!r}"
     references = obj.get("references")
     if references is not None:
         if not isinstance(references, list) or not all(isinstance(r, str) for r in references):
@@ -313,7 +328,8 @@ def _record(record_id: str, obj: dict[str, Any], refs: dict[str, tuple[str, ...]
         ref_tuple: tuple[str, ...] | None = tuple(references)
     else:
         ref_tuple = refs.get(image_id) if refs is not None and image_id is not None else None
-    return Record(record_id, caption, image_id, ref_tuple)
+    image_path = None if image is None else str(base_dir / Path(image).expanduser())
+    return Record(record_id, caption, image_id, ref_tuple, image_path)
 
 
 def _as_id(value: Any) -> str | None:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qace.api import Summary
+from qace.data.run import Summary
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 
 log = logging.getLogger(__name__)

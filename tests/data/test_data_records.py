@@ -209,3 +209,24 @@ def test_flickr8k_expert_release_files() -> None:
     assert len(items) == 5822 and all(isinstance(i, Record) for i in items)
     counts = sorted(len(i.references or ()) for i in items if isinstance(i, Record))
     assert counts[0] == 4 and counts[-1] == 5
+
+
+def test_image_paths_resolve_against_the_input_folder(tmp_path: Path) -> None:
+    data = tmp_path / "set"
+    data.mkdir()
+    elsewhere = tmp_path / "abs.png"
+    (data / "in.jsonl").write_text(
+        json.dumps({"id": "a", "caption": "a dog", "image": "imgs/1.jpg"})
+        + "\n"
+        + json.dumps({"id": "b", "caption": "a cat", "image": str(elsewhere)})
+        + "\n"
+        + json.dumps({"id": "c", "caption": "a cow", "image": 7})
+        + "\n"
+    )
+    (data / "in.csv").write_text("id,caption,image\nd,a bird,2.png\n")
+    a, b, c = read_records(data / "in.jsonl")
+    assert isinstance(a, Record) and a.image == str(data / "imgs" / "1.jpg")
+    assert isinstance(b, Record) and b.image == str(elsewhere)
+    assert isinstance(c, RecordError) and c.id == "c" and "image must be a file path" in c.reason
+    (d,) = read_records(data / "in.csv")
+    assert isinstance(d, Record) and d.image == str(data / "2.png") and d.image_id is None
