@@ -13,10 +13,14 @@ survive ``fork``) that builds its own `QACE` on its device. A killed run resumes
 shard skips the ids its writer has committed. The merge writes the final output through a
 `ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so a killed merge resumes
 too; the shard directory is removed only after the final output exists.
+
+``scorer_factory`` (``"package.module:function"``, default `QACE`) builds each worker's scorer from
+``device=`` and ``scorer_kwargs``; benchmarks use it to set up the same scorer in every worker.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import multiprocessing
@@ -25,6 +29,7 @@ import queue
 import shutil
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,8 @@ class ShardJob:
     scorer_kwargs: dict[str, Any]
     resume: bool
     threads: int | None = None
+    scorer_factory: str | None = None
+    """``"package.module:function"`` called as ``f(device=..., **scorer_kwargs)`` instead of `QACE`."""
 
 
 def resolve_devices(gpus: str | int) -> list[str]:
@@ -80,14 +87,20 @@ def score_file_sharded(
     fmt: str = "auto",
     resume: bool = False,
     keep_shards: bool = False,
+    scorer_factory: str | None = None,
 ) -> Summary:
     """Score ``input_path`` into ``output_path`` with one worker per entry of ``devices``.
 
     ``scorer_kwargs`` are `QACE` keyword arguments (``models=``, ``variant=``, ...; not
     ``device``). The output equals what one `QACE.score_file` run writes, byte for byte for JSONL.
+    ``scorer_factory`` names a callable (``"package.module:function"``) that each worker calls as
+    ``f(device=..., **scorer_kwargs)`` instead of `QACE`; it must return a `QACE`-like scorer
+    (``score_records``, ``signature``, ``config.chunk_size``) and be importable in a fresh process.
     """
     if not devices:
         raise ConfigError("devices must name at least one torch device")
+    if scorer_factory is not None:
+        load_factory(scorer_factory)  # fail here, before any work, on a wrong name
     kwargs = dict(scorer_kwargs or {})
     if "device" in kwargs:
         raise ConfigError("pass devices=[...] instead of a device in scorer_kwargs")
@@ -102,7 +115,14 @@ def score_file_sharded(
     threads = _cpu_threads(devices)
     jobs = [
         ShardJob(
-            i, device, str(work / f"input-{i}.jsonl"), str(work / f"shard-{i}.jsonl"), kwargs, resume, threads
+            i,
+            device,
+            str(work / f"input-{i}.jsonl"),
+            str(work / f"shard-{i}.jsonl"),
+            kwargs,
+            resume,
+            threads,
+            scorer_factory,
         )
         for i, device in enumerate(devices)
     ]
@@ -229,7 +249,8 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
 
     if job.threads:
         torch.set_num_threads(job.threads)
-    scorer = QACE(device=job.device, **job.scorer_kwargs)
+    build: Callable[..., Any] = load_factory(job.scorer_factory) if job.scorer_factory else QACE
+    scorer = build(device=job.device, **job.scorer_kwargs)
     scored = errors = skipped = 0
     with ResultWriter(
         job.output, signature=scorer.signature, resume=job.resume, chunk_size=scorer.config.chunk_size
@@ -265,6 +286,20 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
         "shard %d on %s: %d scored, %d errors, %d skipped", job.index, job.device, scored, errors, skipped
     )
     return {"signature": scorer.signature, "scored": scored, "errors": errors, "skipped": skipped}
+
+
+def load_factory(path: str) -> Callable[..., Any]:
+    """The callable that ``"package.module:function"`` names (a `ConfigError` if there is none)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"scorer_factory must look like 'package.module:function', got {path!r}")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load scorer_factory {path!r}: {exc}") from exc
+    if not callable(target):
+        raise ConfigError(f"scorer_factory {path!r} is not callable")
+    return target
 
 
 def _merge(

@@ -1,0 +1,68 @@
+"""``score_file_sharded(scorer_factory=...)``: every worker builds its scorer with the named callable.
+
+The factory below records which device each worker gave it and turns on ``explain``, so its use is
+visible both in the markers and in the rows; a wrong name fails before any shard work starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qace.api import QACE
+from qace.errors import ConfigError
+from qace.scale.shards import load_factory, score_file_sharded
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "qace" / "examples" / "captions.jsonl"
+
+
+def explaining_scorer(*, device: str, marker_dir: str, **kwargs: Any) -> QACE:
+    """A factory taking one argument `QACE` does not know; it marks its call and explains every row."""
+    (Path(marker_dir) / f"{os.getpid()}.json").write_text(json.dumps({"device": device}))
+    return QACE(device=device, explain=True, **kwargs)
+
+
+def test_factory_builds_every_worker_scorer(test_models_dir: Path, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    out = tmp_path / "out.jsonl"
+    summary = score_file_sharded(
+        EXAMPLES,
+        out,
+        devices=["cpu", "cpu"],
+        scorer_kwargs={"models": str(test_models_dir), "marker_dir": str(markers)},
+        scorer_factory=f"{__name__}:explaining_scorer",
+    )
+    calls = [json.loads(p.read_text()) for p in markers.iterdir()]
+    assert sorted(c["device"] for c in calls) == ["cpu", "cpu"]  # one call per worker process
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    errors = [json.loads(line)["id"] for line in out.with_name("out.errors.jsonl").read_text().splitlines()]
+    inputs = [json.loads(line)["id"] for line in EXAMPLES.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [i for i in inputs if i not in errors]  # input order kept
+    assert (summary.scored, summary.errors) == (len(rows), len(errors))
+    assert rows and all("explanation" in r for r in rows)  # the plain QACE default does not explain
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("qace.api.QACE", "must look like"),
+        ("qace.no_such_module:f", "cannot load"),
+        ("qace.api:no_such_function", "cannot load"),
+        ("qace.api:log", "not callable"),
+    ],
+)
+def test_wrong_factory_fails_before_any_work(name: str, message: str, tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(ConfigError, match=message):
+        score_file_sharded(EXAMPLES, out, devices=["cpu"], scorer_factory=name)
+    assert not out.with_name("out.jsonl.shards").exists()
+    assert not out.exists()
+
+
+def test_load_factory_returns_the_callable() -> None:
+    assert load_factory("qace.api:QACE") is QACE
