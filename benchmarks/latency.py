@@ -1,0 +1,429 @@
+"""Reward latency: p50/p99 of one call for batches of 64, 256 and 1,024 captions, in process and over HTTP.
+
+    python -m benchmarks.latency --out benchmarks/results/latency.json [--variants img ref]
+    python -m benchmarks.latency --tiny --out /tmp/latency-tiny.json     # CPU smoke run, about a minute
+
+Same workload and benchmark-only length control as ``benchmarks/throughput.py`` (Flickr8k-Expert
+captions, random T5-base QG/TQA and T5-small Visual-T5, random region features, forced seeded outputs),
+bf16. Paths, all on one engine (models loaded once):
+
+- ``in-process``: ``QACEReward.__call__`` (captions in, a float32 tensor on the device out);
+- ``service:/v1/reward``: the real FastAPI app (``qace.serve.app.create_app``) on uvicorn on loopback,
+  in a thread of this process, called with ``qace.serve.client.RewardClient``;
+- ``service:/get_reward``: the same server through OpenRLHF's remote-reward protocol (plain httpx, as
+  OpenRLHF posts it), by default only for the 256 batch (``--openrlhf-batches``).
+
+Each timed iteration draws a fresh batch of workload records (seeded; the same batches for every path);
+warm-up iterations are not timed. Answer-candidate caching across calls is off by default (``cache_size
+0``: an RL policy writes new captions every step, while this workload repeats its 977 distinct captions),
+and the region features of the workload's 1,000 images are preloaded (an RL run revisits its images).
+``--tiny``: tiny random models on the CPU, batches of 4 and 8, 2 iterations: a smoke run, not a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import secrets
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.workload import RANDOM_T5, batch_tokens, build_models, flickr_workload
+from qace import __version__
+from qace.api import QACE
+from qace.data.features import RandomFeatureStore
+from qace.data.records import Record
+from qace.reward import QACEReward
+
+log = logging.getLogger(__name__)
+
+TARGET = {"variant": "img", "path": "in-process", "batch": 256, "p50_ms": 100.0}
+"""The issue's goal: 256 QACE-Img captions under 100 ms p50 on one H100/H200."""
+
+TINY_T5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+"""Shape of the ``--tiny`` random models (seconds on a CPU; their scores mean nothing)."""
+
+OPENRLHF_PROMPT = "<image> Describe the image in one sentence: "
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def build_tiny_models(out: Path, records: Sequence[Record], seed: int = 0) -> Path:
+    """Tiny random QG/TQA/Visual-T5 with the workload's tokenizer, in the standard layout (no BERTScore
+    encoder: the default MiniLM is used). Reuses a complete build."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from qace.models.testing import build_tokenizer
+    from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
+    if (out / "vqa" / "config.json").exists():  # written last
+        return out
+    corpus = sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
+    tokenizer = build_tokenizer(corpus)
+    torch.manual_seed(seed)
+    config = {**RANDOM_T5, **TINY_T5, "vocab_size": len(tokenizer)}
+    prefix = [tokenizer.convert_tokens_to_ids("▁image"), tokenizer.convert_tokens_to_ids(":")]
+    for role, cls in (
+        ("qg", T5ForConditionalGeneration),
+        ("tqa", T5ForConditionalGeneration),
+        ("vqa", VisualT5ForConditionalGeneration),
+    ):
+        extra = {"image_prefix_ids": prefix} if role == "vqa" else {}
+        cls(T5Config(**config, **extra)).eval().save_pretrained(out / role)
+        tokenizer.save_pretrained(out / role)
+    return out
+
+
+def force_lengths(scorer: QACE) -> QACE:
+    """Apply the workload's benchmark-only output control to every model runner of ``scorer``."""
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(scorer.models, role)
+        if runner is not None:
+            runner.force = batch_tokens(role)
+    return scorer
+
+
+def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Namespace) -> QACE:
+    """The benchmark engine: workload models, random features, forced lengths, no candidate cache."""
+    bertscore = models_dir / "bertscore"
+    scorer = QACE(
+        models=models_dir,
+        variant=variant,
+        features=RandomFeatureStore(seed=0),
+        device=device,
+        precision=args.precision,
+        bertscore_model=str(bertscore) if bertscore.is_dir() else None,
+        progress=False,
+        max_batch_rows=args.batch_rows,
+        max_batch_tokens=args.batch_tokens,
+        chunk_size=args.chunk_size,
+        spacy_workers=args.spacy_workers,
+    )
+    if not args.candidate_cache:
+        scorer.candidates.cache_size = 0
+    return force_lengths(scorer)
+
+
+def draw(records: Sequence[Record], batch: int, seed: int, iteration: int) -> list[Record]:
+    """Iteration ``iteration``'s batch (negative: warm-up), the same for every path."""
+    rng = np.random.default_rng([seed, batch, iteration + 1_000_000])
+    return [records[i] for i in rng.choice(len(records), size=batch, replace=False)]
+
+
+@contextmanager
+def serving(reward: QACEReward, settings: Any, token: str) -> Iterator[str]:
+    """The real reward app on uvicorn, loopback, a free port, in a daemon thread; yields its URL."""
+    import uvicorn
+
+    from qace.serve.app import create_app
+
+    app = create_app(reward, token=token, settings=settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="qace-latency-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise RuntimeError("the reward service did not start within 30 s")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _context(batch: Sequence[Record], variant: str) -> dict[str, Any]:
+    if variant == "ref":
+        return {"references": [list(r.references or ()) for r in batch]}
+    return {"image_ids": [r.image_id for r in batch]}
+
+
+def _callers(reward: QACEReward, url: str | None, token: str) -> dict[str, Callable[[list[Record]], list]]:
+    """path name -> call(batch) -> rewards (floats), for every path this run can take."""
+    variant = reward.variant
+
+    def in_process(batch: list[Record]) -> list[float]:
+        values = reward([r.caption for r in batch], **_context(batch, variant))
+        _sync()
+        return values.tolist()
+
+    callers: dict[str, Callable[[list[Record]], list]] = {"in-process": in_process}
+    if url is None:
+        return callers
+    import httpx
+
+    from qace.serve.client import RewardClient
+
+    client = RewardClient(url, token, timeout_s=600.0, retries=0)
+    http = httpx.Client(base_url=url, timeout=600.0, headers={"Authorization": f"Bearer {token}"})
+
+    def v1(batch: list[Record]) -> list[float]:
+        return client.rewards([r.caption for r in batch], **_context(batch, variant))
+
+    def openrlhf(batch: list[Record]) -> list[float]:
+        labels = [json.dumps(list(r.references or ())) if variant == "ref" else r.image_id for r in batch]
+        payload = {
+            "query": [f"{OPENRLHF_PROMPT}{r.caption}</s>" for r in batch],
+            "prompts": [OPENRLHF_PROMPT] * len(batch),
+            "labels": labels,
+        }
+        response = http.post("/get_reward", json=payload)
+        response.raise_for_status()
+        return [float(x) for x in response.json()["rewards"]]
+
+    callers["service:/v1/reward"] = v1
+    callers["service:/get_reward"] = openrlhf
+    return callers
+
+
+def summarize(seconds: Sequence[float]) -> dict[str, float]:
+    ms = np.asarray(seconds) * 1000.0
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "min_ms": float(ms.min()),
+        "max_ms": float(ms.max()),
+    }
+
+
+def measure(
+    call: Callable[[list[Record]], list],
+    records: Sequence[Record],
+    batch: int,
+    iterations: int,
+    warmup: int,
+    seed: int,
+) -> tuple[list[float], list[list[float]]]:
+    """Seconds per timed call and the rewards each returned (warm-up calls are made, not timed)."""
+    for i in range(warmup):
+        call(draw(records, batch, seed, -1 - i))
+    seconds, rewards = [], []
+    for i in range(iterations):
+        picked = draw(records, batch, seed, i)
+        start = time.perf_counter()
+        values = call(picked)
+        seconds.append(time.perf_counter() - start)
+        if len(values) != batch:
+            raise RuntimeError(f"{len(values)} rewards for {batch} captions")
+        rewards.append(values)
+    return seconds, rewards
+
+
+def run_variant(
+    variant: str,
+    records: list[Record],
+    models_dir: Path,
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    write: Callable[[], None],
+    started: float,
+) -> None:
+    """Time every (batch, path) cell of ``variant`` into ``report["cells"]``, writing after each."""
+    load = time.perf_counter()
+    scorer = make_scorer(models_dir, variant, args.device, args)
+    if scorer.features is not None:
+        for image_id in sorted({r.image_id for r in records if r.image_id}):
+            scorer.features.get(image_id)
+    reward = QACEReward(scorer)
+    info: dict[str, Any] = {"signature": reward.signature, "load_seconds": time.perf_counter() - load}
+    report["variants"][variant] = info
+    token = secrets.token_hex(16)
+    server: Any = _nothing()
+    if args.service:
+        from qace.serve.app import ServeSettings  # imports FastAPI; only the service paths need it
+
+        biggest = max(args.batches)
+        settings = ServeSettings(
+            max_items=biggest, max_queue=max(1024, biggest), max_body_bytes=64 << 20, timeout_s=600.0
+        )
+        info["serve_settings"] = asdict(settings)
+        server = serving(reward, settings, token)
+    with server as url:
+        callers = _callers(reward, url, token)
+        for batch, iterations in zip(args.batches, args.iterations, strict=True):
+            inproc_rewards: list[list[float]] | None = None
+            for path, call in callers.items():
+                if path == "service:/get_reward" and batch not in args.openrlhf_batches:
+                    continue
+                cell: dict[str, Any] = {"variant": variant, "path": path, "batch": batch}
+                report["cells"].append(cell)
+                if args.max_seconds and time.perf_counter() - started > args.max_seconds:
+                    cell["skipped"] = f"time budget of {args.max_seconds:g} s spent"
+                    continue
+                seconds, rewards = measure(call, records, batch, iterations, args.warmup, args.seed)
+                cell.update(summarize(seconds))
+                cell["iterations"] = iterations
+                cell["warmup"] = args.warmup
+                cell["mean_reward"] = float(np.mean(rewards))
+                cell["distinct_captions_per_batch"] = float(
+                    np.mean(
+                        [
+                            len({r.caption for r in draw(records, batch, args.seed, i)})
+                            for i in range(iterations)
+                        ]
+                    )
+                )
+                if path == "in-process":
+                    inproc_rewards = rewards
+                elif inproc_rewards is not None:  # same batches: the service must give the same rewards
+                    cell["max_abs_diff_vs_in_process"] = float(
+                        np.max(np.abs(np.asarray(rewards) - np.asarray(inproc_rewards)))
+                    )
+                log.info("%s %s batch %d: p50 %.1f ms", variant, path, batch, cell["p50_ms"])
+                write()
+    scorer.candidates.close()
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+def _gpu() -> str | None:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default="benchmarks/results/latency.json")
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    parser.add_argument("--variants", nargs="+", default=["img", "ref"], choices=["img", "ref"])
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="default 64 256 1024")
+    parser.add_argument(
+        "--iterations",
+        nargs="+",
+        type=int,
+        default=None,
+        help="timed calls per batch size (default 20 20 10)",
+    )
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per cell (default 2)")
+    parser.add_argument(
+        "--openrlhf-batches",
+        nargs="*",
+        type=int,
+        default=None,
+        help="batch sizes that also time /get_reward (default 256; none given: all)",
+    )
+    parser.add_argument("--no-service", dest="service", action="store_false", help="in-process only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", default=None, help="default bf16 (fp32 with --tiny)")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--batch-rows", type=int, default=2048)
+    parser.add_argument("--batch-tokens", type=int, default=131072)
+    parser.add_argument("--chunk-size", type=int, default=2048)
+    parser.add_argument("--spacy-workers", type=int, default=None, help="default 8 (0 with --tiny)")
+    parser.add_argument(
+        "--candidate-cache", action="store_true", help="keep spaCy candidates across calls (off by default)"
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=0, help="skip the remaining cells after this long (0: no limit)"
+    )
+    parser.add_argument("--models-dir", default=None, help="reuse models built earlier")
+    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files")
+    parser.add_argument("--tiny", action="store_true", help="tiny random models on the CPU: a smoke run")
+    args = parser.parse_args(argv)
+    tiny = args.tiny
+    args.batches = args.batches or ([4, 8] if tiny else [64, 256, 1024])
+    args.iterations = args.iterations or ([2] * len(args.batches) if tiny else [20, 20, 10])
+    if len(args.iterations) == 1:
+        args.iterations = args.iterations * len(args.batches)
+    if len(args.iterations) != len(args.batches):
+        parser.error("give one --iterations value, or one per --batches value")
+    args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 2)
+    if args.openrlhf_batches is None:
+        args.openrlhf_batches = args.batches if tiny else [256]
+    args.precision = args.precision or ("fp32" if tiny else "bf16")
+    args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
+    args.spacy_workers = args.spacy_workers if args.spacy_workers is not None else (0 if tiny else 8)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv)
+    started = time.perf_counter()
+    records = flickr_workload(Path(args.data_dir))
+    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-latency-"))
+    if args.tiny:
+        build_tiny_models(models_dir, records)
+    else:
+        build_models(models_dir, records, args.bertscore_files)
+    import transformers
+
+    report: dict[str, Any] = {
+        "command": "python -m benchmarks.latency " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "gpu": _gpu() if args.device.startswith("cuda") else None,
+        "device": args.device,
+        "precision": args.precision,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "qace": __version__,
+        "tiny": args.tiny,
+        "cuda": torch.version.cuda,
+        "workload": (
+            "tiny random T5s (a smoke run: the numbers mean nothing)"
+            if args.tiny
+            else "random T5-base QG/TQA and T5-small Visual-T5"
+        )
+        + ", random features, forced seeded outputs (questions 8-16, answers 2-4 tokens); each batch drawn "
+        f"without replacement from the {len(records)} Flickr8k-Expert records (seed {args.seed})",
+        "settings": {
+            "batch_rows": args.batch_rows,
+            "batch_tokens": args.batch_tokens,
+            "chunk_size": args.chunk_size,
+            "spacy_workers": args.spacy_workers,
+            "candidate_cache": args.candidate_cache,
+            "features_preloaded": True,
+            "warmup_per_cell": args.warmup,
+        },
+        "target": TARGET,
+        "models_seconds": time.perf_counter() - started,
+        "variants": {},
+        "cells": [],
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write() -> None:
+        met = [
+            c
+            for c in report["cells"]
+            if all(c.get(k) == TARGET[k] for k in ("variant", "path", "batch")) and "p50_ms" in c
+        ]
+        report["target_met"] = (met[0]["p50_ms"] < TARGET["p50_ms"]) if met else None
+        out.write_text(json.dumps(report, indent=2))
+
+    for variant in args.variants:  # rewritten after every cell, so a late failure loses nothing
+        run_variant(variant, records, models_dir, args, report, write, started)
+    report["seconds_total"] = time.perf_counter() - started
+    write()
+    print(json.dumps(report["cells"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""``benchmarks/latency.py --tiny``: runs on the CPU and writes a sane report (numbers are not checked).
+
+One tiny run (both variants, batches of 4 and 8, in process and through the real service) is shared by
+the tests; the service must return exactly the in-process rewards for the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import SHARED_DATA
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("httpx")
+
+from benchmarks import latency  # noqa: E402
+
+PATHS = ["in-process", "service:/v1/reward", "service:/get_reward"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (SHARED_DATA / "flickr8k_expert").is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return tmp_path_factory.mktemp("latency") / "models"
+
+
+@pytest.fixture(scope="module")
+def report(models: Path) -> dict[str, Any]:
+    out = models.parent / "latency.json"
+    assert latency.main(["--tiny", "--out", str(out), "--models-dir", str(models)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_report_metadata(report: dict[str, Any]) -> None:
+    assert report["command"].startswith("python -m benchmarks.latency --tiny")
+    assert (report["device"], report["precision"], report["gpu"]) == ("cpu", "fp32", None)
+    assert report["torch"] and report["transformers"] and report["tiny"] is True
+    assert report["target_met"] is None  # no 256-caption cell in a tiny run
+    for variant, prefix in (("img", "QACE-Img|"), ("ref", "QACE-Ref|")):
+        assert report["variants"][variant]["signature"].startswith(prefix)
+
+
+def test_every_cell_timed_and_sane(report: dict[str, Any]) -> None:
+    cells = report["cells"]
+    keys = [(c["variant"], c["batch"], c["path"]) for c in cells]
+    assert keys == [(v, b, p) for v in ("img", "ref") for b in (4, 8) for p in PATHS]
+    for cell in cells:
+        assert "skipped" not in cell
+        assert cell["iterations"] == 2 and cell["warmup"] == 1
+        assert 0 < cell["min_ms"] <= cell["p50_ms"] <= cell["p99_ms"] <= cell["max_ms"]
+        assert cell["min_ms"] <= cell["mean_ms"] <= cell["max_ms"]
+        assert 0.0 <= cell["mean_reward"] <= 1.0
+        assert 1 <= cell["distinct_captions_per_batch"] <= cell["batch"]
+
+
+def test_service_gives_the_in_process_rewards(report: dict[str, Any]) -> None:
+    service = [c for c in report["cells"] if c["path"] != "in-process"]
+    assert len(service) == 8
+    for cell in service:  # float32 tensor vs JSON float: equal to float32 rounding
+        assert cell["max_abs_diff_vs_in_process"] <= 1e-6
+
+
+def test_time_budget_skips_cells(models: Path, report: dict[str, Any]) -> None:
+    out = models.parent / "budget.json"
+    argv = ["--tiny", "--no-service", "--variants", "ref", "--max-seconds", "1e-9"]
+    assert latency.main([*argv, "--out", str(out), "--models-dir", str(models)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["path"], c["batch"]) for c in cells] == [("in-process", 4), ("in-process", 8)]
+    assert all("skipped" in c and "p50_ms" not in c for c in cells)
+
+
+def test_summary_statistics() -> None:
+    stats = latency.summarize([0.010, 0.020, 0.030, 0.040, 1.0])
+    assert stats["p50_ms"] == pytest.approx(30.0)
+    assert stats["mean_ms"] == pytest.approx(220.0)
+    assert 40.0 < stats["p99_ms"] < 1000.0 and stats["max_ms"] == pytest.approx(1000.0)
+
+
+def test_batches_are_seeded_and_distinct_records() -> None:
+    records = list(range(100))
+    a = latency.draw(records, 10, seed=0, iteration=3)  # type: ignore[arg-type]
+    assert a == latency.draw(records, 10, seed=0, iteration=3)  # type: ignore[arg-type]
+    assert a != latency.draw(records, 10, seed=0, iteration=4)  # type: ignore[arg-type]
+    assert len(set(a)) == 10
