@@ -10,7 +10,9 @@ What the engine adds (docs/judges.md, "Image regeneration score"):
   record order, record id or device's random generator; the same input gives the same score.
 - Batched: one pipeline call generates ``batch_size`` (caption, sample) pairs; identical captions in
   a chunk are generated once (same seed, same image).
-- Original images are decoded and embedded once per run (a bounded per-path cache).
+- Original images are decoded and embedded once per run (a bounded per-path cache), each in its
+  own encoder call, so an original's embedding is the same whichever chunk meets it first and a
+  resumed run writes the same bytes as an uninterrupted one.
 - ``samples > 1`` averages the cosine over samples (``regen_samples`` keeps each one);
   ``save_images`` keeps the generated images as PNG files, the explanation of the score. The PNG
   holds exactly the 8-bit pixels that were embedded, so re-encoding it gives the same score.
@@ -81,7 +83,7 @@ class RegenConfig:
     batch_size: int = 8
     """(caption, sample) pairs per pipeline call (speed only)."""
     encoder_batch_size: int = 64
-    """Images per encoder call (speed only)."""
+    """Generated images per encoder call (speed only; originals are embedded one at a time)."""
     chunk_size: int = 64
     """Captions per committed output chunk (speed and resume only)."""
     save_images: str | None = None
@@ -341,7 +343,9 @@ class RegenScore:
             todo.append(path)
             pixels.append(torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1))
         if todo:
-            embeddings = self.encoder.embed(pixels, batch_size=self.config.encoder_batch_size)
+            # one image per encoder call: an original's embedding must not depend on which chunk first
+            # met it (float rounding varies with batch size), or a resumed run would differ in the last bit
+            embeddings = self.encoder.embed(pixels, batch_size=1)
             for path, embedding in zip(todo, embeddings, strict=True):
                 found[path] = embedding
                 self._remember(path, embedding)

@@ -104,7 +104,9 @@ def load_generator(name_or_path: str, *, device: str, dtype: torch.dtype) -> Any
             name_or_path,
             f"{type(pipeline).__name__} is not a text-to-image pipeline (its __call__ lacks {missing})",
         )
-    pipeline.to(device=device, dtype=dtype)
+    pipeline.to(device)
+    if dtype != torch.float32:  # (casting to the dtype it already has only earns a diffusers warning)
+        pipeline.to(dtype=dtype)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
 
@@ -291,4 +293,3 @@ def tree_fingerprint(name_or_path: str | Path) -> str:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
     return f"sha256-{digest.hexdigest()[:12]}"
-
