@@ -8,14 +8,23 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qace import __version__
-from qace.errors import QACEError
+from qace.errors import BackendUnavailableError, QACEError
+
+if TYPE_CHECKING:
+    from qace.data.run import Summary
 
 log = logging.getLogger("qace")
 
 OPTIONAL_COMMANDS = ("qace.meta.cli", "qace.export.cli", "qace.serve.cli", "qace.scale.cli")
 """Modules whose ``register(subparsers)`` adds commands; each may need an optional extra."""
+
+QACE_METRICS = {"qace-ref": "ref", "qace-img": "img"}
+JUDGE_MODULES = {"visce2": "qace.judges.visce2", "regen": "qace.judges.regen"}
+"""Judges of ``--metric``: each module has ``add_cli_arguments(parser)`` and ``from_cli(args)``."""
+METRICS = (*QACE_METRICS, *JUDGE_MODULES)
 
 TEST_MODEL_WARNING = """
 !!! WARNING: scoring with qace's TINY TEST MODELS (random weights, trained for seconds on a toy task).
@@ -28,7 +37,15 @@ TEST_MODEL_WARNING = """
 
 def _add_score(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("score", help="score captions from a JSONL/CSV/COCO file")
-    p.add_argument("input", help="JSONL (id, image_id, caption, references), CSV, or COCO results JSON")
+    p.add_argument(
+        "input", help="JSONL (id, image_id, image, caption, references), CSV, or COCO results JSON"
+    )
+    p.add_argument(
+        "--metric",
+        choices=METRICS,
+        help="qace-ref / qace-img (same as --variant ref / img; default: --variant), visce2 (a VLM judge) "
+        "or regen (image regeneration score); visce2 and regen read each record's image file",
+    )
     p.add_argument("--output", "-o", required=True, help="output .jsonl or .parquet")
     p.add_argument("--references", help="references file for COCO-style results")
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "csv", "coco"], help="input format")
@@ -39,10 +56,17 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
         help="score on N GPUs of this host (or 'all'): one engine per GPU, "
         "output merged in input order, resumable per shard",
     )
+    for module in JUDGE_MODULES.values():
+        try:
+            importlib.import_module(module).add_cli_arguments(p)
+        except ImportError as exc:  # a judge not installed (or not written yet)
+            log.debug("options of %s unavailable: %s", module, exc)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--variant", default="ref", choices=["ref", "img"], help="QACE-Ref or QACE-Img")
+    p.add_argument(
+        "--variant", default="ref", choices=["ref", "img"], action=_Given, help="QACE-Ref or QACE-Img"
+    )
     p.add_argument("--models", help="directory with qg/, tqa/, vqa/ (default: the paper's models)")
     p.add_argument("--qg", help="QG model (hub id or directory), overrides --models")
     p.add_argument("--tqa", help="text-QA model (hub id or directory), overrides --models")
@@ -92,12 +116,84 @@ def _scorer(args: argparse.Namespace, models: str | None = None):  # noqa: ANN20
     )
 
 
+JUDGE_TEST_MODEL_WARNING = """
+!!! WARNING: scoring with qace's TINY TEST MODELS (random weights, built locally in a second).
+!!! These {metric} scores MEAN NOTHING. They only show that the pipeline runs.
+!!! {hint}
+"""
+
+
 def _warn_if_test_models(scorer: object) -> None:
-    if getattr(scorer, "uses_test_models", False):
+    if not getattr(scorer, "uses_test_models", False):
+        return
+    hint = getattr(scorer, "real_model_hint", None)
+    if hint is None:
         print(TEST_MODEL_WARNING, file=sys.stderr)
+    else:
+        print(JUDGE_TEST_MODEL_WARNING.format(metric=scorer.score_key, hint=hint), file=sys.stderr)  # type: ignore[attr-defined]
+
+
+class _Given(argparse.Action):
+    """Store the value and remember that it was given, so defaults can be told from choices."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001, ANN204
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
+def _resolve_metric(args: argparse.Namespace) -> str:
+    """The metric to run; ``--metric qace-ref|qace-img`` and ``--variant`` are one setting."""
+    metric = getattr(args, "metric", None)
+    given = getattr(args, "variant_given", False)
+    if metric is None:
+        return f"qace-{args.variant}"
+    if metric in QACE_METRICS:
+        if given and args.variant != QACE_METRICS[metric]:
+            raise QACEError(f"--metric {metric} contradicts --variant {args.variant}; pass one of them")
+        args.variant = QACE_METRICS[metric]
+    elif given:
+        raise QACEError(f"--variant is a QACE option; it has no meaning for --metric {metric}")
+    return metric
+
+
+def judge_scorer(metric: str, args: argparse.Namespace):  # noqa: ANN201
+    """Build the ``qace.judges`` scorer of ``metric`` from parsed ``qace score`` arguments."""
+    module = JUDGE_MODULES[metric]
+    try:
+        judge = importlib.import_module(module)
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"--metric {metric} needs {module}, which cannot be imported here ({exc}); "
+            "install the judges extra: pip install 'qace[judges]'"
+        ) from exc
+    return judge.from_cli(args)
+
+
+def judge_demo_scorer(metric: str, *, device: str, download: bool):  # noqa: ANN201
+    """The scorer ``qace demo --metric <judge>`` runs: each judge module's ``demo_scorer``."""
+    module = JUDGE_MODULES[metric]
+    try:
+        demo_scorer = importlib.import_module(module).demo_scorer
+    except (ImportError, AttributeError) as exc:
+        raise BackendUnavailableError(
+            f"qace demo --metric {metric} needs {module}.demo_scorer ({exc})"
+        ) from exc
+    return demo_scorer(device=device, download=download)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    metric = _resolve_metric(args)
+    if metric in JUDGE_MODULES:
+        if args.gpus:
+            raise QACEError(f"--gpus shards QACE only; run --metric {metric} with --device cuda:N instead")
+        from qace.data.run import score_file
+
+        scorer = judge_scorer(metric, args)
+        _warn_if_test_models(scorer)
+        summary = score_file(
+            scorer, args.input, args.output, references=args.references, fmt=args.format, resume=args.resume
+        )
+        return _report(scorer.signature, summary, args.output)
     if args.gpus:
         from qace.scale.cli import cmd_score_sharded
 
@@ -107,13 +203,14 @@ def cmd_score(args: argparse.Namespace) -> int:
     summary = scorer.score_file(
         args.input, args.output, references=args.references, fmt=args.format, resume=args.resume
     )
-    print(f"signature: {scorer.signature}")
+    return _report(scorer.signature, summary, args.output)
+
+
+def _report(signature: str, summary: Summary, output: str) -> int:
+    print(f"signature: {signature}")
     print(summary.line())
     if summary.errors:
-        print(
-            f"{summary.errors} record(s) could not be scored; "
-            f"see the .errors.jsonl file next to {args.output}"
-        )
+        print(f"{summary.errors} record(s) could not be scored; see the .errors.jsonl file next to {output}")
     return 0
 
 
@@ -128,7 +225,13 @@ def cmd_make_test_models(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from qace.demo import run_demo
 
-    return run_demo(Path(args.output_dir), models=args.models, device=args.device, download=args.download)
+    return run_demo(
+        Path(args.output_dir),
+        models=args.models,
+        device=args.device,
+        download=args.download,
+        metric=args.metric,
+    )
 
 
 def cmd_features_pack(args: argparse.Namespace) -> int:
@@ -158,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output-dir", default="qace-demo", help="where the demo writes its outputs")
     p.add_argument("--models", help="directory with qg/, tqa/, vqa/")
+    p.add_argument(
+        "--metric",
+        default="qace",
+        choices=["qace", *JUDGE_MODULES],
+        help="qace (QACE-Ref and QACE-Img), or a judge scoring the example's images",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--download", action="store_true", help="fetch the paper's models from the hub if not cached"

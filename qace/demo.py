@@ -32,9 +32,20 @@ def test_models_home() -> Path:
 
 
 def run_demo(
-    output_dir: Path, *, models: str | None = None, device: str = "cpu", download: bool = False
+    output_dir: Path,
+    *,
+    models: str | None = None,
+    device: str = "cpu",
+    download: bool = False,
+    metric: str = "qace",
 ) -> int:
-    """Score the example; without ``download``, the paper's models come only from a directory or cache."""
+    """Score the example; without ``download``, the paper's models come only from a directory or cache.
+
+    ``metric`` is ``qace`` (QACE-Ref and QACE-Img) or a judge of ``qace.judges`` (``visce2``, ``regen``),
+    which scores the example's images (``qace/examples/images/``).
+    """
+    if metric != "qace":
+        return run_judge_demo(output_dir, metric, device=device, download=download)
     import os
 
     from qace.api import QACE
@@ -88,3 +99,37 @@ def run_demo(
         print(summary.line())
     print(f"\nfull results with per-question explanations: {output_dir}/")
     return 0
+
+
+def run_judge_demo(output_dir: Path, metric: str, *, device: str = "cpu", download: bool = False) -> int:
+    """Score the example with a judge: its real models if loadable, else its test models (loudly)."""
+    from qace.cli import _warn_if_test_models, judge_demo_scorer
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    scorer = judge_demo_scorer(metric, device=device, download=download)
+    _warn_if_test_models(scorer)
+    out = output_dir / f"example.{metric}.jsonl"
+    for stale in (out, out.with_name(out.stem + ".errors.jsonl")):
+        stale.unlink(missing_ok=True)
+    summary = scorer.score_file(example_path(), out)
+    key = scorer.score_key
+    print(f"\n{scorer.signature}")
+    captions = {json.loads(line)["id"]: json.loads(line)["caption"] for line in example_path().open()}
+    rows = [json.loads(line) for line in out.open()]
+    extra = [k for k in (rows[0] if rows else {}) if k.startswith(f"{key}_") and _is_number(rows[0][k])]
+    print(f"{'id':6} {key:>8} " + " ".join(f"{k:>16}" for k in extra) + "  caption")
+    for row in rows:
+        cells = " ".join(f"{'-' if row[k] is None else f'{row[k]:.3f}':>16}" for k in extra)
+        print(f"{row['id']:6} {row[key]:8.3f} {cells}  {captions[row['id']][:60]}")
+    errors = out.with_name(out.stem + ".errors.jsonl")
+    if errors.exists():
+        for line in errors.open():
+            err = json.loads(line)
+            print(f"{err['id']:6} error: {err['reason'][:150]}")
+    print(summary.line())
+    print(f"\nfull results with explanations: {out}")
+    return 0
+
+
+def _is_number(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))

@@ -91,6 +91,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=None,
                    help="PASCAL-50S: sampling seeds; ids get '@<seed>' (default: the report's seeds)")
     p.add_argument("--seed", type=int, default=None, help="PASCAL-50S: one seed, plain '<pair>-1' ids")
+    p.add_argument("--images", type=Path, default=None,
+                   help="folder of the data set's image files: records carry their 'image' path "
+                        "(needed by --metric visce2 / regen)")
     p.set_defaults(func=cmd_export)
 
 
@@ -189,7 +192,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         seeds, tag = [args.seed], False
     else:
         seeds, tag = (args.seeds or list(PASCAL_SEEDS)), True
-    n = export(args.dataset, args.out, args.data_dir, seeds=seeds, tag_seed=tag)
+    n = export(args.dataset, args.out, args.data_dir, seeds=seeds, tag_seed=tag, images=args.images)
     print(f"wrote {n} captions to {args.out}")
     return 0
 

@@ -48,13 +48,31 @@ def pascal50s_records(data_dir: Path | str | None = None, seeds: Sequence[int] =
                 yield {"id": cid, "image_id": pairs.image_ids[i], "caption": cand, "references": refs[i]}
 
 
+def with_images(records: Iterator[dict], images: Path | str) -> Iterator[dict]:
+    """Add ``image``: the absolute path of ``images/<image_id>`` (judges such as VisCE² read it).
+
+    Image ids are the data sets' file names (``1056338697_4f7d7ce270.jpg``, ``2008_003849.jpg``).
+    Missing files are not an error here: the scorer reports each one with its record.
+    """
+    folder = Path(images).expanduser().resolve()
+    if not folder.is_dir():
+        raise ConfigError(f"--images {str(images)!r} is not a directory of the data set's image files")
+    for rec in records:
+        yield {**rec, "image": str(folder / str(rec["image_id"]))}
+
+
 def export(dataset: str, out: Path | str, data_dir: Path | str | None = None,
-           seeds: Sequence[int] = (0,), tag_seed: bool = False) -> int:
-    """Write ``dataset`` as JSONL to ``out``; returns the number of lines."""
+           seeds: Sequence[int] = (0,), tag_seed: bool = False, images: Path | str | None = None) -> int:
+    """Write ``dataset`` as JSONL to ``out``; returns the number of lines.
+
+    ``images``: a folder holding the data set's image files; each record then carries its ``image`` path.
+    """
     if dataset not in EXPORTABLE:
         raise ConfigError(f"cannot export {dataset!r}; choose from {EXPORTABLE}")
     records = (flickr8k_records(data_dir) if dataset == "flickr8k"
                else pascal50s_records(data_dir, seeds, tag_seed))
+    if images is not None:
+        records = with_images(records, images)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
