@@ -158,7 +158,10 @@ def _context(batch: Sequence[Record], variant: str) -> dict[str, Any]:
     return {"image_ids": [r.image_id for r in batch]}
 
 
-def _callers(reward: QACEReward, url: str | None, token: str) -> dict[str, Callable[[list[Record]], list]]:
+@contextmanager
+def callers(
+    reward: QACEReward, url: str | None, token: str
+) -> Iterator[dict[str, Callable[[list[Record]], list]]]:
     """path name -> call(batch) -> rewards (floats), for every path this run can take."""
     variant = reward.variant
 
@@ -167,9 +170,9 @@ def _callers(reward: QACEReward, url: str | None, token: str) -> dict[str, Calla
         _sync()
         return values.tolist()
 
-    callers: dict[str, Callable[[list[Record]], list]] = {"in-process": in_process}
     if url is None:
-        return callers
+        yield {"in-process": in_process}
+        return
     import httpx
 
     from qace.serve.client import RewardClient
@@ -191,9 +194,11 @@ def _callers(reward: QACEReward, url: str | None, token: str) -> dict[str, Calla
         response.raise_for_status()
         return [float(x) for x in response.json()["rewards"]]
 
-    callers["service:/v1/reward"] = v1
-    callers["service:/get_reward"] = openrlhf
-    return callers
+    try:
+        yield {"in-process": in_process, "service:/v1/reward": v1, "service:/get_reward": openrlhf}
+    finally:
+        client.close()
+        http.close()
 
 
 def summarize(seconds: Sequence[float]) -> dict[str, float]:
@@ -259,11 +264,10 @@ def run_variant(
         )
         info["serve_settings"] = asdict(settings)
         server = serving(reward, settings, token)
-    with server as url:
-        callers = _callers(reward, url, token)
+    with server as url, callers(reward, url, token) as paths:
         for batch, iterations in zip(args.batches, args.iterations, strict=True):
             inproc_rewards: list[list[float]] | None = None
-            for path, call in callers.items():
+            for path, call in paths.items():
                 if path == "service:/get_reward" and batch not in args.openrlhf_batches:
                     continue
                 cell: dict[str, Any] = {"variant": variant, "path": path, "batch": batch}

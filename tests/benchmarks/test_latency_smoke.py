@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import SHARED_DATA
-
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("httpx")
@@ -24,16 +22,9 @@ PATHS = ["in-process", "service:/v1/reward", "service:/get_reward"]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (SHARED_DATA / "flickr8k_expert").is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
-    return tmp_path_factory.mktemp("latency") / "models"
-
-
-@pytest.fixture(scope="module")
-def report(models: Path) -> dict[str, Any]:
-    out = models.parent / "latency.json"
-    assert latency.main(["--tiny", "--out", str(out), "--models-dir", str(models)]) == 0
+def report(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("latency") / "latency.json"
+    assert latency.main(["--tiny", "--out", str(out), "--models-dir", str(tiny_models)]) == 0
     return json.loads(out.read_text())
 
 
@@ -66,10 +57,10 @@ def test_service_gives_the_in_process_rewards(report: dict[str, Any]) -> None:
         assert cell["max_abs_diff_vs_in_process"] <= 1e-6
 
 
-def test_time_budget_skips_cells(models: Path, report: dict[str, Any]) -> None:
-    out = models.parent / "budget.json"
+def test_time_budget_skips_cells(tiny_models: Path, tmp_path: Path) -> None:
+    out = tmp_path / "budget.json"
     argv = ["--tiny", "--no-service", "--variants", "ref", "--max-seconds", "1e-9"]
-    assert latency.main([*argv, "--out", str(out), "--models-dir", str(models)]) == 0
+    assert latency.main([*argv, "--out", str(out), "--models-dir", str(tiny_models)]) == 0
     cells = json.loads(out.read_text())["cells"]
     assert [(c["path"], c["batch"]) for c in cells] == [("in-process", 4), ("in-process", 8)]
     assert all("skipped" in c and "p50_ms" not in c for c in cells)

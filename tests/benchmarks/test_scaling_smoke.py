@@ -1,0 +1,94 @@
+"""``benchmarks/scaling.py --tiny``: one and two CPU shard workers, a sane report, forced outputs in workers.
+
+The shard workers build their scorer through ``benchmarks.scaling:forced_scorer``; their scores must
+equal those of an in-process scorer with the same forced outputs (a worker without them would score
+the tiny random models' own outputs, which differ).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks import scaling
+from benchmarks.latency import force_lengths
+from benchmarks.workload import flickr_workload
+from qace.api import QACE
+from qace.data.features import RandomFeatureStore
+from qace.data.records import Record
+from tests.helpers import SHARED_DATA
+
+N = 24
+
+
+@pytest.fixture(scope="module")
+def report(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("scaling") / "scaling.json"
+    argv = ["--tiny", "--n", str(N), "--out", str(out), "--models-dir", str(tiny_models)]
+    assert scaling.main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_report_shape(report: dict[str, Any]) -> None:
+    assert report["command"].startswith("python -m benchmarks.scaling --tiny")
+    assert (report["precision"], report["gpu"], report["tiny"]) == ("fp32", None, True)
+    assert report["path"].endswith("scorer_factory=benchmarks.scaling:forced_scorer")
+    assert [r["variant"] for r in report["results"]] == ["img", "ref"]
+    assert isinstance(report["target_met_steady"], bool)
+    for result in report["results"]:
+        one, two = result["runs"]
+        assert (one["devices"], two["devices"]) == (["cpu"], ["cpu", "cpu"])
+        for run in (one, two):
+            assert run["captions"] == N
+            assert 0 < run["steady_seconds"] < run["wall_seconds"]
+            assert run["captions_per_s_wall"] == pytest.approx(N / run["wall_seconds"])
+            assert run["captions_per_s_steady"] == pytest.approx(N / run["steady_seconds"])
+            assert len(run["workers"]) == len(run["devices"])
+            assert sum(w["rows"] for w in run["workers"]) == N
+            for w in run["workers"]:
+                assert w["load_seconds"] > 0 and w["warmup_seconds"] > 0
+                assert 0 < w["started_after_seconds"] < w["ended_after_seconds"] <= run["wall_seconds"]
+        for kind in ("wall", "steady"):
+            speedup = two[f"captions_per_s_{kind}"] / one[f"captions_per_s_{kind}"]
+            assert two[f"speedup_{kind}"] == pytest.approx(speedup)
+            assert two[f"efficiency_{kind}"] == pytest.approx(speedup / 2)
+        assert two["vs_first_run"]["max_abs_qace_diff"] < 1e-5  # fp32: batching moves the 7th digit
+
+
+@pytest.mark.parametrize("variant", ["img", "ref"])
+def test_workers_used_the_forced_outputs(report: dict[str, Any], tiny_models: Path, variant: str) -> None:
+    scorer = force_lengths(
+        QACE(
+            models=tiny_models,
+            variant=variant,
+            features=RandomFeatureStore(seed=0),
+            device="cpu",
+            precision="fp32",
+            progress=False,
+        )
+    )
+    rows = list(scorer.score_records(flickr_workload(SHARED_DATA)[:N]))
+    result = next(r for r in report["results"] if r["variant"] == variant)
+    for run in result["runs"]:
+        assert run["mean_qace"] == pytest.approx(float(np.mean([r["qace"] for r in rows])), abs=1e-6)
+
+
+def test_write_input_repeats_with_new_ids(tmp_path: Path) -> None:
+    records = [Record("a", "a dog", "i1", ("a dog runs",)), Record("b", "a cat", "i2", ("a cat sits",))]
+    path = tmp_path / "in.jsonl"
+    assert scaling.write_input(records, 3, path) == 6
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["a", "b", "a~1", "b~1", "a~2", "b~2"]
+    assert [r["caption"] for r in rows] == ["a dog", "a cat"] * 3
+    assert rows[3]["references"] == ["a cat sits"] and rows[3]["image_id"] == "i2"
+
+
+def test_compare_scores() -> None:
+    got = scaling.compare({"a": 0.5, "b": 0.25}, {"a": 0.5, "b": 0.5})
+    assert got == {"max_abs_qace_diff": 0.25, "mean_abs_qace_diff": 0.125, "share_identical": 0.5}
+    with pytest.raises(RuntimeError, match="different ids"):
+        scaling.compare({"a": 0.5}, {"b": 0.5})
