@@ -54,6 +54,10 @@ DEFAULT_IMAGE_ENCODER = "openai/clip-vit-large-patch14"
 RegenPrecision = Literal["fp32", "fp16", "bf16"]
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
+REAL_MODEL_HINT = (
+    f"pass --generator and --image-encoder (hub ids or local directories), or run `qace demo --metric "
+    f"regen --download` once to fetch {DEFAULT_GENERATOR} and {DEFAULT_IMAGE_ENCODER} (about 6 GB)"
+)
 ImageReader = Callable[[str], np.ndarray]
 """Reads an image file into a uint8 ``(H, W, 3)`` RGB array; raises ``InputError`` naming the file."""
 
@@ -211,6 +215,11 @@ class RegenScore:
         self.signature = build_regen_signature(cfg, generator=generator_fp, encoder=encoder_fp)
         self._originals: OrderedDict[str, torch.Tensor | str] = OrderedDict()
         self._tokenizer = getattr(pipeline, "tokenizer", None)
+
+    @property
+    def real_model_hint(self) -> str:
+        """How to score with real models (the CLI prints it next to its test-model warning)."""
+        return REAL_MODEL_HINT
 
     @property
     def chunk_size(self) -> int:
@@ -486,3 +495,38 @@ def from_cli(args: argparse.Namespace) -> RegenScore:
     if getattr(args, "chunk_size", None):
         settings["chunk_size"] = args.chunk_size
     return RegenScore(**settings)
+
+
+def demo_scorer(*, device: str = "cpu", download: bool = False) -> RegenScore:
+    """The scorer ``qace demo --metric regen`` uses: the default models if loadable, else the test models.
+
+    Without ``download`` the default models come only from the local cache (the hub is not asked).
+    ``uses_test_models`` on the result says which it is (the CLI warns loudly about test models).
+    """
+    from qace.demo import test_models_home
+    from qace.errors import ModelNotFoundError
+    from qace.models.testing_regen import make_regen_test_models
+
+    settings: dict[str, Any] = {"device": device, "save_images": None, "chunk_size": 16}
+    previous = os.environ.get("HF_HUB_OFFLINE")
+    if not download:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        return RegenScore(**settings)
+    except ModelNotFoundError as exc:
+        log.warning(
+            "the default regeneration models are not available here (%s)", str(exc).splitlines()[0][:200]
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = previous
+    models = make_regen_test_models(test_models_home() / "regen")
+    return RegenScore(
+        generator=str(models / "generator"),
+        image_encoder=str(models / "encoder"),
+        size=32,
+        steps=2,
+        **settings,
+    )

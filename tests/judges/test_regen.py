@@ -371,3 +371,14 @@ def test_settings_are_checked(regen_models):
         RegenConfig(size=30)
     with pytest.raises(ConfigError, match="samples"):
         RegenConfig(samples=0)
+
+
+def test_demo_falls_back_to_test_models_without_touching_the_environment(tmp_path, monkeypatch):
+    from qace.judges.regen import demo_scorer
+
+    monkeypatch.setenv("QACE_TEST_MODELS", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    judge = demo_scorer()  # the default models are not in this machine's cache: offline, so no hub call
+    assert judge.uses_test_models and "--generator" in judge.real_model_hint
+    assert (judge.config.size, judge.config.steps) == (32, 2)
+    assert "HF_HUB_OFFLINE" not in os.environ
