@@ -7,7 +7,8 @@ Models: Stable-Diffusion-1.5-shaped random weights (UNet 320/640/1280/1280 chann
 768, CLIP-L text encoder shape, the standard VAE, PNDM scheduler) and a CLIP ViT-L/14-shaped vision
 encoder, initialised directly on the device in ``--precision`` (bf16 by default: random weights can
 overflow fp16). Workload: distinct captions, one random 512 x 512 original image each (stored as
-``.npy`` and read with ``np.load``, so the benchmark needs no Pillow), classifier-free guidance 7.5.
+``.npy`` and read with ``np.load``; generated images stay tensors), classifier-free guidance 7.5.
+Needs torch, transformers and diffusers (which itself imports Pillow: bring its wheel too).
 
 Both runs go through ``RegenScore`` end to end (original image read + embedding, generation, 8-bit
 quantisation, embedding of the generated image, cosine) with one shared set of models:
