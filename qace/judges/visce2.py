@@ -180,9 +180,28 @@ class VisCE2:
         model, processor = load_vlm(
             self.config.model, device=self.config.device, precision=self.config.precision
         )
+        self._setup(model, processor, vlm_fingerprint(self.config.model), is_test_model(self.config.model))
+
+    @classmethod
+    def from_model(
+        cls, model: Any, processor: Any, *, fingerprint: str, test_model: bool = False, **settings: Any
+    ) -> VisCE2:
+        """A scorer around an already loaded VLM (``model`` on ``device``, in ``precision``).
+
+        ``fingerprint`` names the model in the signature (benchmarks use random weights they built).
+        """
+        unknown = set(settings) - _CONFIG_FIELDS
+        if unknown:
+            raise ConfigError(f"unknown VisCE² setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
+        scorer = cls.__new__(cls)
+        scorer.config = VisCE2Config(**settings)
+        scorer._setup(model, processor, fingerprint, test_model)
+        return scorer
+
+    def _setup(self, model: Any, processor: Any, fingerprint: str, test_model: bool) -> None:
         self.runner = VLMRunner(model, processor, device=self.config.device)
-        self.fingerprint = vlm_fingerprint(self.config.model)
-        self.uses_test_models = is_test_model(self.config.model)
+        self.fingerprint = fingerprint
+        self.uses_test_models = test_model
         self.signature = build_signature(self.config, self.fingerprint)
         self.variant: Variant = VARIANTS[self.config.variant]
         self.contexts = ContextCache()

@@ -61,11 +61,12 @@ SPACE_AND_EOS_BOOST = 1.5
 """Rows of the word boundary and end-of-sequence, so numbers end and outputs stop."""
 
 
-def build_vlm_tokenizer(corpus: Sequence[str]):  # noqa: ANN201 (a transformers tokenizer)
+def build_vlm_tokenizer(corpus: Sequence[str], *, size: int | None = None):  # noqa: ANN201
     """A Llama-style tokenizer built from a word list: ``<s>`` added in front, digits split one by one.
 
     Built, not trained, so every build is identical. Corpus words are single pieces; other words fall
-    back to characters.
+    back to characters. ``size`` pads the vocabulary with filler pieces (``▁w1``, ``▁w2``, ...) to a
+    real model's size, so every id a random model emits decodes to text.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -77,6 +78,7 @@ def build_vlm_tokenizer(corpus: Sequence[str]):  # noqa: ANN201 (a transformers 
     vocab += [(d, -2.0) for d in string.digits]
     vocab += [(p, -2.0) for p in string.punctuation] + [(f"▁{p}", -2.0) for p in string.punctuation]
     vocab += [(c, -10.0) for c in string.ascii_letters]
+    vocab += [(f"▁w{i}", -12.0) for i in range(1, (size or 0) - len(vocab) + 1)]
     tok = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Metaspace(), pre_tokenizers.Digits(individual_digits=True)]
