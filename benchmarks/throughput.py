@@ -105,7 +105,8 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     result: dict[str, Any] = {"variant": variant, "captions": len(records)}
     # engine, bf16: warm up on a slice, then the timed run, then a profiled run for stage times and MFU
     engine = _engine(models_dir, variant, args.precision, args.device, args)
-    list(engine.score_records(records[:256]))
+    # warm up on one full chunk: CUDA graphs of full-size batches are captured here, not in the timing
+    list(engine.score_records(records[: args.chunk_size]))
     torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
     _sync()
     start = time.perf_counter()

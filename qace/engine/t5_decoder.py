@@ -4,10 +4,14 @@ Hugging Face's per-step forward rebuilds masks and position biases, grows its ca
 recomputes nothing it could keep. Here, per batch:
 
 - cross-attention keys/values of every layer are computed once from the encoder output;
-- self-attention keys/values go into a cache preallocated for the longest possible answer;
-- the decoder's relative position bias is computed once for all steps;
-- rows that have ended are dropped once they are half the batch (CTranslate2's trick), and the loop stops
-  when every row has ended;
+- self-attention keys/values go into a cache preallocated for the longest possible answer; every step
+  attends over the whole cache, with the future masked, so a step has the same shapes at every position;
+- the decoder's relative position bias (future masked) is computed once for all steps, and a step picks
+  its row with the position held in a tensor;
+- the loop stops when every row has ended; on the CPU, rows that have ended are dropped once they are half
+  the batch (CTranslate2's trick);
+- on CUDA, because a step's shapes never change, the step is captured once per batch shape as a CUDA
+  graph (`qace.engine.decode_graphs`) and replayed: one launch instead of hundreds of kernels a step;
 - answerability is read from the first step's logits of the same pass.
 
 It reads the weights of a loaded ``T5ForConditionalGeneration`` (or Visual-T5), so it works for any T5
@@ -55,7 +59,7 @@ class _Layer:
 class StaticT5Decoder:
     """Decoder-side greedy generation for one T5 model (see module docstring)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, cuda_graphs: bool = True) -> None:
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.decoder
         self.model = model
         self.embed = decoder.embed_tokens
@@ -89,19 +93,36 @@ class StaticT5Decoder:
         )
         self.start_id = int(config.decoder_start_token_id)
         self.eos_id = int(config.eos_token_id)
-        self._bias_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._bias_cache: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
         self.row_steps = 0
         """Decoder positions computed so far (rows x steps), for FLOP accounting in benchmarks."""
+        self.cuda_graphs = cuda_graphs
+        self._graphs: Any = None
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, n*H*D) -> (B, n*H, L, D)."""
         return x.view(x.shape[0], x.shape[1], -1, self.d_kv).transpose(1, 2)
 
-    def _self_bias(self, steps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        key = (steps, device)
+    def self_bias(self, steps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``(1, heads, steps, steps)`` position bias; row ``t`` is for step ``t``, later positions masked."""
+        key = (steps, device, dtype)
         if key not in self._bias_cache:
-            self._bias_cache[key] = self.bias_module.compute_bias(steps, steps, device=device)
-        return self._bias_cache[key].to(dtype)
+            bias = self.bias_module.compute_bias(steps, steps, device=device).float()
+            future = torch.ones(steps, steps, dtype=torch.bool, device=device).triu(1)
+            self._bias_cache[key] = bias.masked_fill(future, torch.finfo(dtype).min).to(dtype)
+        return self._bias_cache[key]
+
+    def cross_cache(self, hidden: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's cross-attention keys and values, ``(B, heads, S, d_kv)`` each."""
+        return [
+            (self._split(layer.cross_attn.k(hidden)), self._split(layer.cross_attn.v(hidden)))
+            for layer in self.layers
+        ]
+
+    @staticmethod
+    def cross_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``(B, 1, 1, S)`` additive mask of the encoder's padding."""
+        return torch.where(mask[:, None, None, :].bool(), 0.0, torch.finfo(dtype).min).to(dtype)
 
     @torch.inference_mode()
     def generate(
@@ -118,17 +139,21 @@ class StaticT5Decoder:
         ``forced`` (benchmarks only, ``(B, max_new_tokens)``) replaces each step's argmax, so random-weight
         models can be timed on realistic outputs (varied, EOS-terminated) with all the work still done.
         """
+        if self.cuda_graphs and hidden.is_cuda:
+            if self._graphs is None:
+                from qace.engine.decode_graphs import GraphedDecoding
+
+                self._graphs = GraphedDecoding(self)
+            return self._graphs.generate(
+                hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
+            )
         rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
-        min_value = torch.finfo(dtype).min
-        cross_bias = torch.where(mask[:, None, None, :].bool(), 0.0, min_value).to(dtype)
-        cross = [
-            (self._split(layer.cross_attn.k(hidden)), self._split(layer.cross_attn.v(hidden)))
-            for layer in self.layers
-        ]
-        shape = (len(self.layers), rows, self.heads, max_new_tokens, self.d_kv)
-        keys = torch.empty(shape, device=device, dtype=dtype)
-        values = torch.empty(shape, device=device, dtype=dtype)
-        self_bias = self._self_bias(max_new_tokens, device, dtype)
+        cross_bias = self.cross_bias(mask, dtype)
+        cross = self.cross_cache(hidden)
+        shape = (rows, self.heads, max_new_tokens, self.d_kv)
+        keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
+        values = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
+        self_bias = self.self_bias(max_new_tokens, device, dtype)
 
         alive = torch.arange(rows, device=device)
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -136,10 +161,11 @@ class StaticT5Decoder:
         out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
         answerability = None
         for step in range(max_new_tokens):
-            logits = self._step(token, step, keys, values, cross, cross_bias, self_bias)
+            pos = torch.tensor([step], device=device)
+            logits = self.step(token, pos, keys, values, cross, cross_bias, self_bias)
             self.row_steps += len(alive)
             if step == 0 and unanswerable_id is not None:
-                answerability = 1.0 - torch.softmax(logits.float(), dim=-1)[:, unanswerable_id]
+                answerability = self.answerability(logits, unanswerable_id)
             token = logits.argmax(dim=-1) if forced is None else forced[alive, step]
             out[alive, step] = torch.where(finished, -1, token)
             finished |= token == self.eos_id
@@ -155,21 +181,39 @@ class StaticT5Decoder:
                     finished[keep],
                     cross_bias[keep],
                 )
-                keys, values = keys[:, keep], values[:, keep]
+                keys, values = [k[keep] for k in keys], [v[keep] for v in values]
                 cross = [(k[keep], v[keep]) for k, v in cross]
         return out, answerability
 
-    def _step(self, token, step, keys, values, cross, cross_bias, self_bias):  # noqa: ANN001, ANN202
+    @staticmethod
+    def answerability(logits: torch.Tensor, unanswerable_id: int) -> torch.Tensor:
+        """``1 - P(unanswerable)`` from the first step's logits (spec section 5)."""
+        return 1.0 - torch.softmax(logits.float(), dim=-1)[:, unanswerable_id]
+
+    def step(
+        self,
+        token: torch.Tensor,
+        pos: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        cross: list[tuple[torch.Tensor, torch.Tensor]],
+        cross_bias: torch.Tensor,
+        self_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """fp32 logits ``(B, vocab)`` of one step at position ``pos`` (a one-element tensor).
+
+        Writes the step's self-attention keys/values into ``keys``/``values`` at ``pos``. No host
+        synchronisation and no shape depends on ``pos``, so the step can be captured as a CUDA graph.
+        """
         h = self.embed(token)[:, None, :]
-        bias = self_bias[:, :, step : step + 1, : step + 1]
+        bias = self_bias.index_select(2, pos)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
             x = _rms_norm(h, layer.self_norm)
             q, k, v = self._split(F.linear(x, self.qkv[i])).chunk(3, dim=1)
-            keys[i, :, :, step] = k[:, :, 0]
-            values[i, :, :, step] = v[:, :, 0]
-            o = _attend(q, keys[i, :, :, : step + 1], values[i, :, :, : step + 1], bias)
-            h = h + attn.o(o.transpose(1, 2).reshape(h.shape[0], 1, -1))
+            keys[i].index_copy_(2, pos, k)
+            values[i].index_copy_(2, pos, v)
+            o = _attend(q, keys[i], values[i], bias)
+            h = h + layer.self_attn.o(o.transpose(1, 2).reshape(h.shape[0], 1, -1))
             x = _rms_norm(h, layer.cross_norm)
             q = self._split(layer.cross_attn.q(x))
             k, v = cross[i]

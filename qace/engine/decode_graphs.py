@@ -1,0 +1,207 @@
+"""CUDA-graph decoding: each decoder step is one graph replay instead of hundreds of kernel launches.
+
+At the batch sizes the scheduler builds, a T5 decoder step is a few milliseconds of kernel launches and
+far less of GPU work: the loop is bound by the CPU. `StaticT5Decoder.step` has shapes that do not depend
+on the position, so it is captured once per batch shape and replayed at every step (vLLM and
+CTranslate2 do the same for their decode steps). What that takes:
+
+- batch shapes are bucketed (rows to a power of two, encoder length to a multiple of 16) so a run
+  needs a handful of graphs; the extra rows start as ended and their outputs are dropped, the extra
+  encoder positions are masked;
+- all buffers the graphs read and write live in flat storage allocated once at the largest bucket seen,
+  viewed contiguously at each bucket's shape; the graphs share one memory pool;
+- rows are not dropped as they end (a graph's shapes are fixed): a replay costs the same either way,
+  and the loop still stops as soon as every row has ended;
+- the step's position, the tokens fed back, the ended flags and the outputs are device tensors the
+  graph updates itself, so the host only replays and checks once a step whether all rows ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from qace.engine.t5_decoder import StaticT5Decoder
+
+LENGTH_STEP = 16
+"""Encoder lengths are padded up to a multiple of this for the graph's shape."""
+
+
+def bucket_rows(rows: int) -> int:
+    """The graph row count for a batch of ``rows``: the next power of two, at least 8."""
+    return max(8, 1 << (rows - 1).bit_length())
+
+
+def bucket_length(length: int) -> int:
+    """The graph encoder length for a batch padded to ``length``: the next multiple of 16."""
+    return max(LENGTH_STEP, -(-length // LENGTH_STEP) * LENGTH_STEP)
+
+
+class _Storage:
+    """Flat buffers for the largest bucket so far; `view` gives contiguous tensors of a smaller shape."""
+
+    def __init__(self, dec: StaticT5Decoder, rows: int, length: int, steps: int, like: torch.Tensor) -> None:
+        self.rows, self.length, self.steps = rows, length, steps
+        n_layers, hd, device = len(dec.layers), dec.heads * dec.d_kv, like.device
+        self.self_kv = like.new_zeros(2, n_layers, rows * hd * steps)
+        self.cross_kv = like.new_zeros(2, n_layers, rows * hd * length)
+        self.cross_bias = like.new_zeros(rows * length)
+        self.token = torch.zeros(rows, device=device, dtype=torch.long)
+        self.pos = torch.zeros(1, device=device, dtype=torch.long)
+        self.out = torch.zeros(rows * steps, device=device, dtype=torch.long)
+        self.forced = torch.zeros(rows * steps, device=device, dtype=torch.long)
+        self.finished = torch.zeros(rows, device=device, dtype=torch.bool)
+
+    def fits(self, rows: int, length: int, steps: int) -> bool:
+        return rows <= self.rows and length <= self.length and steps == self.steps
+
+
+@dataclass
+class _View:
+    """One bucket's tensors: views of `_Storage` shaped for ``rows`` x ``length``."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    cross: list[tuple[torch.Tensor, torch.Tensor]]
+    cross_bias: torch.Tensor
+    token: torch.Tensor
+    pos: torch.Tensor
+    out: torch.Tensor
+    forced: torch.Tensor
+    finished: torch.Tensor
+    logits: torch.Tensor | None = None
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+def _view(store: _Storage, dec: StaticT5Decoder, rows: int, length: int) -> _View:
+    steps = store.steps
+    kv_shape = (rows, dec.heads, steps, dec.d_kv)
+    cross_shape = (rows, dec.heads, length, dec.d_kv)
+    n_kv, n_cross = rows * dec.heads * steps * dec.d_kv, rows * dec.heads * length * dec.d_kv
+    n_layers = len(dec.layers)
+    return _View(
+        keys=[store.self_kv[0, i, :n_kv].view(kv_shape) for i in range(n_layers)],
+        values=[store.self_kv[1, i, :n_kv].view(kv_shape) for i in range(n_layers)],
+        cross=[
+            (
+                store.cross_kv[0, i, :n_cross].view(cross_shape),
+                store.cross_kv[1, i, :n_cross].view(cross_shape),
+            )
+            for i in range(n_layers)
+        ],
+        cross_bias=store.cross_bias[: rows * length].view(rows, 1, 1, length),
+        token=store.token[:rows],
+        pos=store.pos,
+        out=store.out[: rows * steps].view(rows, steps),
+        forced=store.forced[: rows * steps].view(rows, steps),
+        finished=store.finished[:rows],
+    )
+
+
+class GraphedDecoding:
+    """Greedy decoding of a `StaticT5Decoder` with its step replayed from CUDA graphs."""
+
+    def __init__(self, decoder: StaticT5Decoder) -> None:
+        self.dec = decoder
+        self._store: _Storage | None = None
+        self._views: dict[tuple[int, int, bool], _View] = {}
+        self._pool: Any = None
+        self.captures = 0
+        """Graphs captured so far (each bucket shape once, again only when storage grows)."""
+
+    def generate(
+        self,
+        hidden: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        unanswerable_id: int | None,
+        forced: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Same contract as `StaticT5Decoder.generate` (``-1`` after a row ended)."""
+        dec = self.dec
+        rows, length = mask.shape
+        view = self._bucket(
+            bucket_rows(rows), bucket_length(length), max_new_tokens, hidden, forced is not None
+        )
+        # load this batch into the static buffers; padding rows start as ended
+        view.cross_bias.fill_(torch.finfo(hidden.dtype).min)
+        view.cross_bias[:rows, ..., :length].copy_(dec.cross_bias(mask, hidden.dtype))
+        for (k_buf, v_buf), (k, v) in zip(view.cross, dec.cross_cache(hidden), strict=True):
+            k_buf[:rows, :, :length].copy_(k)
+            v_buf[:rows, :, :length].copy_(v)
+        for buf in (*view.keys, *view.values):
+            buf.zero_()
+        view.token.fill_(dec.start_id)
+        view.pos.zero_()
+        view.finished.fill_(True)
+        view.finished[:rows] = False
+        view.out.fill_(-1)
+        if forced is not None:
+            view.forced[:rows].copy_(forced)
+
+        graph, logits = view.graph, view.logits
+        assert graph is not None and logits is not None
+        answerability = None
+        for step in range(max_new_tokens):
+            graph.replay()
+            dec.row_steps += view.token.shape[0]
+            if step == 0 and unanswerable_id is not None:
+                answerability = dec.answerability(logits[:rows], unanswerable_id)
+            if bool(view.finished.all()):
+                break
+        return view.out[:rows].clone(), answerability
+
+    def _bucket(self, rows: int, length: int, steps: int, like: torch.Tensor, forcing: bool) -> _View:
+        """The view (with its captured graph) for a bucket, growing storage when it does not fit."""
+        if self._store is None or not self._store.fits(rows, length, steps):
+            old = self._store
+            self._store = _Storage(
+                self.dec,
+                max(rows, old.rows if old else 0),
+                max(length, old.length if old else 0),
+                steps,
+                like,
+            )
+            self._views.clear()  # their graphs point into the old storage
+        key = (rows, length, forcing)
+        if key not in self._views:
+            view = _view(self._store, self.dec, rows, length)
+            self._capture(view, steps, like, forcing)
+            self._views[key] = view
+        return self._views[key]
+
+    def _capture(self, view: _View, steps: int, like: torch.Tensor, forcing: bool) -> None:
+        dec = self.dec
+        self_bias = dec.self_bias(steps, like.device, like.dtype)
+
+        def body() -> torch.Tensor:
+            logits = dec.step(
+                view.token, view.pos, view.keys, view.values, view.cross, view.cross_bias, self_bias
+            )
+            token = view.forced.index_select(1, view.pos)[:, 0] if forcing else logits.argmax(dim=-1)
+            view.out.index_copy_(1, view.pos, torch.where(view.finished, -1, token)[:, None])
+            view.finished.logical_or_(token == dec.eos_id)
+            view.token.copy_(torch.where(view.finished, dec.eos_id, token))
+            view.pos.add_(1)
+            return logits
+
+        # warm up on a side stream (cuBLAS workspaces, lazy inits), as capture requires
+        view.token.fill_(dec.start_id)
+        view.finished.fill_(True)
+        stream = torch.cuda.Stream(device=like.device)
+        stream.wait_stream(torch.cuda.current_stream(like.device))
+        with torch.cuda.stream(stream):
+            view.pos.zero_()
+            body()
+        torch.cuda.current_stream(like.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            view.logits = body()
+        view.graph = graph
+        self.captures += 1
