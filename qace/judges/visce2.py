@@ -472,11 +472,17 @@ def demo_scorer(*, device: str = "cpu", download: bool = False) -> VisCE2:
     from qace.errors import ModelNotFoundError
     from qace.models.testing_vlm import make_test_vlm
 
-    if not download:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings: dict[str, Any] = {"device": device, "explain": True, "expected": True, "chunk_size": 64}
+    previous = os.environ.get("HF_HUB_OFFLINE")
+    if not download:  # don't wait on network retries for a model that is not cached
+        os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         return VisCE2(**settings)
     except ModelNotFoundError as exc:
         log.warning("the default VLM is not available here (%s)", str(exc).splitlines()[0][:200])
+    finally:
+        if previous is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = previous
     return VisCE2(model=str(make_test_vlm(test_models_home() / "visce2-vlm")), context_tokens=64, **settings)

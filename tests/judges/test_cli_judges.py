@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -96,9 +97,10 @@ def test_a_judge_that_cannot_be_imported_is_a_clear_error(monkeypatch, tmp_path,
 
 def test_demo_metric_visce2_uses_the_test_vlm_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("QACE_TEST_MODELS", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     assert main(["demo", "--metric", "visce2", "--output-dir", str(tmp_path / "demo")]) == 0
+    assert "HF_HUB_OFFLINE" not in os.environ  # set only while looking for the default VLM
     printed = capsys.readouterr()
     assert "MEAN NOTHING" in printed.err
     assert "visce2_expected" in printed.out and "A girl in a red dress" in printed.out
