@@ -29,7 +29,8 @@ import queue
 import shutil
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -252,9 +253,12 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
     build: Callable[..., Any] = load_factory(job.scorer_factory) if job.scorer_factory else QACE
     scorer = build(device=job.device, **job.scorer_kwargs)
     scored = errors = skipped = 0
-    with ResultWriter(
-        job.output, signature=scorer.signature, resume=job.resume, chunk_size=scorer.config.chunk_size
-    ) as writer:
+    with (
+        _closing_candidates(scorer),
+        ResultWriter(
+            job.output, signature=scorer.signature, resume=job.resume, chunk_size=scorer.config.chunk_size
+        ) as writer,
+    ):
         done = writer.done_ids()
 
         def pending() -> Any:
@@ -286,6 +290,18 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
         "shard %d on %s: %d scored, %d errors, %d skipped", job.index, job.device, scored, errors, skipped
     )
     return {"signature": scorer.signature, "scored": scored, "errors": errors, "skipped": skipped}
+
+
+@contextmanager
+def _closing_candidates(scorer: Any) -> Iterator[None]:
+    """Shut the scorer's spaCy worker pool down at the end: a spawned process exits by joining its
+    non-daemon children, so an open pool (``spacy_workers > 0``) would hang the shard worker."""
+    try:
+        yield
+    finally:
+        close = getattr(getattr(scorer, "candidates", None), "close", None)
+        if callable(close):
+            close()
 
 
 def load_factory(path: str) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ import pytest
 
 from qace.api import QACE
 from qace.errors import ConfigError
-from qace.scale.shards import load_factory, score_file_sharded
+from qace.scale.shards import ShardJob, load_factory, run_shard, score_file_sharded
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "qace" / "examples" / "captions.jsonl"
 
@@ -66,3 +66,38 @@ def test_wrong_factory_fails_before_any_work(name: str, message: str, tmp_path: 
 
 def test_load_factory_returns_the_callable() -> None:
     assert load_factory("qace.api:QACE") is QACE
+
+
+CLOSED: list[str] = []
+
+
+def probed_scorer(*, device: str, **kwargs: Any) -> QACE:
+    """A scorer whose candidate extractor reports being closed (into ``CLOSED``)."""
+    scorer = QACE(device=device, **kwargs)
+    close = scorer.candidates.close
+
+    def recorded() -> None:
+        CLOSED.append(device)
+        close()
+
+    scorer.candidates.close = recorded  # type: ignore[method-assign]
+    return scorer
+
+
+def test_shard_closes_the_spacy_pool(test_models_dir: Path, tmp_path: Path) -> None:
+    """A spawned shard worker exits by joining its children: an open spaCy pool would hang it."""
+    shard_input = tmp_path / "input-0.jsonl"
+    lines = EXAMPLES.read_text().splitlines()[:2]
+    shard_input.write_text("\n".join(lines) + "\n")
+    job = ShardJob(
+        0,
+        "cpu",
+        str(shard_input),
+        str(tmp_path / "shard-0.jsonl"),
+        {"models": str(test_models_dir), "spacy_workers": 1, "progress": False},
+        False,
+        scorer_factory=f"{__name__}:probed_scorer",
+    )
+    CLOSED.clear()
+    assert run_shard(job)["scored"] == 2
+    assert CLOSED == ["cpu"]
