@@ -13,10 +13,14 @@ bf16. Paths, all on one engine (models loaded once):
 - ``service:/get_reward``: the same server through OpenRLHF's remote-reward protocol (plain httpx, as
   OpenRLHF posts it), by default only for the 256 batch (``--openrlhf-batches``).
 
-Each timed iteration draws a fresh batch of workload records (seeded; the same batches for every path);
-warm-up iterations are not timed. Answer-candidate caching across calls is off by default (``cache_size
-0``: an RL policy writes new captions every step, while this workload repeats its 977 distinct captions),
-and the region features of the workload's 1,000 images are preloaded (an RL run revisits its images).
+Each timed iteration draws a fresh batch of workload records (seeded; the same batches for every path).
+Not timed: one full chunk of records per variant first (the largest CUDA graphs of the decoders are
+captured there), then ``--warmup`` calls per cell; graphs still captured during timed calls (a batch
+shape first seen there) are counted in the cell's ``graph_captures_in_timed_calls``.
+
+Answer-candidate caching across calls is off by default (``cache_size 0``: an RL policy writes new
+captions every step, while this workload repeats its 977 distinct captions), and the region features of
+the workload's 1,000 images are preloaded (an RL run revisits its images).
 ``--tiny``: tiny random models on the CPU, batches of 4 and 8, 2 iterations: a smoke run, not a number.
 """
 
@@ -114,6 +118,15 @@ def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Name
     if not args.candidate_cache:
         scorer.candidates.cache_size = 0
     return force_lengths(scorer)
+
+
+def graph_captures(scorer: QACE) -> int:
+    """CUDA graphs the decoders have captured so far (0 on the CPU or without graph decoding)."""
+    total = 0
+    for role in ("qg", "tqa", "vqa"):
+        graphs = getattr(getattr(getattr(scorer.models, role), "decoder", None), "_graphs", None)
+        total += int(getattr(graphs, "captures", 0) or 0)
+    return total
 
 
 def draw(records: Sequence[Record], batch: int, seed: int, iteration: int) -> list[Record]:
@@ -219,10 +232,13 @@ def measure(
     iterations: int,
     warmup: int,
     seed: int,
-) -> tuple[list[float], list[list[float]]]:
-    """Seconds per timed call and the rewards each returned (warm-up calls are made, not timed)."""
+    captures: Callable[[], int] = lambda: 0,
+) -> tuple[list[float], list[list[float]], int]:
+    """Seconds per timed call, the rewards each returned, and the CUDA graphs captured during the timed
+    calls (``captures`` counts them; warm-up calls are made, not timed)."""
     for i in range(warmup):
         call(draw(records, batch, seed, -1 - i))
+    captured = captures()
     seconds, rewards = [], []
     for i in range(iterations):
         picked = draw(records, batch, seed, i)
@@ -232,7 +248,7 @@ def measure(
         if len(values) != batch:
             raise RuntimeError(f"{len(values)} rewards for {batch} captions")
         rewards.append(values)
-    return seconds, rewards
+    return seconds, rewards, captures() - captured
 
 
 def run_variant(
@@ -252,6 +268,12 @@ def run_variant(
             scorer.features.get(image_id)
     reward = QACEReward(scorer)
     info: dict[str, Any] = {"signature": reward.signature, "load_seconds": time.perf_counter() - load}
+    warm = time.perf_counter()  # one full chunk first: the largest CUDA graphs are captured here
+    list(scorer.score_records(records[: args.warmup_records]))
+    _sync()
+    info["warmup_records"] = min(args.warmup_records, len(records))
+    info["warmup_seconds"] = time.perf_counter() - warm
+    info["graph_captures_after_warmup"] = graph_captures(scorer)
     report["variants"][variant] = info
     token = secrets.token_hex(16)
     server: Any = _nothing()
@@ -275,8 +297,11 @@ def run_variant(
                 if args.max_seconds and time.perf_counter() - started > args.max_seconds:
                     cell["skipped"] = f"time budget of {args.max_seconds:g} s spent"
                     continue
-                seconds, rewards = measure(call, records, batch, iterations, args.warmup, args.seed)
+                seconds, rewards, captured = measure(
+                    call, records, batch, iterations, args.warmup, args.seed, lambda: graph_captures(scorer)
+                )
                 cell.update(summarize(seconds))
+                cell["graph_captures_in_timed_calls"] = captured
                 cell["iterations"] = iterations
                 cell["warmup"] = args.warmup
                 cell["mean_reward"] = float(np.mean(rewards))
@@ -325,6 +350,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per cell (default 2)")
     parser.add_argument(
+        "--warmup-records",
+        type=int,
+        default=None,
+        help="records scored once per variant before any cell (default: one chunk, 2048; 8 with --tiny)",
+    )
+    parser.add_argument(
         "--openrlhf-batches",
         nargs="*",
         type=int,
@@ -357,6 +388,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if len(args.iterations) != len(args.batches):
         parser.error("give one --iterations value, or one per --batches value")
     args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 2)
+    if args.warmup_records is None:
+        args.warmup_records = 8 if tiny else args.chunk_size
     if args.openrlhf_batches is None:
         args.openrlhf_batches = args.batches if tiny else [256]
     args.precision = args.precision or ("fp32" if tiny else "bf16")
@@ -403,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             "candidate_cache": args.candidate_cache,
             "features_preloaded": True,
             "warmup_per_cell": args.warmup,
+            "warmup_records_per_variant": args.warmup_records,
         },
         "target": TARGET,
         "models_seconds": time.perf_counter() - started,

@@ -9,7 +9,8 @@ new ids, so no copy shares a model batch with another), scored with ``devices=["
 ``["cuda:0", "cuda:1"]``. Models, features, batch settings and the benchmark-only output control are those
 of ``benchmarks/throughput.py``, bf16: every shard worker builds its scorer through `forced_scorer`
 (``score_file_sharded(scorer_factory="benchmarks.scaling:forced_scorer")``), which also warms the
-engine up on the first ``--warmup`` records and writes when scoring started and ended.
+engine up on the first ``--warmup`` records (default one full chunk, so the decoders' CUDA graphs of
+full-size batches are captured before the timing) and writes when scoring started and ended.
 
 Reported per run: wall seconds of the whole call (planning the shards, spawning the workers, loading the
 models, the warm-up, scoring and the merge) and steady-state seconds (first worker's scoring start to last
@@ -248,7 +249,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--counts", nargs="+", type=int, default=[1, 2], help="devices per run (first: base)")
     parser.add_argument("--n", type=int, default=None, help="workload records (default: all 5,664)")
     parser.add_argument("--repeat", type=int, default=None, help="copies of the workload (default 2)")
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up records per worker (default 256)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="warm-up records per worker (default: one chunk, 2048)"
+    )
     parser.add_argument("--precision", default=None, help="default bf16 (fp32 with --tiny)")
     parser.add_argument("--device", default=None, choices=["cuda", "cpu"], help="cuda:i per worker, or cpu")
     parser.add_argument("--batch-rows", type=int, default=2048)
@@ -271,7 +274,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     tiny = args.tiny
     args.n = args.n if args.n is not None else (24 if tiny else None)
     args.repeat = args.repeat or (1 if tiny else 2)
-    args.warmup = args.warmup if args.warmup is not None else (4 if tiny else 256)
+    args.warmup = args.warmup if args.warmup is not None else (4 if tiny else args.chunk_size)
     args.precision = args.precision or ("fp32" if tiny else "bf16")
     args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
     args.spacy_workers = args.spacy_workers if args.spacy_workers is not None else (0 if tiny else 8)

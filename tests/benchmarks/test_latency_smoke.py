@@ -35,6 +35,7 @@ def test_report_metadata(report: dict[str, Any]) -> None:
     assert report["target_met"] is None  # no 256-caption cell in a tiny run
     for variant, prefix in (("img", "QACE-Img|"), ("ref", "QACE-Ref|")):
         assert report["variants"][variant]["signature"].startswith(prefix)
+        assert report["variants"][variant]["warmup_records"] == 8
 
 
 def test_every_cell_timed_and_sane(report: dict[str, Any]) -> None:
@@ -48,6 +49,7 @@ def test_every_cell_timed_and_sane(report: dict[str, Any]) -> None:
         assert cell["min_ms"] <= cell["mean_ms"] <= cell["max_ms"]
         assert 0.0 <= cell["mean_reward"] <= 1.0
         assert 1 <= cell["distinct_captions_per_batch"] <= cell["batch"]
+        assert cell["graph_captures_in_timed_calls"] == 0  # CPU: no CUDA graphs
 
 
 def test_service_gives_the_in_process_rewards(report: dict[str, Any]) -> None:
