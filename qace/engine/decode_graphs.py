@@ -121,7 +121,25 @@ class GraphedDecoding:
         unanswerable_id: int | None,
         forced: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Same contract as `StaticT5Decoder.generate` (``-1`` after a row ended)."""
+        """Same contract as `StaticT5Decoder.generate` (``-1`` after a row ended).
+
+        Capture and replay use the current stream of the current device, so both run with the batch's
+        device made current: a process whose models live on ``cuda:1`` works without ``set_device``.
+        """
+        with torch.cuda.device(hidden.device):
+            return self._generate(
+                hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
+            )
+
+    def _generate(
+        self,
+        hidden: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        unanswerable_id: int | None,
+        forced: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         dec = self.dec
         rows, length = mask.shape
         view = self._bucket(

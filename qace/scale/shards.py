@@ -250,6 +250,8 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
 
     if job.threads:
         torch.set_num_threads(job.threads)
+    if job.device.startswith("cuda"):
+        torch.cuda.set_device(job.device)  # streams, graphs and libraries default to the current device
     build: Callable[..., Any] = load_factory(job.scorer_factory) if job.scorer_factory else QACE
     scorer = build(device=job.device, **job.scorer_kwargs)
     scored = errors = skipped = 0

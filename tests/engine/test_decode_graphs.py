@@ -74,3 +74,14 @@ def test_graph_replay_equals_eager_on_gpu(test_models_dir, dtype) -> None:
     out, _, _ = _decode(model, tokenizer, prompts, "cuda", graphs=True, forced=forced, decoder=decoder)
     assert np.array_equal(out[:, :6], forced[:, :6].cpu().numpy()) and np.all(out[:, 6:] == -1)
     assert decoder._graphs.captures == 3  # forcing is part of the graph
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_graphs_on_a_device_that_is_not_current(test_models_dir) -> None:
+    model, tokenizer = load_seq2seq(
+        str(test_models_dir / "tqa"), role="TQA", device="cuda:1", dtype=torch.float32
+    )
+    assert torch.cuda.current_device() == 0
+    eager, _, _ = _decode(model, tokenizer, PROMPTS, "cuda:1", graphs=False)
+    graphed, _, _ = _decode(model, tokenizer, PROMPTS, "cuda:1", graphs=True)
+    assert np.array_equal(graphed, eager)
