@@ -219,7 +219,9 @@ class GraphedDecoding:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # an explicit capture stream on this device (torch's default one lives on whichever device first
+        # captured in this process, and a capture on another device's stream records nothing)
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
             view.logits = body()
         view.graph = graph
         self.captures += 1
