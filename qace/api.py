@@ -16,7 +16,7 @@ from typing import Any
 
 from qace.config import QACEConfig, build_signature
 from qace.data.records import Record, RecordError, require
-from qace.data.run import Summary, score_file
+from qace.data.run import FileScorer
 from qace.engine.profiling import NO_TIMER
 from qace.errors import ConfigError, FeatureError
 from qace.metric.pipeline import score_chunk
@@ -35,7 +35,7 @@ class _Prepared:
     candidates: Future[list[list[str]]]
 
 
-class QACE:
+class QACE(FileScorer):
     """A reusable QACE scorer: models are loaded once, then any number of captions are scored.
 
     ``models`` is a directory holding ``qg/``, ``tqa/`` and ``vqa/`` (as ``qace make-test-models``
@@ -44,6 +44,8 @@ class QACE:
     (a directory of per-image ``.npz`` files or an HDF5 store), needed for QACE-Img. Any
     :class:`~qace.config.QACEConfig` field can be passed by keyword (``variant="img"``, ``precision="bf16"``).
     """
+
+    score_key = "qace"
 
     def __init__(
         self,
@@ -81,7 +83,6 @@ class QACE:
 
             store = open_feature_store(features) if isinstance(features, str | Path) else features
             self.features = FeatureCache(store)
-        self.score_key = "qace"
         self.timer: Any = NO_TIMER
         """Benchmarks set a :class:`~qace.engine.profiling.StageTimer` here to time each stage."""
         self.signature = build_signature(
@@ -181,26 +182,6 @@ class QACE:
             except FeatureError as exc:
                 reason = exc.reason
         return None if reason is None else RecordError(record.id, reason)
-
-    @property
-    def chunk_size(self) -> int:
-        return self.config.chunk_size
-
-    @property
-    def progress(self) -> bool:
-        return self.config.progress
-
-    def score_file(
-        self,
-        input_path: str | Path,
-        output_path: str | Path,
-        *,
-        references: str | Path | None = None,
-        fmt: str = "auto",
-        resume: bool = False,
-    ) -> Summary:
-        """Score a JSONL/CSV/COCO file into JSONL or Parquet, committing whole chunks (resumable)."""
-        return score_file(self, input_path, output_path, references=references, fmt=fmt, resume=resume)
 
 
 def _record(

@@ -43,6 +43,43 @@ class Scorer(Protocol):
         """Rows (or errors naming the record) in input order."""
 
 
+class FileScorer:
+    """Base of QACE and the judges: what every scorer does the same way around its ``score_records``.
+
+    Subclasses set ``signature``, ``score_key`` and ``config`` (with ``chunk_size`` and ``progress``)
+    and implement ``score_records``.
+    """
+
+    signature: str
+    score_key: str
+    config: Any
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self.config.chunk_size)
+
+    @property
+    def progress(self) -> bool:
+        return bool(self.config.progress)
+
+    def score_records(
+        self, records: Iterable[Record | RecordError]
+    ) -> Iterator[dict[str, Any] | RecordError]:
+        raise NotImplementedError
+
+    def score_file(
+        self,
+        input_path: str | Path,
+        output_path: str | Path,
+        *,
+        references: str | Path | None = None,
+        fmt: str = "auto",
+        resume: bool = False,
+    ) -> Summary:
+        """Score a JSONL/CSV/COCO file into JSONL or Parquet, committing whole chunks (resumable)."""
+        return score_file(self, input_path, output_path, references=references, fmt=fmt, resume=resume)
+
+
 @dataclass(frozen=True)
 class Summary:
     """What a file run did: counts, mean score and throughput."""

@@ -37,7 +37,7 @@ import torch
 
 from qace import __version__
 from qace.data.records import Record, RecordError
-from qace.data.run import Summary, score_file
+from qace.data.run import FileScorer
 from qace.errors import ConfigError, InputError
 from qace.judges.images import load_image
 from qace.judges.regen_models import ImageEncoder, load_generator, tree_fingerprint
@@ -171,7 +171,7 @@ class _Generated:
     files: dict[str, list[str | None]]
 
 
-class RegenScore:
+class RegenScore(FileScorer):
     """A reusable regeneration scorer: models load once, then any number of captions are scored.
 
     Any :class:`RegenConfig` field can be passed by keyword. ``pipeline`` / ``encoder`` take models
@@ -221,14 +221,6 @@ class RegenScore:
         """How to score with real models (the CLI prints it next to its test-model warning)."""
         return REAL_MODEL_HINT
 
-    @property
-    def chunk_size(self) -> int:
-        return self.config.chunk_size
-
-    @property
-    def progress(self) -> bool:
-        return self.config.progress
-
     # -- scoring -------------------------------------------------------------------------------
 
     def score(
@@ -266,18 +258,6 @@ class RegenScore:
         iterator = iter(records)
         while chunk := list(itertools.islice(iterator, self.config.chunk_size)):
             yield from self._score_chunk(chunk)
-
-    def score_file(
-        self,
-        input_path: str | Path,
-        output_path: str | Path,
-        *,
-        references: str | Path | None = None,
-        fmt: str = "auto",
-        resume: bool = False,
-    ) -> Summary:
-        """Score a JSONL/CSV file (records with an ``image`` path) into JSONL or Parquet, resumably."""
-        return score_file(self, input_path, output_path, references=references, fmt=fmt, resume=resume)
 
     def _score_chunk(self, chunk: list[Record | RecordError]) -> list[dict[str, Any] | RecordError]:
         results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from qace import __version__
 from qace.data.records import Record, RecordError
+from qace.data.run import FileScorer
 from qace.errors import ConfigError
 from qace.judges.images import ImageError, load_image
 from qace.judges.rating import expected_rating, parse_rating
@@ -157,7 +158,7 @@ class _Item:
     flags: list[str] = field(default_factory=list)
 
 
-class VisCE2:
+class VisCE2(FileScorer):
     """A reusable VisCE² scorer: the VLM is loaded once, then any number of captions are scored.
 
     Pass a :class:`VisCE2Config` or its fields by keyword (``model="DIR"``, ``variant="vanilla"``,
@@ -207,14 +208,6 @@ class VisCE2:
         self.contexts = ContextCache()
         if self.config.expected and not len(self.runner.numbers):
             raise ConfigError(f"the VLM {self.config.model!r} has no number tokens; expected=True needs them")
-
-    @property
-    def chunk_size(self) -> int:
-        return self.config.chunk_size
-
-    @property
-    def progress(self) -> bool:
-        return self.config.progress
 
     # -- scoring -------------------------------------------------------------------------------
 
@@ -381,20 +374,6 @@ class VisCE2:
         row["flags"] = sorted(flags)
         row["signature"] = self.signature
         return row
-
-    def score_file(
-        self,
-        input_path: str | Path,
-        output_path: str | Path,
-        *,
-        references: str | Path | None = None,
-        fmt: str = "auto",
-        resume: bool = False,
-    ) -> Any:
-        """Score a JSONL/CSV/COCO file (records need an ``image`` path) into JSONL or Parquet, resumably."""
-        from qace.data.run import score_file
-
-        return score_file(self, input_path, output_path, references=references, fmt=fmt, resume=resume)
 
 
 def _load(source: str | PILImage) -> tuple[str, PILImage] | str:
