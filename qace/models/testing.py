@@ -316,24 +316,39 @@ def _save(
     )
 
 
-def _is_complete(out: Path, seed: int) -> bool:
-    try:
-        info = json.loads((out / COMPLETE_MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return info.get("seed") == seed and info.get("build_version") == BUILD_VERSION
-
-
 def make_test_models(out_dir: str | Path, *, seed: int = 0, force: bool = False) -> Path:
     """Build ``out_dir/{qg,tqa,vqa}`` (Hugging Face layout) unless a complete build is already there.
 
     Deterministic: the same seed gives byte-identical weights. Takes well under a minute on 2 CPU cores.
     """
+    return build_once(
+        out_dir, ROLES, _build_all, seed=seed, version=BUILD_VERSION, force=force, what="qace TEST models"
+    )
+
+
+def build_once(
+    out_dir: str | Path,
+    roles: Sequence[str],
+    build: Callable[[Path, int], None],
+    *,
+    seed: int,
+    version: int,
+    force: bool,
+    what: str,
+) -> Path:
+    """Run ``build(tmp, seed)`` to make ``out_dir/<role>`` for every role, unless a complete build is there.
+
+    Every test-model builder (QACE's, the judges') goes through here, so all of them are safe to share
+    one cache: a build of the same seed and recipe ``version`` is reused; concurrent builders wait on a
+    lock; the build happens in a temporary directory and each role is moved into place, with the
+    completion marker written last, so an interrupted build is simply redone; and a role directory
+    that is not a qace test model (no ``TEST_MODEL_MARKER``) is never replaced.
+    """
     out = Path(out_dir).expanduser().resolve()
-    if not force and _is_complete(out, seed):
-        logger.info("reusing test models in %s", out)
+    if not force and _is_complete(out, seed, version):
+        logger.info("reusing %s in %s", what, out)
         return out
-    for role in ROLES:
+    for role in roles:
         existing = out / role
         if existing.exists() and not (existing / TEST_MODEL_MARKER).exists() and not force:
             raise ConfigError(
@@ -341,10 +356,31 @@ def make_test_models(out_dir: str | Path, *, seed: int = 0, force: bool = False)
             )
     out.mkdir(parents=True, exist_ok=True)
     with _build_lock(out):
-        if not force and _is_complete(out, seed):  # another process finished while we waited
+        if not force and _is_complete(out, seed, version):  # another process finished while we waited
             return out
-        _build_into(out, seed)
+        start = time.perf_counter()
+        (out / COMPLETE_MARKER).unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp_name:
+            tmp = Path(tmp_name)
+            with _deterministic(seed):
+                build(tmp, seed)
+            for role in roles:
+                if not (tmp / role / TEST_MODEL_MARKER).is_file():
+                    raise RuntimeError(f"test-model build wrote no {TEST_MODEL_MARKER} into {role}/")
+                shutil.rmtree(out / role, ignore_errors=True)
+                (tmp / role).rename(out / role)
+        info = {"seed": seed, "build_version": version, "seconds": round(time.perf_counter() - start, 1)}
+        (out / COMPLETE_MARKER).write_text(json.dumps(info) + "\n")
+    logger.warning("built %s in %s (%.1f s); their scores mean nothing", what, out, info["seconds"])
     return out
+
+
+def _is_complete(out: Path, seed: int, version: int) -> bool:
+    try:
+        info = json.loads((out / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(info.get("seed") == seed and info.get("build_version") == version)
 
 
 @contextlib.contextmanager
@@ -361,21 +397,6 @@ def _build_lock(out: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _build_into(out: Path, seed: int) -> None:
-    start = time.perf_counter()
-    (out / COMPLETE_MARKER).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp_name:
-        tmp = Path(tmp_name)
-        with _deterministic(seed):
-            _build_all(tmp, seed)
-        for role in ROLES:
-            shutil.rmtree(out / role, ignore_errors=True)
-            (tmp / role).rename(out / role)
-    info = {"seed": seed, "build_version": BUILD_VERSION, "seconds": round(time.perf_counter() - start, 1)}
-    (out / COMPLETE_MARKER).write_text(json.dumps(info) + "\n")
-    logger.warning("built qace TEST models in %s (%.1f s); their scores mean nothing", out, info["seconds"])
 
 
 def _build_all(tmp: Path, seed: int) -> None:

@@ -11,21 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from qace.errors import ConfigError
-from qace.models.testing import TEST_MODEL_MARKER, _build_lock
+from qace.models.testing import TEST_MODEL_MARKER, build_once
 
 logger = logging.getLogger(__name__)
 
-COMPLETE_MARKER = ".qace-regen-test-models-complete"
 """Written last into the output directory, so a half-built directory is never reused."""
 BUILD_VERSION = 1
 """Bump when the recipe changes, so cached builds are rebuilt."""
@@ -196,55 +191,27 @@ def make_regen_test_models(out_dir: str | Path, *, seed: int = 0, force: bool = 
     Reuses a complete build of the same seed and recipe; deterministic (same seed, identical weights);
     a few seconds on 2 CPU cores.
     """
-    out = Path(out_dir).expanduser().resolve()
-    if not force and _is_complete(out, seed):
-        return out
-    for role in ROLES:
-        existing = out / role
-        if existing.exists() and not (existing / TEST_MODEL_MARKER).exists() and not force:
-            raise ConfigError(
-                f"{existing} exists and is not a qace test model; choose another directory or pass force=True"
-            )
-    out.mkdir(parents=True, exist_ok=True)
-    with _build_lock(out):
-        if not force and _is_complete(out, seed):
-            return out
-        _build_into(out, seed)
-    return out
+    return build_once(
+        out_dir,
+        ROLES,
+        _build,
+        seed=seed,
+        version=BUILD_VERSION,
+        force=force,
+        what="regeneration-score TEST models",
+    )
 
 
-def _is_complete(out: Path, seed: int) -> bool:
-    marker = out / COMPLETE_MARKER
-    if not marker.is_file() or not all((out / role / TEST_MODEL_MARKER).is_file() for role in ROLES):
-        return False
-    try:
-        info = json.loads(marker.read_text())
-    except ValueError:
-        return False
-    return bool(info.get("seed") == seed and info.get("build_version") == BUILD_VERSION)
-
-
-def _build_into(out: Path, seed: int) -> None:
+def _build(tmp: Path, seed: int) -> None:
     from diffusers import StableDiffusionPipeline
 
-    start = time.perf_counter()
-    (out / COMPLETE_MARKER).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp_name:
-        tmp = Path(tmp_name)
-        tokenizer = load_clip_tokenizer(write_clip_tokenizer(tmp / "bpe"))
-        pipe: Any = StableDiffusionPipeline(**tiny_components(tokenizer, seed=seed))
-        pipe.save_pretrained(str(tmp / "generator"), safe_serialization=True)
-        model, processor = tiny_image_encoder(seed=seed)
-        model.save_pretrained(str(tmp / "encoder"), safe_serialization=True)
-        processor.save_pretrained(str(tmp / "encoder"))
-        for role in ROLES:
-            (tmp / role / TEST_MODEL_MARKER).write_text(
-                "qace regeneration-score TEST model: random weights, its scores mean nothing\n"
-            )
-            shutil.rmtree(out / role, ignore_errors=True)
-            (tmp / role).rename(out / role)
-    info = {"seed": seed, "build_version": BUILD_VERSION, "seconds": round(time.perf_counter() - start, 1)}
-    (out / COMPLETE_MARKER).write_text(json.dumps(info) + "\n")
-    logger.warning(
-        "built regeneration TEST models in %s (%.1f s); their scores mean nothing", out, info["seconds"]
-    )
+    tokenizer = load_clip_tokenizer(write_clip_tokenizer(tmp / "bpe"))
+    pipe: Any = StableDiffusionPipeline(**tiny_components(tokenizer, seed=seed))
+    pipe.save_pretrained(str(tmp / "generator"), safe_serialization=True)
+    model, processor = tiny_image_encoder(seed=seed)
+    model.save_pretrained(str(tmp / "encoder"), safe_serialization=True)
+    processor.save_pretrained(str(tmp / "encoder"))
+    for role in ROLES:
+        (tmp / role / TEST_MODEL_MARKER).write_text(
+            "qace regeneration-score TEST model: random weights, its scores mean nothing\n"
+        )

@@ -12,24 +12,20 @@ the same marker file as the QACE test models, so the CLI warns loudly.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
-import shutil
 import string
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from qace.models.testing import TEST_MODEL_MARKER, _build_lock, _deterministic
+from qace.models.testing import TEST_MODEL_MARKER, _deterministic, build_once
 
 logger = logging.getLogger(__name__)
 
 BUILD_VERSION = 1
 """Bump when the recipe changes, so cached builds are rebuilt."""
-COMPLETE_MARKER = ".qace-test-vlm-complete"
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
@@ -144,8 +140,10 @@ def _corpus() -> list[str]:
     return [*prompts.ALL_PROMPTS, _SCENE_WORDS, "USER ASSISTANT"]
 
 
-def _build(out: Path, seed: int) -> None:
+def _build(tmp: Path, seed: int) -> None:
     from transformers import CLIPImageProcessor, LlavaForConditionalGeneration, LlavaProcessor
+
+    out = tmp / "vlm"
 
     tokenizer = build_vlm_tokenizer(_corpus())
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
@@ -183,42 +181,15 @@ def _tilt_output_head(model: torch.nn.Module, tokenizer: object) -> None:
         head[others] *= SPACE_AND_EOS_BOOST
 
 
-def _is_complete(out: Path, seed: int) -> bool:
-    try:
-        info = json.loads((out / COMPLETE_MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return info.get("seed") == seed and info.get("build_version") == BUILD_VERSION
-
-
 def make_test_vlm(out_dir: str | Path, *, seed: int = 0, force: bool = False) -> Path:
-    """Build the tiny VLM into ``out_dir`` unless a complete build of ``seed`` is there; return it.
+    """Build the tiny VLM into ``out_dir/vlm`` unless a complete build of ``seed`` is there; return it.
 
     Deterministic (same seed, same weights) and about a second on a laptop CPU.
     """
-    out = Path(out_dir).expanduser().resolve()
-    if not force and _is_complete(out, seed):
-        return out
-    if (out / "config.json").exists() and not (out / TEST_MODEL_MARKER).exists():
-        from qace.errors import ConfigError
-
-        raise ConfigError(f"{out} holds a model that is not a qace test VLM; choose another directory")
-    out.mkdir(parents=True, exist_ok=True)
-    with _build_lock(out):
-        if not force and _is_complete(out, seed):
-            return out
-        (out / COMPLETE_MARKER).unlink(missing_ok=True)
-        with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp_name:
-            tmp = Path(tmp_name)
-            _build(tmp, seed)
-            for stale in out.iterdir():
-                if stale.name not in {tmp.name, ".build.lock"}:
-                    shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-            for item in tmp.iterdir():
-                item.rename(out / item.name)
-        (out / COMPLETE_MARKER).write_text(json.dumps({"seed": seed, "build_version": BUILD_VERSION}) + "\n")
-    logger.warning("built the qace TEST VLM in %s; its scores mean nothing", out)
-    return out
+    out = build_once(
+        out_dir, ("vlm",), _build, seed=seed, version=BUILD_VERSION, force=force, what="qace TEST VLM"
+    )
+    return out / "vlm"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

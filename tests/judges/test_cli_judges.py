@@ -106,7 +106,7 @@ def test_demo_metric_visce2_uses_the_test_vlm_offline(tmp_path, monkeypatch, cap
     assert "visce2_expected" in printed.out and "A girl in a red dress" in printed.out
     rows = _lines(tmp_path / "demo" / "example.visce2.jsonl")
     assert rows and all(r["context"] for r in rows)
-    assert (tmp_path / "home" / "visce2-vlm" / "config.json").is_file()
+    assert (tmp_path / "home" / "visce2-vlm" / "vlm" / "config.json").is_file()
 
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
