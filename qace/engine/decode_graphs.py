@@ -127,25 +127,16 @@ class GraphedDecoding:
         device made current: a process whose models live on ``cuda:1`` works without ``set_device``.
         """
         with torch.cuda.device(hidden.device):
-            return self._generate(
-                hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
-            )
+            view = self._load(hidden, mask, max_new_tokens, forced)
+            return self._run(view, mask.shape[0], max_new_tokens, unanswerable_id)
 
-    def _generate(
-        self,
-        hidden: torch.Tensor,
-        mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        unanswerable_id: int | None,
-        forced: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _load(
+        self, hidden: torch.Tensor, mask: torch.Tensor, steps: int, forced: torch.Tensor | None
+    ) -> _View:
+        """This batch's bucket, its static buffers filled with the batch; padding rows start as ended."""
         dec = self.dec
         rows, length = mask.shape
-        view = self._bucket(
-            bucket_rows(rows), bucket_length(length), max_new_tokens, hidden, forced is not None
-        )
-        # load this batch into the static buffers; padding rows start as ended
+        view = self._bucket(bucket_rows(rows), bucket_length(length), steps, hidden, forced is not None)
         view.cross_bias.fill_(torch.finfo(hidden.dtype).min)
         view.cross_bias[:rows, ..., :length].copy_(dec.cross_bias(mask, hidden.dtype))
         for (k_buf, v_buf), (k, v) in zip(view.cross, dec.cross_cache(hidden), strict=True):
@@ -160,11 +151,17 @@ class GraphedDecoding:
         view.out.fill_(-1)
         if forced is not None:
             view.forced[:rows].copy_(forced)
+        return view
 
+    def _run(
+        self, view: _View, rows: int, steps: int, unanswerable_id: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Replay the step until every row has ended (or ``steps`` ran out)."""
+        dec = self.dec
         graph, logits = view.graph, view.logits
         assert graph is not None and logits is not None
         answerability = None
-        for step in range(max_new_tokens):
+        for step in range(steps):
             graph.replay()
             dec.row_steps += view.token.shape[0]
             if step == 0 and unanswerable_id is not None:
