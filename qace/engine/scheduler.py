@@ -7,6 +7,7 @@ whatever the mix of short and long inputs.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -58,11 +59,11 @@ def plan_batches(
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad token id lists into ``(ids, attention_mask)`` int64 arrays."""
-    width = max((len(s) for s in sequences), default=0)
+    """Right-pad token id lists into ``(ids, attention_mask)`` int64 arrays (filled in one scatter)."""
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    width = int(lengths.max(initial=0))
+    mask = np.arange(width)[None, :] < lengths[:, None]
     ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(sequences), width), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return ids, mask
+    flat = itertools.chain.from_iterable(sequences)
+    ids[mask] = np.fromiter(flat, dtype=np.int64, count=int(lengths.sum()))
+    return ids, mask.astype(np.int64)

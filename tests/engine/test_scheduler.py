@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qace.engine.batches import cut_at_eos
 from qace.engine.scheduler import dedupe, pad_batch, plan_batches
 
 
@@ -42,3 +43,33 @@ def test_pad_batch_right_pads_with_mask():
     ids, mask = pad_batch([[5, 6, 1], [7, 1]], pad_id=0)
     assert ids.tolist() == [[5, 6, 1], [7, 1, 0]]
     assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pad_batch_matches_a_row_by_row_fill(seed):
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(1, 500, size=rng.integers(0, 40)).tolist() for _ in range(int(rng.integers(1, 30)))]
+    ids, mask = pad_batch(rows, pad_id=3)
+    assert ids.shape == mask.shape == (len(rows), max(map(len, rows)))
+    for row, got, m in zip(rows, ids, mask, strict=True):
+        assert got.tolist() == row + [3] * (ids.shape[1] - len(row))
+        assert m.tolist() == [1] * len(row) + [0] * (ids.shape[1] - len(row))
+    assert ids.dtype == mask.dtype == np.int64
+    empty_ids, empty_mask = pad_batch([], pad_id=0)
+    assert empty_ids.shape == empty_mask.shape == (0, 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cut_at_eos_keeps_ids_before_the_first_eos(seed):
+    rng = np.random.default_rng(seed)
+    out = rng.integers(2, 9, size=(50, 12))
+    for row in out:  # a decoder writes -1 after the step where the row emitted EOS (id 1)
+        end = int(rng.integers(0, 14))
+        if end < 12:
+            row[end] = 1
+            row[end + 1 :] = -1
+    expected = []
+    for row in out:
+        ids = row[row >= 0].tolist()
+        expected.append(ids[: ids.index(1)] if 1 in ids else ids)
+    assert cut_at_eos(out, eos_id=1) == expected
