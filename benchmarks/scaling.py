@@ -13,11 +13,12 @@ engine up on the first ``--warmup`` records (default one full chunk, so the deco
 full-size batches are captured before the timing) and writes when scoring started and ended.
 
 Reported per run: wall seconds of the whole call (planning the shards, spawning the workers, loading the
-models, the warm-up, scoring and the merge) and steady-state seconds (first worker's scoring start to last
-worker's end, warm-up excluded), captions/s for both, then speedup and efficiency (speedup / devices)
-against the first run. The rows of every run are compared with the first run's (bf16: shards batch other
-captions together, so a few answers may differ). Each worker also records its peak memory on every
-visible GPU, which shows if a worker ever touched another worker's GPU.
+models, the warm-up, scoring and the merge) and steady-state seconds (from the moment every worker is
+loaded and warm, when all start scoring together, to the last worker's end), captions/s for both,
+then speedup and efficiency (speedup / devices) against the first run. The rows of every run are
+compared with the first run's (bf16: shards batch other captions together, so a few answers may
+differ). Each worker also records its peak memory on every visible GPU, which shows if a worker ever
+touched another worker's GPU.
 """
 
 from __future__ import annotations
@@ -59,12 +60,17 @@ def forced_scorer(
     device: str,
     warmup: Sequence[dict[str, Any]] = (),
     timings_dir: str | None = None,
+    workers: int = 1,
     candidate_cache: bool = True,
     **kwargs: Any,
 ) -> QACE:
     """Shard-worker scorer factory: ``QACE(device=device, **kwargs)`` with the workload's forced output
     lengths, warmed up on ``warmup`` records; with ``timings_dir`` its ``score_records`` writes
-    ``<pid>.json`` there when the stream ends (load, warm-up, start and end times, rows, GPU memory)."""
+    ``<pid>.json`` there when the stream ends (load, warm-up, start and end times, rows, GPU memory).
+
+    With ``timings_dir``, scoring starts only once all ``workers`` of the run are loaded and warm (a
+    barrier on ``ready-<pid>`` files), so the steady-state window times parallel scoring, not one
+    worker waiting for another to finish loading."""
     started = time.time()
     scorer = QACE(device=device, **kwargs)
     force_lengths(scorer)
@@ -80,6 +86,7 @@ def forced_scorer(
     score_records = scorer.score_records
 
     def timed(records: Any) -> Iterator[Any]:
+        _wait_for_all(Path(timings_dir), workers)
         start, rows = time.time(), 0
         for row in score_records(records):
             rows += 1
@@ -99,6 +106,16 @@ def forced_scorer(
 
     scorer.score_records = timed  # type: ignore[method-assign]
     return scorer
+
+
+def _wait_for_all(folder: Path, workers: int, timeout: float = 900.0) -> None:
+    """Announce this worker ready and wait until ``workers`` workers are (a start barrier)."""
+    (folder / f"ready-{os.getpid()}").touch()
+    deadline = time.time() + timeout
+    while len(list(folder.glob("ready-*"))) < workers:
+        if time.time() > deadline:
+            raise TimeoutError(f"only {len(list(folder.glob('ready-*')))} of {workers} workers got ready")
+        time.sleep(0.01)
 
 
 def _record(d: dict[str, Any]) -> Record:
@@ -148,13 +165,13 @@ def run(
         input_path,
         output,
         devices=devices,
-        scorer_kwargs={**scorer_kwargs, "timings_dir": str(timings)},
+        scorer_kwargs={**scorer_kwargs, "timings_dir": str(timings), "workers": len(devices)},
         scorer_factory=FACTORY,
     )
     wall = time.perf_counter() - start
     if summary.scored != captions or summary.errors:
         raise RuntimeError(f"{summary.scored} scored and {summary.errors} errors for {captions} captions")
-    workers = sorted((json.loads(p.read_text()) for p in timings.iterdir()), key=lambda w: w["start"])
+    workers = sorted((json.loads(p.read_text()) for p in timings.glob("*.json")), key=lambda w: w["start"])
     if len(workers) != len(devices) or sum(w["rows"] for w in workers) != captions:
         raise RuntimeError(f"worker timings are incomplete: {workers}")
     steady = max(w["end"] for w in workers) - min(w["start"] for w in workers)

@@ -92,3 +92,9 @@ def test_compare_scores() -> None:
     assert got == {"max_abs_qace_diff": 0.25, "mean_abs_qace_diff": 0.125, "share_identical": 0.5}
     with pytest.raises(RuntimeError, match="different ids"):
         scaling.compare({"a": 0.5}, {"b": 0.5})
+
+
+def test_workers_start_scoring_together(report: dict[str, Any]) -> None:
+    for result in report["results"]:
+        starts = [w["started_after_seconds"] for w in result["runs"][1]["workers"]]
+        assert max(starts) - min(starts) < 0.5  # the start barrier, not load order, decides
