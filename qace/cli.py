@@ -23,7 +23,9 @@ OPTIONAL_COMMANDS = ("qace.meta.cli", "qace.export.cli", "qace.serve.cli", "qace
 
 QACE_METRICS = {"qace-ref": "ref", "qace-img": "img"}
 JUDGE_MODULES = {"visce2": "qace.judges.visce2", "regen": "qace.judges.regen"}
-"""Judges of ``--metric``: each module has ``add_cli_arguments(parser)`` and ``from_cli(args)``."""
+"""Judges of ``--metric``: each module has ``add_cli_arguments(parser)``, ``cli_settings(args)`` (the
+scorer's keyword arguments), ``from_cli(args)``, ``demo_scorer(...)`` and ``SCORER``, the name of its
+scorer class (so ``--gpus`` workers can build it from those keyword arguments)."""
 METRICS = (*QACE_METRICS, *JUDGE_MODULES)
 
 TEST_MODEL_WARNING = """
@@ -156,36 +158,33 @@ def _resolve_metric(args: argparse.Namespace) -> str:
     return metric
 
 
-def judge_scorer(metric: str, args: argparse.Namespace):  # noqa: ANN201
-    """Build the ``qace.judges`` scorer of ``metric`` from parsed ``qace score`` arguments."""
+def _judge(metric: str):  # noqa: ANN202
+    """The module of judge ``metric`` (a clear error when its extra is not installed)."""
     module = JUDGE_MODULES[metric]
     try:
-        judge = importlib.import_module(module)
+        return importlib.import_module(module)
     except ImportError as exc:
         raise BackendUnavailableError(
             f"--metric {metric} needs {module}, which cannot be imported here ({exc}); "
             "install the judges extra: pip install 'qace[judges]'"
         ) from exc
-    return judge.from_cli(args)
+
+
+def judge_scorer(metric: str, args: argparse.Namespace):  # noqa: ANN201
+    """Build the ``qace.judges`` scorer of ``metric`` from parsed ``qace score`` arguments."""
+    return _judge(metric).from_cli(args)
 
 
 def judge_demo_scorer(metric: str, *, device: str, download: bool):  # noqa: ANN201
     """The scorer ``qace demo --metric <judge>`` runs: each judge module's ``demo_scorer``."""
-    module = JUDGE_MODULES[metric]
-    try:
-        demo_scorer = importlib.import_module(module).demo_scorer
-    except (ImportError, AttributeError) as exc:
-        raise BackendUnavailableError(
-            f"qace demo --metric {metric} needs {module}.demo_scorer ({exc})"
-        ) from exc
-    return demo_scorer(device=device, download=download)
+    return _judge(metric).demo_scorer(device=device, download=download)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
     metric = _resolve_metric(args)
     if metric in JUDGE_MODULES:
         if args.gpus:
-            raise QACEError(f"--gpus shards QACE only; run --metric {metric} with --device cuda:N instead")
+            return _score_judge_sharded(metric, args)
         from qace.data.run import score_file
 
         scorer = judge_scorer(metric, args)
@@ -204,6 +203,32 @@ def cmd_score(args: argparse.Namespace) -> int:
         args.input, args.output, references=args.references, fmt=args.format, resume=args.resume
     )
     return _report(scorer.signature, summary, args.output)
+
+
+def _score_judge_sharded(metric: str, args: argparse.Namespace) -> int:
+    """``qace score --metric <judge> --gpus N``: one judge per GPU, merged in input order, resumable."""
+    from qace.scale.shards import resolve_devices, score_file_sharded
+
+    judge = _judge(metric)
+    devices = resolve_devices(args.gpus)
+    settings = {**judge.cli_settings(args), "progress": False}
+    settings.pop("device")
+    print(f"scoring {metric} on {len(devices)} devices: {', '.join(devices)}")
+    summary = score_file_sharded(
+        args.input,
+        args.output,
+        devices=devices,
+        scorer_kwargs=settings,
+        scorer_factory=f"{judge.__name__}:{judge.SCORER}",
+        score_key=getattr(judge, judge.SCORER).score_key,
+        references=args.references,
+        fmt=args.format,
+        resume=args.resume,
+    )
+    print(summary.line())
+    if summary.errors:
+        print(f"{summary.errors} record(s) not scored; see the .errors.jsonl file next to {args.output}")
+    return 0
 
 
 def _report(signature: str, summary: Summary, output: str) -> int:

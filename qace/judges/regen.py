@@ -454,8 +454,12 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def from_cli(args: argparse.Namespace) -> RegenScore:
-    """Build the scorer from parsed ``qace score`` arguments (regeneration options + generic ones)."""
+SCORER = "RegenScore"
+"""The scorer class by name: ``qace score --gpus`` workers build it from `cli_settings` (a fresh process)."""
+
+
+def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """`RegenScore` keyword arguments from parsed ``qace score`` arguments (its options + generic ones)."""
     settings: dict[str, Any] = {
         "samples": args.samples,
         "steps": args.regen_steps,
@@ -474,7 +478,12 @@ def from_cli(args: argparse.Namespace) -> RegenScore:
         settings["image_encoder"] = args.image_encoder
     if getattr(args, "chunk_size", None):
         settings["chunk_size"] = args.chunk_size
-    return RegenScore(**settings)
+    return settings
+
+
+def from_cli(args: argparse.Namespace) -> RegenScore:
+    """Build the scorer from parsed ``qace score`` arguments."""
+    return RegenScore(**cli_settings(args))
 
 
 def demo_scorer(*, device: str = "cpu", download: bool = False) -> RegenScore:

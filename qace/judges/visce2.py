@@ -418,25 +418,34 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def from_cli(args: argparse.Namespace) -> VisCE2:
-    """A scorer from parsed ``qace score`` arguments (the shared options included)."""
+SCORER = "VisCE2"
+"""The scorer class by name: ``qace score --gpus`` workers build it from `cli_settings` (a fresh process)."""
+
+
+def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """`VisCE2` keyword arguments from parsed ``qace score`` arguments (the shared options included)."""
     precision = getattr(args, "precision", "fp32")
     if precision not in DTYPE_NAMES:
         raise ConfigError(f"--precision {precision} is not available for VisCE²; use one of {DTYPE_NAMES}")
-    return VisCE2(
-        model=args.vlm,
-        variant=args.visce2_variant,
-        expected=args.visce2_expected,
-        explain=getattr(args, "explain", False),
-        context_tokens=args.visce2_context_tokens,
-        rating_tokens=args.visce2_rating_tokens,
-        precision=precision,
-        device=getattr(args, "device", "cpu"),
-        max_batch_tokens=getattr(args, "batch_tokens", 16384),
-        max_batch_rows=getattr(args, "batch_rows", 64),
-        chunk_size=getattr(args, "chunk_size", 512),
-        progress=not getattr(args, "no_progress", False),
-    )
+    return {
+        "model": args.vlm,
+        "variant": args.visce2_variant,
+        "expected": args.visce2_expected,
+        "explain": getattr(args, "explain", False),
+        "context_tokens": args.visce2_context_tokens,
+        "rating_tokens": args.visce2_rating_tokens,
+        "precision": precision,
+        "device": getattr(args, "device", "cpu"),
+        "max_batch_tokens": getattr(args, "batch_tokens", 16384),
+        "max_batch_rows": getattr(args, "batch_rows", 64),
+        "chunk_size": getattr(args, "chunk_size", 512),
+        "progress": not getattr(args, "no_progress", False),
+    }
+
+
+def from_cli(args: argparse.Namespace) -> VisCE2:
+    """A scorer from parsed ``qace score`` arguments."""
+    return VisCE2(**cli_settings(args))
 
 
 def demo_scorer(*, device: str = "cpu", download: bool = False) -> VisCE2:

@@ -89,14 +89,16 @@ def score_file_sharded(
     resume: bool = False,
     keep_shards: bool = False,
     scorer_factory: str | None = None,
+    score_key: str = "qace",
 ) -> Summary:
     """Score ``input_path`` into ``output_path`` with one worker per entry of ``devices``.
 
     ``scorer_kwargs`` are `QACE` keyword arguments (``models=``, ``variant=``, ...; not
     ``device``). The output equals what one `QACE.score_file` run writes, byte for byte for JSONL.
-    ``scorer_factory`` names a callable (``"package.module:function"``) that each worker calls as
-    ``f(device=..., **scorer_kwargs)`` instead of `QACE`; it must return a `QACE`-like scorer
-    (``score_records``, ``signature``, ``config.chunk_size``) and be importable in a fresh process.
+    ``scorer_factory`` names a callable (``"package.module:function"``, or a class such as
+    ``"qace.judges.visce2:VisCE2"``) that each worker calls as ``f(device=..., **scorer_kwargs)``
+    instead of `QACE`; it must return a `qace.data.run.FileScorer` and be importable in a fresh
+    process. ``score_key`` is that scorer's main score column (for the summary's mean).
     """
     if not devices:
         raise ConfigError("devices must name at least one torch device")
@@ -142,17 +144,18 @@ def score_file_sharded(
     if len(signatures) > 1:
         raise QACEError(f"shards produced different signatures {sorted(signatures)}; the devices disagree")
     signature = signatures.pop() if signatures else None
-    rows, errors, mean = _merge(work, output, len(bounds), signature, resume=resume)
+    rows, errors, mean = _merge(work, output, len(bounds), signature, resume=resume, score_key=score_key)
     if not keep_shards:
         shutil.rmtree(work, ignore_errors=True)
     if not outcomes:  # the final output was already complete
-        return Summary(0, 0, rows + errors, mean, time.perf_counter() - start)
+        return Summary(0, 0, rows + errors, mean, time.perf_counter() - start, score_key)
     return Summary(
         _count(outcomes, "scored"),
         _count(outcomes, "errors"),
         _count(outcomes, "skipped"),
         mean,
         time.perf_counter() - start,
+        score_key,
     )
 
 
@@ -258,7 +261,7 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
     with (
         _closing_candidates(scorer),
         ResultWriter(
-            job.output, signature=scorer.signature, resume=job.resume, chunk_size=scorer.config.chunk_size
+            job.output, signature=scorer.signature, resume=job.resume, chunk_size=scorer.chunk_size
         ) as writer,
     ):
         done = writer.done_ids()
@@ -279,6 +282,7 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
                             obj["caption"],
                             obj.get("image_id"),
                             tuple(refs) if refs is not None else None,
+                            obj.get("image"),
                         )
 
         for result in scorer.score_records(pending()):
@@ -321,7 +325,7 @@ def load_factory(path: str) -> Callable[..., Any]:
 
 
 def _merge(
-    work: Path, output: Path, shards: int, signature: str | None, *, resume: bool
+    work: Path, output: Path, shards: int, signature: str | None, *, resume: bool, score_key: str
 ) -> tuple[int, int, float | None]:
     """Concatenate the shard outputs in shard order into the final output; returns rows, errors, mean."""
     from qace.data.output import ResultWriter
@@ -332,13 +336,13 @@ def _merge(
     with ResultWriter(output, signature=signature or "", resume=resume, chunk_size=MERGE_CHUNK) as writer:
         done = writer.done_ids()
         if output.exists() and done:
-            return _final_counts(output)
+            return _final_counts(output, score_key)
         for i in range(shards):
             shard = work / f"shard-{i}.jsonl"
             for line in _lines(shard):
                 row = json.loads(line)
                 scored += 1
-                total += row["qace"]
+                total += row[score_key]
                 if row["id"] not in done:
                     writer.add(row)
             for line in _lines(shard.with_name(shard.stem + ".errors.jsonl")):
@@ -349,15 +353,15 @@ def _merge(
     return scored, errors, total / scored if scored else None
 
 
-def _final_counts(output: Path) -> tuple[int, int, float | None]:
+def _final_counts(output: Path, score_key: str) -> tuple[int, int, float | None]:
     import pyarrow.parquet as pq
 
     errors_path = output.with_name(output.stem + ".errors.jsonl")
     errors = sum(1 for _ in _lines(errors_path))
     if output.suffix.lower() == ".parquet":
-        values = pq.read_table(output, columns=["qace"]).column("qace").to_pylist()
+        values = pq.read_table(output, columns=[score_key]).column(score_key).to_pylist()
     else:
-        values = [json.loads(line)["qace"] for line in _lines(output)]
+        values = [json.loads(line)[score_key] for line in _lines(output)]
     return len(values), errors, sum(values) / len(values) if values else None
 
 
