@@ -23,7 +23,7 @@ class VisualBatch:
     input_ids: np.ndarray
     attention_mask: np.ndarray
     features: Any
-    """(B, 36, 2054) float32 numpy array, or a tensor already on the runner's device (its feature table)."""
+    """(B, 36, 2054) float32 numpy array, or rows gathered on the runner's device from its feature cache."""
 
 
 @dataclass(frozen=True)

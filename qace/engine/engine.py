@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from qace.engine.batches import Generated, TextBatch, VisualBatch
@@ -112,9 +113,10 @@ def generate_visual(
 ) -> StageOutput:
     """Visual-T5 answers for (question, image) pairs; identical pairs run once.
 
-    Every row has the same fixed 102-position encoder input, so batches are cut by rows only. Each image's
-    features are loaded once per chunk into one table (on the GPU when the runner keeps one there) and
-    batches gather their rows from it, instead of copying 36 x 2054 floats per question.
+    Every row has the same fixed 102-position encoder input, so batches are cut by rows only. Batches
+    gather their rows from the runner's device-resident features of hot images (an image is uploaded
+    once while it stays hot, not once per chunk or per question); a runner without them gets one host
+    table per chunk.
     """
     from qace.models.visual_t5 import visual_question_inputs
 
@@ -122,13 +124,21 @@ def generate_visual(
     ids_t, mask_t, truncated = visual_question_inputs(tokenizer, [q for q, _ in unique.unique])
     input_ids, mask = np.asarray(ids_t, dtype=np.int64), np.asarray(mask_t, dtype=np.int64)
     images = dedupe([image for _, image in unique.unique])
-    host_table = (
-        np.stack([features(image) for image in images.unique]) if images.unique else np.zeros((0, 36, 2054))
-    )
-    table = getattr(runner, "feature_table", np.asarray)(host_table.astype(np.float32, copy=False))
+    resident = getattr(runner, "feature_rows", lambda *_: None)(images.unique, features)
+    if resident is not None:  # the runner keeps hot images on its device: gather rows there
+        slab, slots = resident
+        row_of = slots[torch.as_tensor(images.inverse, device=slots.device)]
 
-    def make_batch(index: np.ndarray) -> VisualBatch:
-        return VisualBatch(input_ids[index], mask[index], table[images.inverse[index]])
+        def make_batch(index: np.ndarray) -> VisualBatch:
+            rows = row_of[torch.as_tensor(index, device=row_of.device)]
+            return VisualBatch(input_ids[index], mask[index], slab[rows])
+
+    else:  # one host table per chunk (e.g. ONNX Runtime)
+        host = [features(image) for image in images.unique]
+        table = np.stack(host).astype(np.float32, copy=False) if host else np.zeros((0, 36, 2054), np.float32)
+
+        def make_batch(index: np.ndarray) -> VisualBatch:
+            return VisualBatch(input_ids[index], mask[index], table[images.inverse[index]])
 
     width = input_ids.shape[1] + 38
     tokens, an = _run_planned(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
+from qace.engine.device_features import DeviceFeatureCache
 from qace.engine.t5_decoder import StaticT5Decoder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -25,12 +27,18 @@ class TorchRunner:
         """Benchmarks only: maps a batch to the tokens each row must emit (see StaticT5Decoder)."""
         self.profile = False
         """Benchmarks only: synchronise around encoder and decoder to time them apart (costs a little)."""
+        self.features: DeviceFeatureCache | None = None
+        """Visual-T5 only: region features of hot images, kept on the device across chunks."""
         self.stats = {"sequences": 0, "encoder_tokens": 0, "encoder_seconds": 0.0, "decoder_seconds": 0.0}
 
-    def feature_table(self, features: np.ndarray) -> torch.Tensor:
-        """Region features of a chunk's images, uploaded once, in the model's dtype, for batches to index."""
-        dtype = self.model.encoder.img_emb.weight.dtype
-        return torch.from_numpy(features).to(self.device, dtype)
+    def feature_rows(
+        self, image_ids: Sequence[str], load: Callable[[str], np.ndarray]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Device-resident features of ``image_ids`` (see `DeviceFeatureCache.rows`)."""
+        if self.features is None:
+            dtype = self.model.encoder.img_emb.weight.dtype
+            self.features = DeviceFeatureCache(self.device, dtype)
+        return self.features.rows(image_ids, load)
 
     def _clock(self) -> float:
         if self.profile and self.device.type == "cuda":

@@ -1,0 +1,65 @@
+"""Region features of hot images kept on the model's device, so an image is uploaded once, not per chunk.
+
+QACE-Img reads 36 x 2054 floats per image. A data set has about five captions per image spread over
+chunks, and an RL reward scores new captions of the same images at every step; uploading each image's
+features once and gathering batch rows from a device-resident slab turns those repeats into no copies.
+The slab is an LRU over images: it grows (doubling) up to ``capacity`` images, and evicts the least
+recently used images that the current request does not need.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+NUM_REGIONS, REGION_DIM = 36, 2054
+
+
+class DeviceFeatureCache:
+    """An LRU of image features on ``device`` in ``dtype``; see the module docstring."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, capacity: int = 8192) -> None:
+        self.device, self.dtype, self.capacity = device, dtype, capacity
+        self._slab = torch.empty((0, NUM_REGIONS, REGION_DIM), device=device, dtype=dtype)
+        self._slots: OrderedDict[str, int] = OrderedDict()
+        self.uploads = 0
+        """Images uploaded so far (each resident image once)."""
+
+    def rows(
+        self, image_ids: Sequence[str], load: Callable[[str], np.ndarray]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(slab, slots)`` with ``slab[slots[i]]`` the features of ``image_ids[i]`` (distinct ids).
+
+        Images not resident are read with ``load`` and uploaded in one copy. None when the request holds
+        more images than the cache can: the caller then uploads that chunk's features itself.
+        """
+        if len(image_ids) > self.capacity:
+            return None
+        for image_id in image_ids:  # requested images become the most recent: they are not evicted
+            if image_id in self._slots:
+                self._slots.move_to_end(image_id)
+        missing = [image_id for image_id in image_ids if image_id not in self._slots]
+        if missing:
+            free = self._free_slots(len(missing))
+            host = np.stack([load(image_id) for image_id in missing]).astype(np.float32, copy=False)
+            index = torch.tensor(free, device=self.device)
+            self._slab.index_copy_(0, index, torch.from_numpy(host).to(self.device, self.dtype))
+            self._slots.update(zip(missing, free, strict=True))
+            self.uploads += len(missing)
+        slots = torch.tensor([self._slots[image_id] for image_id in image_ids], device=self.device)
+        return self._slab, slots
+
+    def _free_slots(self, needed: int) -> list[int]:
+        """``needed`` slots: unused ones first (growing the slab), then the least recently used."""
+        used = len(self._slots)
+        if used + needed > len(self._slab) and len(self._slab) < self.capacity:
+            size = min(self.capacity, max(used + needed, 2 * len(self._slab)))
+            grown = torch.empty((size, NUM_REGIONS, REGION_DIM), device=self.device, dtype=self.dtype)
+            grown[: len(self._slab)] = self._slab
+            self._slab = grown
+        unused = sorted(set(range(len(self._slab))) - set(self._slots.values()))[:needed]
+        evicted = [self._slots.popitem(last=False)[1] for _ in range(needed - len(unused))]
+        return unused + evicted

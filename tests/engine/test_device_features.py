@@ -1,0 +1,78 @@
+"""Device-resident region features: each hot image uploaded once, LRU eviction that spares the request."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from qace.engine.device_features import DeviceFeatureCache
+
+
+def _features(image_id: str) -> np.ndarray:
+    seed = int(image_id.removeprefix("img"))
+    return np.random.default_rng(seed).standard_normal((36, 2054)).astype(np.float32)
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+
+    def __call__(self, image_id: str) -> np.ndarray:
+        self.reads.append(image_id)
+        return _features(image_id)
+
+
+def _check(cache: DeviceFeatureCache, ids: list[str], store: _Store) -> None:
+    slab, slots = cache.rows(ids, store)
+    for image_id, slot in zip(ids, slots.tolist(), strict=True):
+        assert torch.equal(slab[slot], torch.from_numpy(_features(image_id)))
+
+
+def test_hot_images_are_uploaded_once_and_rows_are_right() -> None:
+    cache, store = DeviceFeatureCache(torch.device("cpu"), torch.float32, capacity=8), _Store()
+    _check(cache, ["img1", "img2", "img3"], store)
+    _check(cache, ["img3", "img1", "img4"], store)  # two resident, one new
+    assert store.reads == ["img1", "img2", "img3", "img4"] and cache.uploads == 4
+
+
+def test_eviction_takes_the_least_recent_and_never_a_requested_image() -> None:
+    cache, store = DeviceFeatureCache(torch.device("cpu"), torch.float32, capacity=4), _Store()
+    _check(cache, ["img1", "img2", "img3", "img4"], store)
+    _check(cache, ["img1"], store)  # img1 is now the most recent
+    _check(cache, ["img5", "img6", "img1"], store)  # evicts img2 and img3, keeps img1 and img4
+    assert store.reads[-2:] == ["img5", "img6"]
+    _check(cache, ["img4", "img1", "img5", "img6"], store)
+    assert len(store.reads) == 6
+    _check(cache, ["img2"], store)
+    assert store.reads[-1] == "img2"
+
+
+def test_a_request_larger_than_the_cache_is_declined() -> None:
+    cache, store = DeviceFeatureCache(torch.device("cpu"), torch.float32, capacity=2), _Store()
+    assert cache.rows(["img1", "img2", "img3"], store) is None and store.reads == []
+
+
+def test_model_dtype_and_growth() -> None:
+    cache, store = DeviceFeatureCache(torch.device("cpu"), torch.bfloat16, capacity=100), _Store()
+    for start in range(0, 40, 7):  # the slab grows as images arrive
+        ids = [f"img{i}" for i in range(start, start + 7)]
+        slab, slots = cache.rows(ids, store)
+        assert slab.dtype == torch.bfloat16
+        expected = torch.from_numpy(np.stack([_features(i) for i in ids])).to(torch.bfloat16)
+        assert torch.equal(slab[slots], expected)
+    assert cache.uploads == 42 and len(set(store.reads)) == 42
+
+
+def test_qace_img_uploads_each_image_once_across_chunks(test_models_dir) -> None:
+    from qace.api import QACE
+    from qace.data.features import RandomFeatureStore
+
+    captions = ["a dog runs on the grass", "a girl in a red dress", "two men ride bikes", "a cat on a sofa"]
+    images = ["a", "b", "c"]
+    rows = [(captions[i % 4], images[i % 3]) for i in range(12)]
+    scorer = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(seed=0), chunk_size=4)
+    chunked = scorer.score([c for c, _ in rows], image_ids=[i for _, i in rows])
+    assert scorer.models.vqa.features.uploads == 3  # three chunks, three images, three uploads
+    whole = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(seed=0), chunk_size=64)
+    again = whole.score([c for c, _ in rows], image_ids=[i for _, i in rows])
+    assert [r["qace"] for r in chunked] == [r["qace"] for r in again]
