@@ -37,7 +37,9 @@ class TorchRunner:
         """Device-resident features of ``image_ids`` (see `DeviceFeatureCache.rows`)."""
         if self.features is None:
             dtype = self.model.encoder.img_emb.weight.dtype
-            self.features = DeviceFeatureCache(self.device, dtype)
+            # on the CPU the slab only saves the per-chunk stacking, so it stays small (host RAM)
+            capacity = 8192 if self.device.type == "cuda" else 512
+            self.features = DeviceFeatureCache(self.device, dtype, capacity)
         return self.features.rows(image_ids, load)
 
     def _clock(self) -> float:
