@@ -170,11 +170,6 @@ def _judge(metric: str):  # noqa: ANN202
         ) from exc
 
 
-def judge_scorer(metric: str, args: argparse.Namespace):  # noqa: ANN201
-    """Build the ``qace.judges`` scorer of ``metric`` from parsed ``qace score`` arguments."""
-    return _judge(metric).from_cli(args)
-
-
 def judge_demo_scorer(metric: str, *, device: str, download: bool):  # noqa: ANN201
     """The scorer ``qace demo --metric <judge>`` runs: each judge module's ``demo_scorer``."""
     return _judge(metric).demo_scorer(device=device, download=download)
@@ -182,53 +177,17 @@ def judge_demo_scorer(metric: str, *, device: str, download: bool):  # noqa: ANN
 
 def cmd_score(args: argparse.Namespace) -> int:
     metric = _resolve_metric(args)
-    if metric in JUDGE_MODULES:
-        if args.gpus:
-            return _score_judge_sharded(metric, args)
-        from qace.data.run import score_file
-
-        scorer = judge_scorer(metric, args)
-        _warn_if_test_models(scorer)
-        summary = score_file(
-            scorer, args.input, args.output, references=args.references, fmt=args.format, resume=args.resume
-        )
-        return _report(scorer.signature, summary, args.output)
+    judge = _judge(metric) if metric in JUDGE_MODULES else None
     if args.gpus:
         from qace.scale.cli import cmd_score_sharded
 
-        return cmd_score_sharded(args)
-    scorer = _scorer(args)
+        return cmd_score_sharded(args, judge)
+    scorer = _scorer(args) if judge is None else judge.from_cli(args)
     _warn_if_test_models(scorer)
     summary = scorer.score_file(
         args.input, args.output, references=args.references, fmt=args.format, resume=args.resume
     )
     return _report(scorer.signature, summary, args.output)
-
-
-def _score_judge_sharded(metric: str, args: argparse.Namespace) -> int:
-    """``qace score --metric <judge> --gpus N``: one judge per GPU, merged in input order, resumable."""
-    from qace.scale.shards import resolve_devices, score_file_sharded
-
-    judge = _judge(metric)
-    devices = resolve_devices(args.gpus)
-    settings = {**judge.cli_settings(args), "progress": False}
-    settings.pop("device")
-    print(f"scoring {metric} on {len(devices)} devices: {', '.join(devices)}")
-    summary = score_file_sharded(
-        args.input,
-        args.output,
-        devices=devices,
-        scorer_kwargs=settings,
-        scorer_factory=f"{judge.__name__}:{judge.SCORER}",
-        score_key=getattr(judge, judge.SCORER).score_key,
-        references=args.references,
-        fmt=args.format,
-        resume=args.resume,
-    )
-    print(summary.line())
-    if summary.errors:
-        print(f"{summary.errors} record(s) not scored; see the .errors.jsonl file next to {args.output}")
-    return 0
 
 
 def _report(signature: str, summary: Summary, output: str) -> int:

@@ -17,15 +17,26 @@ def scorer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def cmd_score_sharded(args: argparse.Namespace, devices: list[str] | None = None) -> int:
-    """``qace score --gpus``: one engine per GPU, output merged in input order, resumable per shard."""
+def cmd_score_sharded(args: argparse.Namespace, judge: Any = None, devices: list[str] | None = None) -> int:
+    """``qace score --gpus``: one scorer per GPU, output merged in input order, resumable per shard.
+
+    ``judge`` is a ``qace.judges`` module (``--metric visce2|regen``): its workers build the module's
+    ``SCORER`` class from ``cli_settings(args)``; without one, the workers run QACE.
+    """
     from qace.scale.shards import resolve_devices, score_file_sharded
 
     devices = devices or resolve_devices(args.gpus)
-    print(f"scoring on {len(devices)} devices: {', '.join(devices)}")
+    if judge is None:
+        kwargs, factory, key = scorer_kwargs(args), None, "qace"
+    else:
+        kwargs = {**judge.cli_settings(args), "progress": False}
+        kwargs.pop("device")
+        factory = f"{judge.__name__}:{judge.SCORER}"
+        key = getattr(judge, judge.SCORER).score_key
+    print(f"scoring {key} on {len(devices)} devices: {', '.join(devices)}")
     summary = score_file_sharded(
-        args.input, args.output, devices=devices, scorer_kwargs=scorer_kwargs(args),
-        references=args.references, fmt=args.format, resume=args.resume,
+        args.input, args.output, devices=devices, scorer_kwargs=kwargs, scorer_factory=factory,
+        score_key=key, references=args.references, fmt=args.format, resume=args.resume,
     )  # fmt: skip
     print(summary.line())
     if summary.errors:
