@@ -117,10 +117,7 @@ class QACE(FileScorer):
             )
             for i in range(len(captions))
         ]
-        return [
-            {"id": r.id, "error": r.reason} if isinstance(r, RecordError) else r
-            for r in self.score_records(records)
-        ]
+        return self._rows(records)
 
     def score_records(
         self, records: Iterable[Record | RecordError]

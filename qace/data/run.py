@@ -67,6 +67,14 @@ class FileScorer:
     ) -> Iterator[dict[str, Any] | RecordError]:
         raise NotImplementedError
 
+    def _rows(self, records: Iterable[Record | RecordError]) -> list[dict[str, Any]]:
+        """The list APIs' result: one row per record, in order; a record that cannot be scored gets
+        ``{"id", "error"}`` instead of raising, so one bad caption never costs the others."""
+        return [
+            {"id": r.id, "error": r.reason} if isinstance(r, RecordError) else r
+            for r in self.score_records(records)
+        ]
+
     def score_file(
         self,
         input_path: str | Path,

@@ -246,10 +246,7 @@ class RegenScore(FileScorer):
                 )
             else:
                 records.append(Record(record_id, caption, image=None if image is None else str(image)))
-        return [
-            {"id": r.id, "error": r.reason} if isinstance(r, RecordError) else r
-            for r in self.score_records(records)
-        ]
+        return self._rows(records)
 
     def score_records(
         self, records: Iterable[Record | RecordError]
