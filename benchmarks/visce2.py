@@ -46,6 +46,7 @@ from qace.models.testing_vlm import (
     IMAGE_TOKEN,
     LLAVA_CHAT_TEMPLATE,
     build_vlm_tokenizer,
+    llava_config,
     tiny_llava_config,
 )
 
@@ -79,7 +80,6 @@ def build_model(tiny: bool, device: str, dtype: torch.dtype) -> tuple[Any, Any, 
         CLIPImageProcessor,
         CLIPVisionConfig,
         LlamaConfig,
-        LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
     )
@@ -104,15 +104,7 @@ def build_model(tiny: bool, device: str, dtype: torch.dtype) -> tuple[Any, Any, 
             eos_token_id=2,
             pad_token_id=tokenizer.pad_token_id,
         )
-        config = LlavaConfig(
-            vision_config=vision,
-            text_config=text,
-            image_token_index=image_token_id,
-            projector_hidden_act="gelu",
-            vision_feature_select_strategy="default",
-            vision_feature_layer=-2,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+        config = llava_config(vision, text, image_token_id, tokenizer.pad_token_id)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

@@ -17,6 +17,7 @@ import re
 import string
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,7 +96,7 @@ def build_vlm_tokenizer(corpus: Sequence[str], *, size: int | None = None):  # n
 
 def tiny_llava_config(vocab_size: int, image_token_id: int, pad_token_id: int):  # noqa: ANN201
     """LLaVA-1.5's architecture (CLIP tower, 2-layer GELU projector, Llama) at toy sizes."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+    from transformers import CLIPVisionConfig, LlamaConfig
 
     vision = CLIPVisionConfig(
         hidden_size=32,
@@ -120,7 +121,17 @@ def tiny_llava_config(vocab_size: int, image_token_id: int, pad_token_id: int): 
         pad_token_id=pad_token_id,
         initializer_range=INIT_RANGE,
     )
-    config = LlavaConfig(
+    config = llava_config(vision, text, image_token_id, pad_token_id, qace_test_model=True)
+    config.initializer_range = INIT_RANGE
+    return config
+
+
+def llava_config(vision: Any, text: Any, image_token_id: int, pad_token_id: int, **extra: Any):  # noqa: ANN201
+    """A ``LlavaConfig`` wired as LLaVA-1.5 is (2-layer GELU projector, second-to-last vision layer,
+    CLS dropped), for any tower sizes: the test VLM's and the benchmark's 7B shapes."""
+    from transformers import LlavaConfig
+
+    return LlavaConfig(
         vision_config=vision,
         text_config=text,
         image_token_index=image_token_id,
@@ -128,10 +139,8 @@ def tiny_llava_config(vocab_size: int, image_token_id: int, pad_token_id: int): 
         vision_feature_select_strategy="default",
         vision_feature_layer=-2,
         pad_token_id=pad_token_id,
-        qace_test_model=True,
+        **extra,
     )
-    config.initializer_range = INIT_RANGE
-    return config
 
 
 def _corpus() -> list[str]:
