@@ -11,36 +11,11 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from qace.data.records import Record, RecordError
 
 log = logging.getLogger(__name__)
-
-
-class Scorer(Protocol):
-    """What `score_file` needs of a scorer (`qace.QACE` and every judge in `qace.judges`)."""
-
-    @property
-    def signature(self) -> str:
-        """Names the metric, its settings and its model fingerprints; written on every row."""
-
-    @property
-    def score_key(self) -> str:
-        """The row column holding the main score (``"qace"``, ``"visce2"``, ``"regen"``)."""
-
-    @property
-    def chunk_size(self) -> int:
-        """Captions per committed output chunk."""
-
-    @property
-    def progress(self) -> bool:
-        """Whether to show a progress bar."""
-
-    def score_records(
-        self, records: Iterable[Record | RecordError]
-    ) -> Iterator[dict[str, Any] | RecordError]:
-        """Rows (or errors naming the record) in input order."""
 
 
 class FileScorer:
@@ -85,7 +60,41 @@ class FileScorer:
         resume: bool = False,
     ) -> Summary:
         """Score a JSONL/CSV/COCO file into JSONL or Parquet, committing whole chunks (resumable)."""
-        return score_file(self, input_path, output_path, references=references, fmt=fmt, resume=resume)
+        from tqdm.auto import tqdm
+
+        from qace.data.output import ResultWriter
+        from qace.data.records import read_records
+
+        start = time.perf_counter()
+        scored = errors = skipped = 0
+        total = 0.0
+        with ResultWriter(
+            output_path, signature=self.signature, resume=resume, chunk_size=self.chunk_size
+        ) as writer:
+            done = writer.done_ids()
+
+            def pending() -> Iterator[Record | RecordError]:
+                nonlocal skipped
+                for record in read_records(input_path, references=references, fmt=fmt):
+                    if record.id in done:
+                        skipped += 1
+                    else:
+                        yield record
+
+            bar = tqdm(desc="scoring", unit="caption", disable=not self.progress)
+            for result in self.score_records(pending()):
+                if isinstance(result, RecordError):
+                    writer.add_error(result.id, result.reason)
+                    log.warning("record %s: %s", result.id, result.reason)
+                    errors += 1
+                else:
+                    writer.add(result)
+                    scored += 1
+                    total += result[self.score_key]
+                bar.update(1)
+            bar.close()
+        seconds = time.perf_counter() - start
+        return Summary(scored, errors, skipped, total / scored if scored else None, seconds, self.score_key)
 
 
 @dataclass(frozen=True)
@@ -109,50 +118,3 @@ class Summary:
             f"scored {self.scored} captions ({self.errors} errors, {self.skipped} already done) "
             f"mean {self.metric} {mean} | {self.captions_per_second:.1f} captions/s"
         )
-
-
-def score_file(
-    scorer: Scorer,
-    input_path: str | Path,
-    output_path: str | Path,
-    *,
-    references: str | Path | None = None,
-    fmt: str = "auto",
-    resume: bool = False,
-) -> Summary:
-    """Score a JSONL/CSV/COCO file into JSONL or Parquet, committing whole chunks (resumable)."""
-    from tqdm.auto import tqdm
-
-    from qace.data.output import ResultWriter
-    from qace.data.records import read_records
-
-    start = time.perf_counter()
-    scored = errors = skipped = 0
-    total = 0.0
-    with ResultWriter(
-        output_path, signature=scorer.signature, resume=resume, chunk_size=scorer.chunk_size
-    ) as writer:
-        done = writer.done_ids()
-
-        def pending() -> Iterator[Record | RecordError]:
-            nonlocal skipped
-            for record in read_records(input_path, references=references, fmt=fmt):
-                if record.id in done:
-                    skipped += 1
-                else:
-                    yield record
-
-        bar = tqdm(desc="scoring", unit="caption", disable=not scorer.progress)
-        for result in scorer.score_records(pending()):
-            if isinstance(result, RecordError):
-                writer.add_error(result.id, result.reason)
-                log.warning("record %s: %s", result.id, result.reason)
-                errors += 1
-            else:
-                writer.add(result)
-                scored += 1
-                total += result[scorer.score_key]
-            bar.update(1)
-        bar.close()
-    seconds = time.perf_counter() - start
-    return Summary(scored, errors, skipped, total / scored if scored else None, seconds, scorer.score_key)
