@@ -76,6 +76,7 @@ def run_demo(
         "NOTE: QACE-Img uses deterministic RANDOM region features here (no image features ship with qace).",
         file=sys.stderr,
     )
+    captions = _example_captions()
     for variant, scorer in scorers.items():
         out = output_dir / f"example.{variant}.jsonl"
         for stale in (out, out.with_suffix(".errors.jsonl")):
@@ -83,7 +84,6 @@ def run_demo(
         summary = scorer.score_file(example_path(), out)
         print(f"\n{scorer.signature}")
         print(f"{'id':6} {'qace':>7} {'f1':>7} {'bs':>7} {'an':>7}  n_q flags  caption")
-        captions = {json.loads(line)["id"]: json.loads(line)["caption"] for line in example_path().open()}
         for line in out.open():
             row = json.loads(line)
             print(
@@ -91,11 +91,7 @@ def run_demo(
                 f"{row['qace_an']:7.3f}  {row['n_questions']:3d} {','.join(row['flags']) or '-':5}  "
                 f"{captions[row['id']][:60]}"
             )
-        errors = out.with_name(out.stem + ".errors.jsonl")
-        if errors.exists():
-            for line in errors.open():
-                err = json.loads(line)
-                print(f"{err['id']:6} error: {err['reason']}")
+        _print_errors(out)
         print(summary.line())
     print(f"\nfull results with per-question explanations: {output_dir}/")
     return 0
@@ -114,21 +110,32 @@ def run_judge_demo(output_dir: Path, metric: str, *, device: str = "cpu", downlo
     summary = scorer.score_file(example_path(), out)
     key = scorer.score_key
     print(f"\n{scorer.signature}")
-    captions = {json.loads(line)["id"]: json.loads(line)["caption"] for line in example_path().open()}
+    captions = _example_captions()
     rows = [json.loads(line) for line in out.open()]
     extra = [k for k in (rows[0] if rows else {}) if k.startswith(f"{key}_") and _is_number(rows[0][k])]
     print(f"{'id':6} {key:>8} " + " ".join(f"{k:>16}" for k in extra) + "  caption")
     for row in rows:
         cells = " ".join(f"{'-' if row[k] is None else f'{row[k]:.3f}':>16}" for k in extra)
         print(f"{row['id']:6} {row[key]:8.3f} {cells}  {captions[row['id']][:60]}")
+    _print_errors(out, limit=150)
+    print(summary.line())
+    print(f"\nfull results with explanations: {out}")
+    return 0
+
+
+def _example_captions() -> dict[str, str]:
+    """Caption text of each example record, by id (the tables print it beside the scores)."""
+    rows = (json.loads(line) for line in example_path().open())
+    return {row["id"]: row["caption"] for row in rows}
+
+
+def _print_errors(out: Path, limit: int | None = None) -> None:
+    """The records of ``out``'s errors file, each with its reason (cut to ``limit`` characters)."""
     errors = out.with_name(out.stem + ".errors.jsonl")
     if errors.exists():
         for line in errors.open():
             err = json.loads(line)
-            print(f"{err['id']:6} error: {err['reason'][:150]}")
-    print(summary.line())
-    print(f"\nfull results with explanations: {out}")
-    return 0
+            print(f"{err['id']:6} error: {err['reason'][:limit]}")
 
 
 def _is_number(value: object) -> bool:
