@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.workload import RANDOM_T5, batch_tokens, build_models, flickr_workload
+from benchmarks.workload import RANDOM_T5, build_models, flickr_workload, force_lengths
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
@@ -88,15 +88,6 @@ def build_tiny_models(out: Path, records: Sequence[Record], seed: int = 0) -> Pa
         cls(T5Config(**config, **extra)).eval().save_pretrained(out / role)
         tokenizer.save_pretrained(out / role)
     return out
-
-
-def force_lengths(scorer: QACE) -> QACE:
-    """Apply the workload's benchmark-only output control to every model runner of ``scorer``."""
-    for role in ("qg", "tqa", "vqa"):
-        runner = getattr(scorer.models, role)
-        if runner is not None:
-            runner.force = batch_tokens(role)
-    return scorer
 
 
 def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Namespace) -> QACE:

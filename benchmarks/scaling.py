@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.latency import DEFAULT_DATA, build_tiny_models, force_lengths
-from benchmarks.workload import build_models, flickr_workload
+from benchmarks.latency import DEFAULT_DATA, build_tiny_models
+from benchmarks.workload import build_models, flickr_workload, force_lengths
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore

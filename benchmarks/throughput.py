@@ -25,7 +25,7 @@ import torch
 
 from benchmarks import hf_batched
 from benchmarks.reference import ReferenceQACE
-from benchmarks.workload import batch_tokens, build_models, flickr_workload
+from benchmarks.workload import build_models, flickr_workload, force_lengths
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
@@ -62,11 +62,7 @@ def _engine(
         chunk_size=args.chunk_size,
         spacy_workers=args.spacy_workers,
     )
-    for role in ("qg", "tqa", "vqa"):
-        runner = getattr(scorer.models, role)
-        if runner is not None:
-            runner.force = batch_tokens(role)
-    return scorer
+    return force_lengths(scorer)
 
 
 def _linear_params(module: torch.nn.Module) -> int:

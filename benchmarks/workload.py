@@ -100,6 +100,15 @@ def batch_tokens(role: str) -> Any:
     return tokens
 
 
+def force_lengths(scorer: Any) -> Any:
+    """Apply the workload's benchmark-only output control to every model runner of ``scorer``."""
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(scorer.models, role)
+        if runner is not None:
+            runner.force = batch_tokens(role)
+    return scorer
+
+
 class ForceTokens:
     """A Hugging Face logits processor that makes row ``i`` emit ``tokens[i]`` step by step."""
 

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import scaling
-from benchmarks.latency import force_lengths
-from benchmarks.workload import flickr_workload
+from benchmarks.workload import flickr_workload, force_lengths
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
