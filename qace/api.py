@@ -17,6 +17,7 @@ from typing import Any
 from qace.config import QACEConfig, build_signature
 from qace.data.records import Record, RecordError, require
 from qace.data.run import FileScorer
+from qace.engine.collector import collector_paused
 from qace.engine.profiling import NO_TIMER
 from qace.errors import ConfigError, FeatureError
 from qace.metric.pipeline import score_chunk
@@ -146,23 +147,26 @@ class QACE(FileScorer):
                 valid.append(item)  # type: ignore[arg-type]
             else:
                 results[pos] = problem
-        return _Prepared(results, valid, self.candidates.submit([r.caption for r in valid]))
+        with self.timer("candidates"):  # in this process when spacy_workers is 0, else only handed off
+            future = self.candidates.submit([r.caption for r in valid])
+        return _Prepared(results, valid, future)
 
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
         with self.timer("candidates"):
             candidates = prepared.candidates.result()
-        rows = iter(
-            score_chunk(
-                prepared.valid,
-                candidates,
-                self.models,
-                self.config,
-                self.matcher,
-                features=self.features,
-                signature=self.signature,
-                timer=self.timer,
+        with collector_paused():
+            rows = iter(
+                score_chunk(
+                    prepared.valid,
+                    candidates,
+                    self.models,
+                    self.config,
+                    self.matcher,
+                    features=self.features,
+                    signature=self.signature,
+                    timer=self.timer,
+                )
             )
-        )
         return [next(rows) if r is None else r for r in prepared.results]
 
     def _check(self, record: Record) -> RecordError | None:

@@ -1,0 +1,185 @@
+"""Where one reward call's time goes: stage walls, GPU kernels, host functions.
+
+    python -m benchmarks.profile --variant img --batch 256 --out-dir /tmp/profile
+    python -m benchmarks.profile --tiny --out-dir /tmp/profile-tiny      # CPU smoke run
+
+The latency and throughput benchmarks say how long; this says why. Same engine, workload and settings as
+``benchmarks/latency.py`` (its ``make_scorer``). After the same warm-up (one full chunk, then a few calls),
+it times ``--calls`` calls of ``--batch`` captions three ways, each on its own calls so that no tool
+distorts another:
+
+- ``stages``: wall milliseconds per pipeline stage, the GPU synchronised at each stage's end, and the
+  time the interpreter's garbage collector paused the calls;
+- ``torch.profiler``: time per operator on the host and per kernel on the GPU, and how busy the GPU was
+  during the calls (``gpu_busy_fraction``: kernel time over wall time);
+- ``cProfile``: Python functions by cumulative and by own time.
+
+Writes ``profile.json`` (the summary) and the three tables as text files to ``--out-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import pstats
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.latency import DEFAULT_DATA, _context, _sync, build_tiny_models, draw, make_scorer
+from benchmarks.workload import build_models, flickr_workload
+from qace.engine.profiling import NO_TIMER, StageTimer
+from qace.reward import QACEReward
+
+
+def _calls(reward: QACEReward, records: list, batch: int, calls: int, seed: int) -> Callable[[int], None]:
+    def call(i: int) -> None:
+        picked = draw(records, batch, seed, i)
+        reward([r.caption for r in picked], **_context(picked, reward.variant))
+        _sync()
+
+    return call
+
+
+def stage_walls(reward: QACEReward, call: Callable[[int], None], calls: int) -> dict[str, Any]:
+    timer = StageTimer(sync=_sync)
+    reward.scorer.timer = timer
+    pauses = {"collections": 0, "seconds": 0.0}
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:  # the interpreter's collector pauses this thread
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses["collections"] += 1
+            pauses["seconds"] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(on_gc)
+    walls = []
+    for i in range(calls):
+        start = time.perf_counter()
+        call(i)
+        walls.append(time.perf_counter() - start)
+    gc.callbacks.remove(on_gc)
+    reward.scorer.timer = NO_TIMER
+    ms = {k: 1000 * v / calls for k, v in timer.seconds.items()}
+    wall = 1000 * float(np.mean(walls))
+    return {
+        "wall_ms": wall,
+        "stage_ms": ms,
+        "unstaged_ms": wall - sum(ms.values()),
+        "gc_ms": 1000 * pauses["seconds"] / calls,
+        "gc_collections": pauses["collections"] / calls,
+    }
+
+
+def kernel_tables(call: Callable[[int], None], calls: int, out_dir: Path) -> dict[str, Any]:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for i in range(calls):
+            call(calls + i)
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    # kernels only: an operator's row repeats the time of the kernels it launched
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
+    (out_dir / "ops_by_gpu.txt").write_text(events.table(sort_by="self_device_time_total", row_limit=50))
+    (out_dir / "ops_by_host.txt").write_text(events.table(sort_by="self_cpu_time_total", row_limit=50))
+    return {
+        "wall_ms_per_call": 1000 * wall / calls,
+        "gpu_kernel_ms_per_call": gpu_us / 1000 / calls,
+        "gpu_busy_fraction": gpu_us / 1e6 / wall if wall else 0.0,
+    }
+
+
+def python_profile(call: Callable[[int], None], calls: int, out_dir: Path) -> dict[str, Any]:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for i in range(calls):
+        call(2 * calls + i)
+    profiler.disable()
+    for sort, name in (("cumulative", "python_cumulative.txt"), ("tottime", "python_own.txt")):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(sort).print_stats(60)
+        (out_dir / name).write_text(text.getvalue())
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    own = sorted(((v[2], k) for k, v in stats.items()), reverse=True)[:15]
+    return {"top_own_ms_per_call": {f"{k[0]}:{k[1]}({k[2]})": 1000 * t / calls for t, k in own}}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    parser.add_argument("--variant", default="img", choices=["img", "ref"])
+    parser.add_argument("--batch", type=int, default=256, help="captions per call")
+    parser.add_argument("--calls", type=int, default=5, help="calls per tool")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", default=None, help="default bf16 (fp32 with --tiny)")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--batch-rows", type=int, default=2048)
+    parser.add_argument("--batch-tokens", type=int, default=131072)
+    parser.add_argument("--chunk-size", type=int, default=2048)
+    parser.add_argument("--spacy-workers", type=int, default=None, help="default 8 (0 with --tiny)")
+    parser.add_argument("--candidate-cache", action="store_true")
+    parser.add_argument("--models-dir", default=None, help="reuse models built earlier")
+    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files")
+    parser.add_argument("--tiny", action="store_true", help="tiny random models on the CPU: a smoke run")
+    args = parser.parse_args(argv)
+    args.precision = args.precision or ("fp32" if args.tiny else "bf16")
+    args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    args.spacy_workers = args.spacy_workers if args.spacy_workers is not None else (0 if args.tiny else 8)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = flickr_workload(Path(args.data_dir))
+    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-profile-"))
+    if args.tiny:
+        build_tiny_models(models_dir, records)
+    else:
+        build_models(models_dir, records, args.bertscore_files)
+    scorer = make_scorer(models_dir, args.variant, args.device, args)
+    if scorer.features is not None:
+        for image_id in sorted({r.image_id for r in records if r.image_id}):
+            scorer.features.get(image_id)
+    reward = QACEReward(scorer)
+    list(scorer.score_records(records[: min(args.chunk_size, 64 if args.tiny else args.chunk_size)]))
+    call = _calls(reward, records, args.batch, args.calls, args.seed)
+    for i in range(2):
+        call(-1 - i)
+    report = {
+        "command": "python -m benchmarks.profile " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        "variant": args.variant,
+        "batch": args.batch,
+        "calls": args.calls,
+        "stages": stage_walls(reward, call, args.calls),
+        "torch_profiler": kernel_tables(call, args.calls, out_dir),
+        "python": python_profile(call, args.calls, out_dir),
+    }
+    scorer.candidates.close()
+    (out_dir / "profile.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
