@@ -11,15 +11,29 @@ from qace.metric.prompts import UNANSWERABLE
 log = logging.getLogger(__name__)
 
 
+def token_ids(tokenizer: Any, texts: Sequence[str], *, special_tokens: bool = True) -> list[list[int]]:
+    """Token ids of every text: exactly ``tokenizer(texts, add_special_tokens=...)["input_ids"]``.
+
+    A fast tokenizer whose backend has no truncation or padding of its own is called through its Rust
+    ``encode_batch`` directly: ``__call__`` builds a Python dictionary per text around the same ids, and
+    on a chunk's tens of thousands of prompts that wrapping cost the GPU engine more than the models'
+    encoders (seen in ``benchmarks/profile.py``).
+    """
+    if not texts:
+        return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=special_tokens)]
+    return [list(x) for x in tokenizer(list(texts), add_special_tokens=special_tokens)["input_ids"]]
+
+
 def encode_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> tuple[list[list[int]], list[bool]]:
     """Token ids (with EOS) per text, cut to ``max_tokens`` keeping EOS last; and which were cut.
 
     T5 has relative positions, so nothing forces a cut; the cap bounds memory for pathological inputs and
     is part of the score signature.
     """
-    if not texts:
-        return [], []
-    encoded = tokenizer(list(texts), add_special_tokens=True)["input_ids"]
+    encoded = token_ids(tokenizer, texts)
     eos = tokenizer.eos_token_id
     out, truncated = [], []
     for ids in encoded:

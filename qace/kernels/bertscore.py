@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from qace.engine.scheduler import pad_batch
+from qace.engine.tokenize import token_ids
 from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
@@ -216,9 +217,14 @@ class BertScoreMatcher:
         put back in input order.
         """
         tok = self._tokenizer
-        ids: list[list[int]] = tok(  # type: ignore[operator]
-            sentences, add_special_tokens=True, truncation=True, max_length=self.max_length
-        )["input_ids"] if sentences else []
+        ids = token_ids(tok, sentences)
+        long = [k for k, x in enumerate(ids) if len(x) > self.max_length]
+        if long:  # rare: let the tokenizer cut them, as bert-score does
+            cut = tok(  # type: ignore[operator]
+                [sentences[k] for k in long], truncation=True, max_length=self.max_length
+            )["input_ids"]
+            for k, x in zip(long, cut, strict=True):
+                ids[k] = list(x)
         lengths = np.array([len(x) for x in ids], dtype=np.int64)
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
 
+from qace.engine.tokenize import token_ids
 from qace.errors import FeatureError, InputError
 
 logger = logging.getLogger(__name__)
@@ -122,9 +123,7 @@ def visual_question_inputs(
     mask = np.zeros((batch, QUESTION_SLOTS), dtype=np.int64)
     truncated: list[bool] = []
     if batch:
-        encoded = tokenizer(  # type: ignore[operator]
-            [VISUAL_QUESTION_PREFIX + q for q in questions], add_special_tokens=False
-        )["input_ids"]
+        encoded = token_ids(tokenizer, [VISUAL_QUESTION_PREFIX + q for q in questions], special_tokens=False)
         for row, tokens in enumerate(encoded):
             cut = len(tokens) > QUESTION_SLOTS
             tokens = tokens[:QUESTION_SLOTS]

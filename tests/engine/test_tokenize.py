@@ -1,11 +1,12 @@
-"""Decoding generated ids: the fast path gives exactly what Hugging Face's batch_decode gives."""
+"""Tokenisation fast paths give exactly what Hugging Face's ``__call__`` and ``batch_decode`` give."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from transformers import AutoTokenizer
 
-from qace.engine.tokenize import decode
+from qace.engine.tokenize import decode, token_ids
 
 
 def _expected(tokenizer, rows):
@@ -23,3 +24,37 @@ def test_decode_equals_batch_decode(test_models_dir) -> None:
     assert decode(tokenizer, rows) == _expected(tokenizer, rows)
     tokenizer.clean_up_tokenization_spaces = True  # a tokenizer that cleans up goes through batch_decode
     assert decode(tokenizer, rows) == _expected(tokenizer, rows)
+
+
+TEXTS = [
+    "answer: a dog  context: A dog runs on the grass . </s>",
+    "visual answer: who is wearing a red shirt ?",
+    "naïve café in São Paulo, 1,000 people!",
+    "",
+    "   ",
+    "unanswerable",
+    "x" * 300,
+]
+
+
+def _tokenizers(test_models_dir):
+    yield AutoTokenizer.from_pretrained(test_models_dir / "tqa")
+    minilm = pytest.importorskip("qace.kernels.bertscore").default_model_dir()
+    if minilm.is_dir():
+        yield AutoTokenizer.from_pretrained(minilm)
+
+
+@pytest.mark.parametrize("special_tokens", [True, False])
+def test_token_ids_equal_call(test_models_dir, special_tokens: bool) -> None:
+    for tokenizer in _tokenizers(test_models_dir):
+        want = tokenizer(TEXTS, add_special_tokens=special_tokens)["input_ids"]
+        assert token_ids(tokenizer, TEXTS, special_tokens=special_tokens) == want
+    assert token_ids(tokenizer, []) == []
+
+
+def test_token_ids_honour_a_backend_that_truncates(test_models_dir) -> None:
+    """A tokenizer whose backend was saved with truncation on goes through ``__call__``."""
+    tokenizer = AutoTokenizer.from_pretrained(test_models_dir / "tqa")
+    want = tokenizer(TEXTS)["input_ids"]
+    tokenizer.backend_tokenizer.enable_truncation(4)
+    assert token_ids(tokenizer, TEXTS) == want

@@ -192,3 +192,14 @@ def test_roberta_large_defaults_to_layer_17(tmp_path: Path, tiny_roberta: Path) 
     shutil.copytree(tiny_roberta, fake)
     with pytest.raises(ConfigError, match="layer=17"):
         BertScoreMatcher(model=str(fake))
+
+
+def test_long_answers_are_cut_like_the_tokenizer_cuts_them(matcher: BertScoreMatcher) -> None:
+    """Answers over ``max_length`` tokens are cut by the tokenizer (CLS + first tokens + SEP)."""
+    long = " ".join(["frisbee", "umbrella", "giraffe"] * 60)
+    flat, _, offsets = matcher._embed([long, "a man"])
+    assert list(np.diff(offsets)) == [matcher.max_length, 4]
+    cut = matcher._tokenizer(long, truncation=True, max_length=matcher.max_length)["input_ids"]
+    assert len(cut) == matcher.max_length
+    alone, _, _ = matcher._embed([matcher._tokenizer.decode(cut[1:-1])])
+    np.testing.assert_allclose(flat[: matcher.max_length].cpu().numpy(), alone.cpu().numpy(), atol=1e-5)
