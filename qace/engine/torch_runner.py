@@ -12,6 +12,7 @@ import torch
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
 from qace.engine.t5_decoder import StaticT5Decoder
+from qace.engine.t5_encoder import T5Encoder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -22,6 +23,7 @@ class TorchRunner:
     def __init__(self, model: Any, *, device: str = "cpu") -> None:
         self.model = model
         self.device = torch.device(device)
+        self.encoder = T5Encoder(model)
         self.decoder = StaticT5Decoder(model)
         self.force: Any = None
         """Benchmarks only: maps a batch to the tokens each row must emit (see StaticT5Decoder)."""
@@ -54,10 +56,9 @@ class TorchRunner:
         mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
         if isinstance(batch, VisualBatch):
             feats = torch.as_tensor(batch.features, device=self.device)
-            encoder_outputs, mask = self.model.encode_visual(ids, mask, feats)
-        else:
-            encoder_outputs = self.model.get_encoder()(input_ids=ids, attention_mask=mask)
-        return encoder_outputs.last_hidden_state, mask
+            embeds, mask = self.model.visual_embeds(ids, mask, feats)
+            return self.encoder(mask, inputs_embeds=embeds), mask
+        return self.encoder(mask, input_ids=ids), mask
 
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None

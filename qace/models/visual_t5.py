@@ -77,6 +77,15 @@ class VisualT5ForConditionalGeneration(T5ForConditionalGeneration):
         ``input_ids``/``attention_mask`` are (B, 64) from :func:`visual_question_inputs`;
         ``features`` is (B, 36, 2054). The mask is needed again by the decoder's cross-attention.
         """
+        embeds, full_mask = self.visual_embeds(input_ids, attention_mask, features)
+        encoder_outputs = self.encoder(inputs_embeds=embeds, attention_mask=full_mask, return_dict=True)
+        return BaseModelOutput(last_hidden_state=encoder_outputs.last_hidden_state), full_mask
+
+    def visual_embeds(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's input embeddings (B, 102, d_model) and mask (B, 102): question slots, prefix,
+        projected regions (the engine runs its own encoder forward on them)."""
         _check_shapes(input_ids, attention_mask, features)
         batch = input_ids.shape[0]
         shared = self.get_input_embeddings()
@@ -88,9 +97,7 @@ class VisualT5ForConditionalGeneration(T5ForConditionalGeneration):
         regions = img_emb(features.to(device=device, dtype=img_emb.weight.dtype))
         embeds = torch.cat([shared(input_ids), shared(prefix), regions.to(shared.weight.dtype)], dim=1)
         ones = attention_mask.new_ones((batch, prefix.shape[1] + NUM_REGIONS))
-        full_mask = torch.cat([attention_mask, ones], dim=1)
-        encoder_outputs = self.encoder(inputs_embeds=embeds, attention_mask=full_mask, return_dict=True)
-        return BaseModelOutput(last_hidden_state=encoder_outputs.last_hidden_state), full_mask
+        return embeds, torch.cat([attention_mask, ones], dim=1)
 
 
 def _check_shapes(input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor) -> None:

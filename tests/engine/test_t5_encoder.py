@@ -1,0 +1,87 @@
+"""The engine's T5 encoder: its fused forward computes what Hugging Face's computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+
+from qace.engine.scheduler import pad_batch
+from qace.engine.t5_encoder import T5Encoder
+from qace.models.loading import load_seq2seq, load_visual_t5
+from qace.models.visual_t5 import visual_question_inputs
+
+PROMPTS = [
+    "answer: young girl  context: a young girl in a red dress runs on the beach </s>",
+    "answer: park  context: two dogs play with a ball in the park </s>",
+    "question: who sits on the grass ?  context: a old man in a blue coat sits on the grass </s>",
+    "answer: dog  context: a dog </s>",
+]
+
+
+def _batch(tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, mask = pad_batch(tokenizer(PROMPTS)["input_ids"], tokenizer.pad_token_id)
+    assert (mask == 0).any()  # padding is part of what is tested
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def _hf(model, ids, mask) -> torch.Tensor:
+    with torch.inference_mode():
+        return model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_fused_forward_equals_hugging_face_in_fp32(gated: bool) -> None:
+    """Same weights, same arithmetic: fp32 agrees to rounding (relu and gated-gelu T5s)."""
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=3, num_heads=4,
+        feed_forward_proj="gated-gelu" if gated else "relu", dropout_rate=0.0,
+    )  # fmt: skip
+    model = T5ForConditionalGeneration(config).eval()
+    ids = torch.randint(2, 64, (5, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[3, 2:] = 0
+    fused = T5Encoder(model, fused=True)(mask, input_ids=ids)
+    want = _hf(model, ids, mask)
+    real = mask.bool()
+    torch.testing.assert_close(fused[real], want[real], rtol=1e-5, atol=1e-5)
+
+
+def test_fp32_models_keep_hugging_faces_forward(test_models_dir) -> None:
+    model, tokenizer = load_seq2seq(test_models_dir / "qg", role="qg", dtype=torch.float32)
+    encoder = T5Encoder(model)
+    assert not encoder.fused
+    ids, mask = _batch(tokenizer)
+    assert torch.equal(encoder(mask, input_ids=ids), _hf(model, ids, mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_as_close_to_fp32_as_hugging_faces_half(test_models_dir, dtype) -> None:
+    exact, tokenizer = load_seq2seq(test_models_dir / "qg", role="qg", dtype=torch.float32)
+    half, _ = load_seq2seq(test_models_dir / "qg", role="qg", dtype=dtype)
+    ids, mask = _batch(tokenizer)
+    real = mask.bool()
+    want = _hf(exact, ids, mask)[real]
+    encoder = T5Encoder(half)
+    assert encoder.fused
+    ours = (encoder(mask, input_ids=ids)[real].float() - want).abs()
+    theirs = (_hf(half, ids, mask)[real].float() - want).abs()
+    scale = want.abs().max()
+    assert float(ours.max()) <= 2 * float(theirs.max()) + 1e-3 * float(scale)
+    assert float(ours.mean()) <= 2 * float(theirs.mean()) + 1e-4 * float(scale)
+
+
+def test_visual_inputs_encode_as_encode_visual(test_models_dir) -> None:
+    model, tokenizer = load_visual_t5(test_models_dir / "vqa", dtype=torch.float32)
+    ids, mask, _ = visual_question_inputs(tokenizer, ["what is on the grass ?", "who runs ?"])
+    features = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 36, 2054)).astype(np.float32))
+    with torch.inference_mode():
+        want, want_mask = model.encode_visual(ids, mask, features)
+        embeds, full_mask = model.visual_embeds(ids, mask, features)
+    assert torch.equal(full_mask, want_mask)
+    got = T5Encoder(model, fused=True)(full_mask, inputs_embeds=embeds)
+    real = full_mask.bool()
+    torch.testing.assert_close(got[real], want.last_hidden_state[real], rtol=1e-5, atol=1e-5)
