@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from qace.engine.decode_graphs import bucket_length, bucket_rows
+from qace.engine.decode_graphs import bucket_length, bucket_rows, windows
 from qace.engine.scheduler import pad_batch
 from qace.engine.t5_decoder import StaticT5Decoder
 from qace.models.loading import load_seq2seq
@@ -21,9 +21,13 @@ PROMPTS = [
 
 
 def test_buckets_cover_every_batch_with_few_shapes() -> None:
-    assert [bucket_rows(n) for n in (1, 8, 9, 255, 256, 257, 2048)] == [8, 8, 16, 256, 256, 512, 2048]
+    assert [bucket_rows(n) for n in (1, 8, 9, 24, 25, 255, 256, 257, 385, 2048)] == [
+        8, 8, 16, 24, 32, 256, 256, 384, 512, 2048
+    ]  # fmt: skip
     assert [bucket_length(n) for n in (1, 16, 17, 102, 511)] == [16, 16, 32, 112, 512]
-    assert len({bucket_rows(n) for n in range(1, 2049)}) == 9
+    assert len({bucket_rows(n) for n in range(1, 2049)}) == 16
+    assert all(n <= bucket_rows(n) <= max(16, 1.5 * n) for n in range(1, 2049))
+    assert windows(31) == [8, 16, 31] and windows(8) == [8] and windows(5) == [5] and windows(9) == [8, 9]
 
 
 def _decode(model, tokenizer, prompts: list[str], device: str, graphs: bool, forced=None, decoder=None):
