@@ -86,9 +86,11 @@ class _View:
     out: torch.Tensor
     forced: torch.Tensor
     finished: torch.Tensor
-    logits: dict[int, torch.Tensor] = field(default_factory=dict)
     graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
-    """Per self-attention window: the captured step and the logits it writes."""
+    """Per self-attention window, the captured step."""
+    logits: torch.Tensor | None = None
+    """The logits the first window's graph writes (answerability reads step 0's). Only these are kept:
+    every kept output pins its own pool memory, and a 2,048-row bucket's logits are 263 MB."""
 
 
 def _view(store: _Storage, dec: StaticT5Decoder, rows: int, length: int) -> _View:
@@ -181,7 +183,8 @@ class GraphedDecoding:
             view.graphs[window].replay()
             dec.row_steps += view.token.shape[0]
             if step == 0 and unanswerable_id is not None:
-                answerability = dec.answerability(view.logits[window][:rows], unanswerable_id)
+                assert view.logits is not None
+                answerability = dec.answerability(view.logits[:rows], unanswerable_id)
             if bool(view.finished.all()):
                 break
         return view.out[:rows].clone(), answerability
@@ -243,5 +246,7 @@ class GraphedDecoding:
         # an explicit capture stream on this device (torch's default one lives on whichever device first
         # captured in this process, and a capture on another device's stream records nothing)
         with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-            view.logits[window] = body()
+            logits = body()
+        if window == windows(steps)[0]:
+            view.logits = logits
         view.graphs[window] = graph
