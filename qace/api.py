@@ -16,7 +16,7 @@ from typing import Any
 
 from qace.config import QACEConfig, build_signature
 from qace.data.records import Record, RecordError, require
-from qace.data.run import FileScorer
+from qace.data.run import FileScorer, list_ids
 from qace.engine.collector import collector_paused
 from qace.engine.profiling import NO_TIMER
 from qace.errors import ConfigError, FeatureError
@@ -108,7 +108,7 @@ class QACE(FileScorer):
         A caption that cannot be scored gets a row ``{"id", "error"}`` instead of raising, so one bad
         caption never costs the others.
         """
-        ids = [str(i) for i in (ids if ids is not None else range(len(captions)))]
+        ids = list_ids(captions, ids, references=references, image_ids=image_ids)
         records = [
             _record(
                 ids[i],

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qace.data.run import list_ids
 from qace.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
@@ -117,9 +118,7 @@ class QACEReward:
                 f"unknown reward component {component!r}; choose one of {', '.join(COMPONENTS)}"
             )
         n = len(captions)
-        for name, values in (("image_ids", image_ids), ("references", references)):
-            if values is not None and len(values) != n:
-                raise InputError(f"{name} has {len(values)} entries for {n} captions; give one per caption")
+        list_ids(captions, image_ids=image_ids, references=references)
         self._check_contexts(n, image_ids, references)
         results: list[RewardResult | None] = [None] * n
         keep = []

@@ -12,7 +12,7 @@ from qace.api import QACE
 from qace.config import QACEConfig, build_signature, parse_signature
 from qace.data.features import RandomFeatureStore
 from qace.demo import example_path
-from qace.errors import ConfigError, ModelNotFoundError, ResumeError
+from qace.errors import ConfigError, InputError, ModelNotFoundError, ResumeError
 
 REFS = ["a young girl in a red dress runs on the beach", "a girl runs along the sand near the sea"]
 
@@ -163,3 +163,11 @@ def test_chunk_with_no_work_for_the_models(ref_scorer):
     rows = ref_scorer.score(["", "the the the", "  "], references=[REFS] * 3)
     assert "error" in rows[0] and "error" in rows[2]
     assert rows[1]["flags"] == ["no_questions"] and rows[1]["qace"] == 0.0
+
+
+def test_misaligned_list_columns_are_the_callers_error(ref_scorer):
+    """A references/ids list of another length than the captions raises before any work, naming both."""
+    with pytest.raises(InputError, match="got 2 captions but 1 references"):
+        ref_scorer.score(["a girl runs", "a dog"], references=[REFS])
+    with pytest.raises(InputError, match="got 1 captions but 2 ids"):
+        ref_scorer.score(["a girl runs"], references=[REFS], ids=["a", "b"])

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qace.data.records import Record, RecordError
+from qace.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,19 @@ class FileScorer:
             bar.close()
         seconds = time.perf_counter() - start
         return Summary(scored, errors, skipped, total / scored if scored else None, seconds, self.score_key)
+
+
+def list_ids(
+    captions: Sequence[Any], ids: Sequence[Any] | None = None, **columns: Sequence[Any] | None
+) -> list[str]:
+    """The ids of a list-API call (``0..n-1`` by default) as strings, after checking that ``ids`` and every
+    given column (``references=``, ``images=``, ...) have one entry per caption: a misaligned column would
+    score captions against the wrong context, so it is the caller's error, raised before any work."""
+    n = len(captions)
+    for name, values in {"ids": ids, **columns}.items():
+        if values is not None and len(values) != n:
+            raise InputError(f"got {n} captions but {len(values)} {name}; give one per caption")
+    return [str(i) for i in (ids if ids is not None else range(n))]
 
 
 @dataclass(frozen=True)

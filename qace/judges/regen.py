@@ -37,7 +37,7 @@ import torch
 
 from qace import __version__
 from qace.data.records import Record, RecordError
-from qace.data.run import FileScorer
+from qace.data.run import FileScorer, list_ids
 from qace.errors import ConfigError, InputError
 from qace.judges.images import load_image
 from qace.judges.regen_models import ImageEncoder, load_generator, tree_fingerprint
@@ -231,13 +231,10 @@ class RegenScore(FileScorer):
     ) -> list[dict[str, Any]]:
         """Score captions against image files given as lists; one row per caption, in order.
 
-        A caption that cannot be scored gets a row ``{"id", "error"}`` instead of raising.
+        A caption that cannot be scored gets a row ``{"id", "error"}`` instead of raising; ``images`` or
+        ``ids`` of another length than ``captions`` raise `InputError`.
         """
-        if len(images) != len(captions):
-            raise InputError(f"got {len(captions)} captions but {len(images)} images")
-        ids = [str(i) for i in (ids if ids is not None else range(len(captions)))]
-        if len(ids) != len(captions):
-            raise InputError(f"got {len(captions)} captions but {len(ids)} ids")
+        ids = list_ids(captions, ids, images=images)
         records: list[Record | RecordError] = []
         for record_id, caption, image in zip(ids, captions, images, strict=True):
             if not isinstance(caption, str):

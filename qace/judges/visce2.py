@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from qace import __version__
 from qace.data.records import Record, RecordError
-from qace.data.run import FileScorer
+from qace.data.run import FileScorer, list_ids
 from qace.errors import ConfigError
 from qace.judges.images import ImageError, load_image
 from qace.judges.rating import expected_rating, parse_rating
@@ -219,11 +219,10 @@ class VisCE2(FileScorer):
     ) -> list[dict[str, Any]]:
         """Score captions of images (file paths or PIL images); one row per caption, in order.
 
-        A caption that cannot be scored gets a row ``{"id", "error"}`` instead of raising.
+        A caption that cannot be scored gets a row ``{"id", "error"}`` instead of raising; ``images`` or
+        ``ids`` of another length than ``captions`` raise `InputError`.
         """
-        if len(images) != len(captions):
-            raise ConfigError(f"{len(captions)} captions but {len(images)} images")
-        ids = [str(i) for i in (ids if ids is not None else range(len(captions)))]
+        ids = list_ids(captions, ids, images=images)
         items = [
             _Item(ids[i], captions[i], str(image) if isinstance(image, str | Path) else image)
             for i, image in enumerate(images)

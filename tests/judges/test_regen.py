@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from qace.config import parse_signature  # noqa: E402
 from qace.data.records import Record, RecordError  # noqa: E402
-from qace.errors import ConfigError, ModelNotFoundError, ResumeError  # noqa: E402
+from qace.errors import ConfigError, InputError, ModelNotFoundError, ResumeError  # noqa: E402
 from qace.judges.regen import (  # noqa: E402
     RegenConfig,
     RegenScore,
@@ -382,3 +382,10 @@ def test_demo_falls_back_to_test_models_without_touching_the_environment(tmp_pat
     assert judge.uses_test_models and "--generator" in judge.real_model_hint
     assert (judge.config.size, judge.config.steps) == (32, 2)
     assert "HF_HUB_OFFLINE" not in os.environ
+
+
+def test_misaligned_images_or_ids_are_an_input_error(scorer, images):
+    with pytest.raises(InputError, match="got 2 captions but 1 images"):
+        scorer.score(CAPTIONS[:2], images=[images["red.png"]])
+    with pytest.raises(InputError, match="got 1 captions but 2 ids"):
+        scorer.score(CAPTIONS[:1], images=[images["red.png"]], ids=["x", "y"])

@@ -13,7 +13,7 @@ pytest.importorskip("PIL")
 
 from qace.config import parse_signature  # noqa: E402
 from qace.data.records import Record, RecordError  # noqa: E402
-from qace.errors import ConfigError, ModelNotFoundError, ResumeError  # noqa: E402
+from qace.errors import ConfigError, InputError, ModelNotFoundError, ResumeError  # noqa: E402
 from qace.judges.rating import expected_rating, parse_rating  # noqa: E402
 from qace.judges.visce2 import VisCE2, VisCE2Config, build_signature  # noqa: E402
 from qace.judges.visce2_prompts import CONTEXT_PROMPT, rating_text  # noqa: E402
@@ -278,3 +278,9 @@ def test_score_file_resumes_to_the_same_bytes(test_vlm_dir, drawn_images, tmp_pa
         VisCE2(model=str(test_vlm_dir), **{**settings, "expected": False}).score_file(
             source, tmp_path / "resumed.jsonl", resume=True
         )
+
+
+def test_misaligned_images_are_an_input_error(scorer, drawn_images):
+    """Like QACE's and the regeneration score's list APIs: InputError, raised before any work."""
+    with pytest.raises(InputError, match="got 2 captions but 1 images"):
+        scorer.score(["a girl on the beach", "a park"], [drawn_images["beach"]])

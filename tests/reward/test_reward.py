@@ -60,7 +60,7 @@ def test_missing_context_is_a_caller_bug(reward: QACEReward) -> None:
         reward(["a dog"])
     with pytest.raises(InputError, match="sample 1"):
         reward(["a dog", "a cat"], references=[REFS, []])
-    with pytest.raises(InputError, match="entries"):
+    with pytest.raises(InputError, match="got 2 captions but 1 references"):
         reward(["a dog", "a cat"], references=[REFS])
 
 
