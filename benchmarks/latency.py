@@ -33,7 +33,6 @@ import platform
 import secrets
 import shlex
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -45,7 +44,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.workload import RANDOM_T5, build_models, flickr_workload, force_lengths
+from benchmarks.workload import (
+    add_engine_arguments,
+    engine_defaults,
+    flickr_workload,
+    force_lengths,
+    workload_models,
+)
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
@@ -57,37 +62,8 @@ log = logging.getLogger(__name__)
 TARGET = {"variant": "img", "path": "in-process", "batch": 256, "p50_ms": 100.0}
 """The issue's goal: 256 QACE-Img captions under 100 ms p50 on one H100/H200."""
 
-TINY_T5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
-"""Shape of the ``--tiny`` random models (seconds on a CPU; their scores mean nothing)."""
-
 OPENRLHF_PROMPT = "<image> Describe the image in one sentence: "
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def build_tiny_models(out: Path, records: Sequence[Record], seed: int = 0) -> Path:
-    """Tiny random QG/TQA/Visual-T5 with the workload's tokenizer, in the standard layout (no BERTScore
-    encoder: the default MiniLM is used). Reuses a complete build."""
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    from qace.models.testing import build_tokenizer
-    from qace.models.visual_t5 import VisualT5ForConditionalGeneration
-
-    if (out / "vqa" / "config.json").exists():  # written last
-        return out
-    corpus = sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
-    tokenizer = build_tokenizer(corpus)
-    torch.manual_seed(seed)
-    config = {**RANDOM_T5, **TINY_T5, "vocab_size": len(tokenizer)}
-    prefix = [tokenizer.convert_tokens_to_ids("▁image"), tokenizer.convert_tokens_to_ids(":")]
-    for role, cls in (
-        ("qg", T5ForConditionalGeneration),
-        ("tqa", T5ForConditionalGeneration),
-        ("vqa", VisualT5ForConditionalGeneration),
-    ):
-        extra = {"image_prefix_ids": prefix} if role == "vqa" else {}
-        cls(T5Config(**config, **extra)).eval().save_pretrained(out / role)
-        tokenizer.save_pretrained(out / role)
-    return out
 
 
 def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Namespace) -> QACE:
@@ -355,22 +331,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-service", dest="service", action="store_false", help="in-process only")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--precision", default=None, help="default bf16 (fp32 with --tiny)")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--batch-rows", type=int, default=2048)
-    parser.add_argument("--batch-tokens", type=int, default=131072)
-    parser.add_argument("--chunk-size", type=int, default=2048)
-    parser.add_argument("--spacy-workers", type=int, default=None, help="default 8 (0 with --tiny)")
     parser.add_argument(
         "--candidate-cache", action="store_true", help="keep spaCy candidates across calls (off by default)"
     )
     parser.add_argument(
         "--max-seconds", type=float, default=0, help="skip the remaining cells after this long (0: no limit)"
     )
-    parser.add_argument("--models-dir", default=None, help="reuse models built earlier")
-    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files")
-    parser.add_argument("--tiny", action="store_true", help="tiny random models on the CPU: a smoke run")
+    add_engine_arguments(parser)
     args = parser.parse_args(argv)
+    engine_defaults(args)
     tiny = args.tiny
     args.batches = args.batches or ([4, 8] if tiny else [64, 256, 1024])
     args.iterations = args.iterations or ([2] * len(args.batches) if tiny else [20, 20, 10])
@@ -383,9 +352,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.warmup_records = 8 if tiny else args.chunk_size
     if args.openrlhf_batches is None:
         args.openrlhf_batches = args.batches if tiny else [256]
-    args.precision = args.precision or ("fp32" if tiny else "bf16")
-    args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
-    args.spacy_workers = args.spacy_workers if args.spacy_workers is not None else (0 if tiny else 8)
     return args
 
 
@@ -394,11 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     records = flickr_workload(Path(args.data_dir))
-    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-latency-"))
-    if args.tiny:
-        build_tiny_models(models_dir, records)
-    else:
-        build_models(models_dir, records, args.bertscore_files)
+    models_dir = workload_models(args, records, "qace-latency-")
     import transformers
 
     report: dict[str, Any] = {

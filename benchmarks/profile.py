@@ -26,7 +26,6 @@ import io
 import json
 import pstats
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.latency import DEFAULT_DATA, _context, _sync, build_tiny_models, draw, make_scorer
-from benchmarks.workload import build_models, flickr_workload
+from benchmarks.latency import DEFAULT_DATA, _context, _sync, draw, make_scorer
+from benchmarks.workload import add_engine_arguments, engine_defaults, flickr_workload, workload_models
 from qace.engine.profiling import NO_TIMER, StageTimer
 from qace.reward import QACEReward
 
@@ -129,20 +128,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=256, help="captions per call")
     parser.add_argument("--calls", type=int, default=5, help="calls per tool")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--precision", default=None, help="default bf16 (fp32 with --tiny)")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--batch-rows", type=int, default=2048)
-    parser.add_argument("--batch-tokens", type=int, default=131072)
-    parser.add_argument("--chunk-size", type=int, default=2048)
-    parser.add_argument("--spacy-workers", type=int, default=None, help="default 8 (0 with --tiny)")
-    parser.add_argument("--candidate-cache", action="store_true")
-    parser.add_argument("--models-dir", default=None, help="reuse models built earlier")
-    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files")
-    parser.add_argument("--tiny", action="store_true", help="tiny random models on the CPU: a smoke run")
+    parser.add_argument("--candidate-cache", action="store_true", help="keep spaCy candidates across calls")
+    add_engine_arguments(parser)
     args = parser.parse_args(argv)
-    args.precision = args.precision or ("fp32" if args.tiny else "bf16")
-    args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
-    args.spacy_workers = args.spacy_workers if args.spacy_workers is not None else (0 if args.tiny else 8)
+    engine_defaults(args)
     return args
 
 
@@ -151,11 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records = flickr_workload(Path(args.data_dir))
-    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-profile-"))
-    if args.tiny:
-        build_tiny_models(models_dir, records)
-    else:
-        build_models(models_dir, records, args.bertscore_files)
+    models_dir = workload_models(args, records, "qace-profile-")
     scorer = make_scorer(models_dir, args.variant, args.device, args)
     if scorer.features is not None:
         for image_id in sorted({r.image_id for r in records if r.image_id}):

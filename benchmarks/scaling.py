@@ -41,8 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.latency import DEFAULT_DATA, build_tiny_models
-from benchmarks.workload import build_models, flickr_workload, force_lengths
+from benchmarks.latency import DEFAULT_DATA
+from benchmarks.workload import (
+    add_engine_arguments,
+    engine_defaults,
+    flickr_workload,
+    force_lengths,
+    workload_models,
+)
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
@@ -269,32 +275,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup", type=int, default=None, help="warm-up records per worker (default: one chunk, 2048)"
     )
-    parser.add_argument("--precision", default=None, help="default bf16 (fp32 with --tiny)")
-    parser.add_argument("--device", default=None, choices=["cuda", "cpu"], help="cuda:i per worker, or cpu")
-    parser.add_argument("--batch-rows", type=int, default=2048)
-    parser.add_argument("--batch-tokens", type=int, default=131072)
-    parser.add_argument("--chunk-size", type=int, default=2048)
-    parser.add_argument(
-        "--spacy-workers", type=int, default=None, help="per worker (default 8, 0 with --tiny)"
-    )
+    add_engine_arguments(parser, device_help="cuda (cuda:i per worker) or cpu; spaCy workers are per worker")
     parser.add_argument(
         "--no-candidate-cache",
         dest="candidate_cache",
         action="store_false",
         help="parse every caption (by default each worker caches candidates, as in benchmarks.throughput)",
     )
-    parser.add_argument("--models-dir", default=None, help="reuse models built earlier")
-    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files")
     parser.add_argument("--work-dir", default=None, help="input and outputs (default: a temporary directory)")
-    parser.add_argument("--tiny", action="store_true", help="tiny random models on the CPU: a smoke run")
     args = parser.parse_args(argv)
+    engine_defaults(args)
+    if args.device not in ("cuda", "cpu"):
+        parser.error(f"--device must be cuda or cpu (workers get cuda:i), got {args.device!r}")
     tiny = args.tiny
     args.n = args.n if args.n is not None else (24 if tiny else None)
     args.repeat = args.repeat or (1 if tiny else 2)
     args.warmup = args.warmup if args.warmup is not None else (4 if tiny else args.chunk_size)
-    args.precision = args.precision or ("fp32" if tiny else "bf16")
-    args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
-    args.spacy_workers = args.spacy_workers if args.spacy_workers is not None else (0 if tiny else 8)
     if args.device == "cuda" and max(args.counts) > torch.cuda.device_count():
         parser.error(f"--counts {max(args.counts)} needs that many GPUs; {torch.cuda.device_count()} visible")
     return args
@@ -305,11 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     records = flickr_workload(Path(args.data_dir))[: args.n]
-    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-scaling-models-"))
-    if args.tiny:
-        build_tiny_models(models_dir, records)
-    else:
-        build_models(models_dir, records, args.bertscore_files)
+    models_dir = workload_models(args, records, "qace-scaling-models-")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="qace-scaling-"))
     work.mkdir(parents=True, exist_ok=True)
     input_path = work / "input.jsonl"

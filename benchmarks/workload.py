@@ -9,7 +9,9 @@ step by step. The models still compute every step in full.
 
 from __future__ import annotations
 
+import argparse
 import json
+import tempfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -162,3 +164,61 @@ def build_models(
             (out / "bertscore" / f.name).write_bytes(f.read_bytes())
     BertModel(BertConfig.from_pretrained(files)).eval().save_pretrained(out / "bertscore")
     return out
+
+
+TINY_T5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+"""Shape of the ``--tiny`` random models (seconds on a CPU; their scores mean nothing)."""
+
+
+def build_tiny_models(out: Path, records: Sequence[Record], seed: int = 0) -> Path:
+    """Tiny random QG/TQA/Visual-T5 with the workload's tokenizer, in the standard layout (no BERTScore
+    encoder: the default MiniLM is used). Reuses a complete build."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from qace.models.testing import build_tokenizer
+    from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
+    if (out / "vqa" / "config.json").exists():  # written last
+        return out
+    corpus = sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
+    tokenizer = build_tokenizer(corpus)
+    torch.manual_seed(seed)
+    config = {**RANDOM_T5, **TINY_T5, "vocab_size": len(tokenizer)}
+    prefix = [tokenizer.convert_tokens_to_ids("▁image"), tokenizer.convert_tokens_to_ids(":")]
+    for role, cls in (
+        ("qg", T5ForConditionalGeneration),
+        ("tqa", T5ForConditionalGeneration),
+        ("vqa", VisualT5ForConditionalGeneration),
+    ):
+        extra = {"image_prefix_ids": prefix} if role == "vqa" else {}
+        cls(T5Config(**config, **extra)).eval().save_pretrained(out / role)
+        tokenizer.save_pretrained(out / role)
+    return out
+
+
+def add_engine_arguments(
+    parser: argparse.ArgumentParser, *, device_help: str = "default: cuda if any"
+) -> None:
+    """The engine settings every engine benchmark takes, with the same defaults (`engine_defaults`)."""
+    parser.add_argument("--precision", default=None, help="default bf16 (fp32 with --tiny)")
+    parser.add_argument("--device", default=None, help=device_help)
+    parser.add_argument("--batch-rows", type=int, default=2048)
+    parser.add_argument("--batch-tokens", type=int, default=131072)
+    parser.add_argument("--chunk-size", type=int, default=2048)
+    parser.add_argument("--spacy-workers", type=int, default=None, help="default 8 (0 with --tiny)")
+    parser.add_argument("--models-dir", default=None, help="reuse models built earlier")
+    parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files")
+    parser.add_argument("--tiny", action="store_true", help="tiny random models on the CPU: a smoke run")
+
+
+def engine_defaults(args: argparse.Namespace) -> None:
+    """Fill the defaults `add_engine_arguments` leaves open: bf16 on the GPU, fp32 on the CPU with --tiny."""
+    args.precision = args.precision or ("fp32" if args.tiny else "bf16")
+    args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    args.spacy_workers = args.spacy_workers if args.spacy_workers is not None else (0 if args.tiny else 8)
+
+
+def workload_models(args: argparse.Namespace, records: Sequence[Record], prefix: str) -> Path:
+    """The benchmark's models (tiny with --tiny), in ``--models-dir`` or a new temporary directory."""
+    out = Path(args.models_dir or tempfile.mkdtemp(prefix=prefix))
+    return build_tiny_models(out, records) if args.tiny else build_models(out, records, args.bertscore_files)

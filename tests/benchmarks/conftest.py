@@ -13,8 +13,7 @@ from tests.helpers import SHARED_DATA
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (SHARED_DATA / "flickr8k_expert").is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
-    from benchmarks.latency import build_tiny_models
-    from benchmarks.workload import flickr_workload
+    from benchmarks.workload import build_tiny_models, flickr_workload
 
     out = tmp_path_factory.mktemp("bench") / "tiny-models"
     return build_tiny_models(out, flickr_workload(SHARED_DATA))
