@@ -1,8 +1,9 @@
-"""T5 building blocks shared by the engine's encoder and decoder, written for the two precisions.
+"""T5 building blocks shared by the engine's encoder and decoder and the ONNX export graphs.
 
 In fp32 every operation is Hugging Face's own, in the same order, so the engine's tokens equal the
 reference implementation's. In half precision (bf16/fp16, where a tolerance is documented) the
-normalisation is one fused kernel instead of six passes over an fp32 copy of the activations.
+normalisation is one fused kernel instead of six passes over an fp32 copy of the activations. The ONNX
+graphs (`qace.export.graphs`) use the unfused form, which exports as plain operators.
 """
 
 from __future__ import annotations

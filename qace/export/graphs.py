@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from qace.engine.t5_ops import clamp_fp16, rms_norm
+
 SELF_KV = ("self_key", "self_value")
 CROSS_KV = ("cross_key", "cross_value")
 
@@ -37,24 +39,6 @@ CROSS_KV = ("cross_key", "cross_value")
 def past_names(layers: int, prefix: str, kinds: tuple[str, ...]) -> list[str]:
     """``{prefix}.{i}.{kind}`` for every layer, layer-major (the order the graphs use)."""
     return [f"{prefix}.{i}.{kind}" for i in range(layers) for kind in kinds]
-
-
-def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
-    """T5LayerNorm: variance in fp32, no mean, no bias."""
-    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(variance + norm.variance_epsilon)
-    if norm.weight.dtype in (torch.float16, torch.bfloat16):
-        x = x.to(norm.weight.dtype)
-    return norm.weight * x
-
-
-def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's guard against fp16 overflow in T5 blocks (a no-op in fp32)."""
-    if x.dtype != torch.float16:
-        return x
-    big = torch.finfo(x.dtype).max
-    limit = torch.where(torch.isinf(x).any(), big - 1000, big)
-    return torch.clamp(x, min=-limit, max=limit)
 
 
 def _bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -107,7 +91,7 @@ def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _ff(block: Any, x: torch.Tensor) -> torch.Tensor:
     ff = block.layer[-1]
-    return x + ff.DenseReluDense(_rms_norm(ff.layer_norm, x))
+    return x + ff.DenseReluDense(rms_norm(x, ff.layer_norm, fused=False))
 
 
 def _encoder_stack(stack: Any, config: Any, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -120,15 +104,15 @@ def _encoder_stack(stack: Any, config: Any, embeds: torch.Tensor, mask: torch.Te
     for block in stack.block:
         layer = block.layer[0]
         attn = layer.SelfAttention
-        h = _rms_norm(layer.layer_norm, x)
-        x = _clamp_fp16(
+        h = rms_norm(x, layer.layer_norm, fused=False)
+        x = clamp_fp16(
             x
             + _attend(
                 attn, _heads(attn.q(h), heads), _heads(attn.k(h), heads), _heads(attn.v(h), heads), bias
             )
         )
-        x = _clamp_fp16(_ff(block, x))
-    return _rms_norm(stack.final_layer_norm, x)
+        x = clamp_fp16(_ff(block, x))
+    return rms_norm(x, stack.final_layer_norm, fused=False)
 
 
 class TextEncoder(nn.Module):
@@ -187,18 +171,18 @@ def _decoder_step(
     for i, block in enumerate(stack.block):
         layer = block.layer[0]
         attn = layer.SelfAttention
-        h = _rms_norm(layer.layer_norm, x)
+        h = rms_norm(x, layer.layer_norm, fused=False)
         k, v = _heads(attn.k(h), heads), _heads(attn.v(h), heads)
         if self_kv is not None:
             k, v = torch.cat([self_kv[i][0], k], dim=2), torch.cat([self_kv[i][1], v], dim=2)
         presents += [k, v]
-        x = _clamp_fp16(x + _attend(attn, _heads(attn.q(h), heads), k, v, self_bias))
+        x = clamp_fp16(x + _attend(attn, _heads(attn.q(h), heads), k, v, self_bias))
         layer = block.layer[1]
         attn = layer.EncDecAttention
-        h = _rms_norm(layer.layer_norm, x)
-        x = _clamp_fp16(x + _attend(attn, _heads(attn.q(h), heads), cross_kv[i][0], cross_kv[i][1], enc_bias))
-        x = _clamp_fp16(_ff(block, x))
-    x = _rms_norm(stack.final_layer_norm, x)
+        h = rms_norm(x, layer.layer_norm, fused=False)
+        x = clamp_fp16(x + _attend(attn, _heads(attn.q(h), heads), cross_kv[i][0], cross_kv[i][1], enc_bias))
+        x = clamp_fp16(_ff(block, x))
+    x = rms_norm(x, stack.final_layer_norm, fused=False)
     if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
         x = x * (config.d_model**-0.5)
     return model.lm_head(x)[:, 0, :].float(), presents
