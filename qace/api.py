@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -125,18 +125,21 @@ class QACE(FileScorer):
     ) -> Iterator[dict[str, Any] | RecordError]:
         """Stream results (rows or ``RecordError``) in input order, a chunk of captions at a time.
 
-        The next chunk is validated and handed to the candidate extractor before the current chunk's
-        model stages run, so with ``spacy_workers`` parsing overlaps the GPU work.
+        While one chunk runs through the models, a prefetch thread reads the next chunk, validates it,
+        loads its region features from the store and hands its captions to the candidate extractor,
+        so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work.
         """
         iterator = iter(records)
-        pending: _Prepared | None = None
-        while chunk := list(itertools.islice(iterator, self.config.chunk_size)):
-            upcoming = self._prepare(chunk)
-            if pending is not None:
-                yield from self._finish(pending)
-            pending = upcoming
-        if pending is not None:
-            yield from self._finish(pending)
+        with ThreadPoolExecutor(1, thread_name_prefix="qace-prefetch") as prefetch:
+            upcoming = prefetch.submit(self._prepare_next, iterator)
+            while (prepared := upcoming.result()) is not None:
+                upcoming = prefetch.submit(self._prepare_next, iterator)
+                yield from self._finish(prepared)
+
+    def _prepare_next(self, iterator: Iterator[Record | RecordError]) -> _Prepared | None:
+        """The next chunk of ``iterator``, prepared; None once it is exhausted."""
+        chunk = list(itertools.islice(iterator, self.config.chunk_size))
+        return self._prepare(chunk) if chunk else None
 
     def _prepare(self, chunk: list[Record | RecordError]) -> _Prepared:
         results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)
@@ -147,12 +150,10 @@ class QACE(FileScorer):
                 valid.append(item)  # type: ignore[arg-type]
             else:
                 results[pos] = problem
-        with self.timer("candidates"):  # in this process when spacy_workers is 0, else only handed off
-            future = self.candidates.submit([r.caption for r in valid])
-        return _Prepared(results, valid, future)
+        return _Prepared(results, valid, self.candidates.submit([r.caption for r in valid]))
 
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
-        with self.timer("candidates"):
+        with self.timer("candidates"):  # only the wait: extraction started in the prefetch thread
             candidates = prepared.candidates.result()
         with collector_paused():
             rows = iter(

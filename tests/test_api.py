@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from qace import api
 from qace.api import QACE
 from qace.config import QACEConfig, build_signature, parse_signature
 from qace.data.features import RandomFeatureStore
+from qace.data.records import Record
 from qace.demo import example_path
 from qace.errors import ConfigError, InputError, ModelNotFoundError, ResumeError
 
@@ -171,3 +173,44 @@ def test_misaligned_list_columns_are_the_callers_error(ref_scorer):
         ref_scorer.score(["a girl runs", "a dog"], references=[REFS])
     with pytest.raises(InputError, match="got 1 captions but 2 ids"):
         ref_scorer.score(["a girl runs"], references=[REFS], ids=["a", "b"])
+
+
+class _ThreadRecordingStore(RandomFeatureStore):
+    """Random features that note which thread loaded each image, and signal once ``watch`` is loaded."""
+
+    def __init__(self, watch: str) -> None:
+        super().__init__(seed=0)
+        self.threads: dict[str, str] = {}
+        self.watch, self.watched = watch, threading.Event()
+
+    def get(self, image_id: str) -> np.ndarray:
+        self.threads[image_id] = threading.current_thread().name
+        if image_id == self.watch:
+            self.watched.set()
+        return super().get(image_id)
+
+
+def test_next_chunk_is_prepared_while_this_one_is_scored(test_models_dir, monkeypatch):
+    """Chunk 2's features are loaded by the prefetch thread while chunk 1 is still in the models."""
+    store = _ThreadRecordingStore(watch="img-c")
+    scored: list[list[str]] = []
+
+    def score_chunk_waiting_for_prefetch(records, *args, **kwargs):
+        if not scored:  # chunk 1 cannot finish unless chunk 2 is prepared meanwhile
+            assert store.watched.wait(30), "chunk 2 was not prepared while chunk 1 was scored"
+        scored.append([r.id for r in records])
+        return real(records, *args, **kwargs)
+
+    real = api.score_chunk
+    monkeypatch.setattr(api, "score_chunk", score_chunk_waiting_for_prefetch)
+    scorer = QACE(models=test_models_dir, variant="img", features=store, chunk_size=2, progress=False)
+    records = [
+        Record("1", "a dog runs", "img-a"),
+        Record("2", "a cat", "img-b"),
+        Record("3", "a girl", "img-c"),
+    ]
+    rows = list(scorer.score_records(records))
+    assert [r["id"] for r in rows] == ["1", "2", "3"] and scored == [["1", "2"], ["3"]]
+    assert set(store.threads) == {"img-a", "img-b", "img-c"}
+    assert all(name.startswith("qace-prefetch") for name in store.threads.values())
+    assert scorer.features is not None and scorer.features.loads == 3  # each image read once
