@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -84,6 +85,9 @@ class QACE(FileScorer):
 
             store = open_feature_store(features) if isinstance(features, str | Path) else features
             self.features = FeatureCache(store)
+        self._models_lock = threading.Lock()
+        """One chunk at a time through the models: the decoders' CUDA graphs replay from static buffers
+        and hot region features live in one slab, so callers in several threads take turns."""
         self.timer: Any = NO_TIMER
         """Benchmarks set a :class:`~qace.engine.profiling.StageTimer` here to time each stage."""
         self.signature = build_signature(
@@ -155,7 +159,7 @@ class QACE(FileScorer):
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
         with self.timer("candidates"):  # only the wait: extraction started in the prefetch thread
             candidates = prepared.candidates.result()
-        with collector_paused():
+        with self._models_lock, collector_paused():
             rows = iter(
                 score_chunk(
                     prepared.valid,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -214,3 +215,40 @@ def test_next_chunk_is_prepared_while_this_one_is_scored(test_models_dir, monkey
     assert set(store.threads) == {"img-a", "img-b", "img-c"}
     assert all(name.startswith("qace-prefetch") for name in store.threads.values())
     assert scorer.features is not None and scorer.features.loads == 3  # each image read once
+
+
+def test_callers_in_several_threads_take_turns_through_the_models(test_models_dir, monkeypatch):
+    """Threads sharing one scorer never run two chunks through the models at once (on a GPU they would
+    share the decoders' graph buffers), and every result equals a lone call's."""
+    scorer = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(seed=0), progress=False)
+    jobs = [
+        (["a dog runs on the grass", "two girls on the beach"], ["i1", "i2"]),
+        (["a cat sleeps on a sofa", "a red car in the street"], ["i4", "i1"]),
+        (["children play in the park", "a boy jumps", "a bird flies"], ["i2", "i5", "i3"]),
+    ] * 2
+    alone = [scorer.score(captions, image_ids=images) for captions, images in jobs]
+    inside, most = [0], [0]
+    real = api.score_chunk
+
+    def counting_score_chunk(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)  # long enough for another thread to arrive
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(api, "score_chunk", counting_score_chunk)
+    together: list = [None] * len(jobs)
+
+    def run(i: int) -> None:
+        together[i] = scorer.score(jobs[i][0], image_ids=jobs[i][1])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 1
+    assert together == alone
