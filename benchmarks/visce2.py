@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "engine": {
             "images": args.images,
             "captions": len(captions),
-            "seconds": round(engine_s, 3),
+            "seconds": round(engine_s, 6),
             "captions_per_s": round(engine_cps, 3),
             "contexts_computed": scorer.contexts.computed,
             "batch_tokens": args.batch_tokens,
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "loop": {
             "images": args.loop_images,
             "captions": loop_n,
-            "seconds": round(loop_s, 3),
+            "seconds": round(loop_s, 6),
             "captions_per_s": round(loop_cps, 3),
             "contexts_computed": loop_n,
             "scored": sum(v is not None for v in loop_scores),
