@@ -33,7 +33,6 @@ import platform
 import secrets
 import shlex
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -105,26 +104,11 @@ def draw(records: Sequence[Record], batch: int, seed: int, iteration: int) -> li
 @contextmanager
 def serving(reward: QACEReward, settings: Any, token: str) -> Iterator[str]:
     """The real reward app on uvicorn, loopback, a free port, in a daemon thread; yields its URL."""
-    import uvicorn
-
     from qace.serve.app import create_app
+    from qace.serve.local import serving as serve_in_thread
 
-    app = create_app(reward, token=token, settings=settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name="qace-latency-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise RuntimeError("the reward service did not start within 30 s")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serve_in_thread(create_app(reward, token=token, settings=settings), start_timeout_s=30) as url:
+        yield url
 
 
 def _sync() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +15,7 @@ pytest.importorskip("httpx")
 
 from qace.reward import RewardResult, caption_problem  # noqa: E402
 from qace.serve.app import ServeSettings, create_app  # noqa: E402
+from qace.serve.local import serving  # noqa: E402
 
 TOKEN = "test-token"
 
@@ -55,25 +55,10 @@ class FakeReward:
 @contextmanager
 def running(reward: Any, **settings: Any) -> Iterator[str]:
     """Serve ``reward`` on a free loopback port; yields the base URL; always stops the server."""
-    import uvicorn
-
-    app = create_app(reward, token=TOKEN, settings=ServeSettings(**settings))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):  # bounded: at most 10 s
-        if server.started:
-            break
-        time.sleep(0.05)
-    else:
-        server.should_exit = True
-        raise RuntimeError("reward server did not start within 10 s")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serving(
+        create_app(reward, token=TOKEN, settings=ServeSettings(**settings)), start_timeout_s=10
+    ) as url:
+        yield url
 
 
 @pytest.fixture()
