@@ -54,6 +54,7 @@ from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
+from qace.engine.profiling import cuda_sync
 from qace.reward import QACEReward
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,6 @@ def serving(reward: QACEReward, settings: Any, token: str) -> Iterator[str]:
         yield url
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _context(batch: Sequence[Record], variant: str) -> dict[str, Any]:
     if variant == "ref":
         return {"references": [list(r.references or ()) for r in batch]}
@@ -131,7 +127,7 @@ def callers(
 
     def in_process(batch: list[Record]) -> list[float]:
         values = reward([r.caption for r in batch], **_context(batch, variant))
-        _sync()
+        cuda_sync()
         return values.tolist()
 
     if url is None:
@@ -221,7 +217,7 @@ def run_variant(
     info: dict[str, Any] = {"signature": reward.signature, "load_seconds": time.perf_counter() - load}
     warm = time.perf_counter()  # one full chunk first: the largest CUDA graphs are captured here
     list(scorer.score_records(records[: args.warmup_records]))
-    _sync()
+    cuda_sync()
     info["warmup_records"] = min(args.warmup_records, len(records))
     info["warmup_seconds"] = time.perf_counter() - warm
     info["graph_captures_after_warmup"] = graph_captures(scorer)

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.latency import DEFAULT_DATA, _context, _sync, draw, make_scorer
+from benchmarks.latency import DEFAULT_DATA, _context, draw, make_scorer
 from benchmarks.workload import add_engine_arguments, engine_defaults, flickr_workload, workload_models
-from qace.engine.profiling import NO_TIMER, StageTimer
+from qace.engine.profiling import NO_TIMER, StageTimer, cuda_sync
 from qace.reward import QACEReward
 
 
@@ -44,13 +44,13 @@ def _calls(reward: QACEReward, records: list, batch: int, calls: int, seed: int)
     def call(i: int) -> None:
         picked = draw(records, batch, seed, i)
         reward([r.caption for r in picked], **_context(picked, reward.variant))
-        _sync()
+        cuda_sync()
 
     return call
 
 
 def stage_walls(reward: QACEReward, call: Callable[[int], None], calls: int) -> dict[str, Any]:
-    timer = StageTimer(sync=_sync)
+    timer = StageTimer(sync=cuda_sync)
     reward.scorer.timer = timer
     pauses = {"collections": 0, "seconds": 0.0}
     started = [0.0]

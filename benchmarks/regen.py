@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from qace import __version__
+from qace.engine.profiling import cuda_sync
 from qace.judges.regen import DTYPES, RegenScore
 from qace.judges.regen_models import ImageEncoder, Preprocess
 
@@ -156,16 +157,11 @@ def tiny_models(models_dir: Path, device: str, dtype: torch.dtype) -> tuple[Any,
     return pipe, ImageEncoder.load(str(models / "encoder"), device=device, dtype=dtype)
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _timed(judge: RegenScore, texts: list[str], paths: list[str]) -> tuple[float, list[dict[str, Any]]]:
-    _sync()
+    cuda_sync()
     start = time.perf_counter()
     rows = judge.score(texts, images=paths)
-    _sync()
+    cuda_sync()
     return time.perf_counter() - start, rows
 
 

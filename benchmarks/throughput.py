@@ -29,15 +29,10 @@ from benchmarks.workload import build_models, flickr_workload, force_lengths
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
-from qace.engine.profiling import StageTimer
+from qace.engine.profiling import StageTimer, cuda_sync
 from qace.metric.candidates import load_spacy
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, vendor datasheet (SXM)
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _engine(
@@ -104,10 +99,10 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     # warm up on one full chunk: CUDA graphs of full-size batches are captured here, not in the timing
     list(engine.score_records(records[: args.chunk_size]))
     torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
-    _sync()
+    cuda_sync()
     start = time.perf_counter()
     rows = list(engine.score_records(records))
-    _sync()
+    cuda_sync()
     seconds = time.perf_counter() - start
     result["engine"] = {
         "seconds": seconds,
@@ -121,7 +116,7 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
             runner.profile = True
             runner.stats = dict.fromkeys(runner.stats, 0)
             runner.decoder.row_steps = 0
-    engine.timer = StageTimer(sync=_sync)
+    engine.timer = StageTimer(sync=cuda_sync)
     list(engine.score_records(records))
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_BF16.items() if k in gpu), float("nan"))
@@ -138,13 +133,13 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     hf_batched.score(
         records[:256], variant, hf_models, nlp, engine.matcher, engine.features, args.hf_batch, device
     )
-    _sync()
+    cuda_sync()
     start = time.perf_counter()
     timings: dict[str, float] = {}
     hf_scores = hf_batched.score(
         records, variant, hf_models, nlp, engine.matcher, engine.features, args.hf_batch, device, timings
     )
-    _sync()
+    cuda_sync()
     seconds = time.perf_counter() - start
     result["hf_batched"] = {
         "seconds": seconds,
@@ -174,10 +169,10 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     )
     ref.score_caption(subset[0].caption, **_context(subset[0], variant))
     ref.memo.clear()
-    _sync()
+    cuda_sync()
     start = time.perf_counter()
     expected = [ref.score_caption(r.caption, **_context(r, variant)) for r in subset]
-    _sync()
+    cuda_sync()
     seconds = time.perf_counter() - start
     got = list(exact.score_records(subset))
     same_questions = sum(

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from qace import __version__
+from qace.engine.profiling import cuda_sync
 from qace.judges.images import load_image
 from qace.judges.rating import parse_rating
 from qace.judges.visce2 import VisCE2
@@ -158,11 +159,6 @@ def make_captions(count: int, seed: int = 1) -> list[str]:
     return [" ".join(rng.choice(CAPTION_WORDS, size=int(rng.integers(5, 16)))) for _ in range(count)]
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def run_loop(scorer: VisCE2, captions: list[str], images: list[str], args: argparse.Namespace) -> list[str]:
     """The paper's loop: per caption, context then rating, one ``generate`` each, no reuse, no batching."""
     runner = scorer.runner
@@ -176,10 +172,10 @@ def run_loop(scorer: VisCE2, captions: list[str], images: list[str], args: argpa
 
 
 def _timed(fn: Any) -> tuple[Any, float]:
-    _sync()
+    cuda_sync()
     start = time.perf_counter()
     result = fn()
-    _sync()
+    cuda_sync()
     return result, time.perf_counter() - start
 
 

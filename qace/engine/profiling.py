@@ -33,3 +33,11 @@ def _nothing(stage: str) -> Iterator[None]:
 
 NO_TIMER: Callable[[str], object] = _nothing
 """Drop-in for a ``StageTimer`` when nobody is measuring."""
+
+
+def cuda_sync() -> None:
+    """Wait for the GPU's queued work (nothing to wait for without CUDA): a timer's honest ``sync``."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
