@@ -112,7 +112,8 @@ def serving(reward: QACEReward, settings: Any, token: str) -> Iterator[str]:
         yield url
 
 
-def _context(batch: Sequence[Record], variant: str) -> dict[str, Any]:
+def context_columns(batch: Sequence[Record], variant: str) -> dict[str, Any]:
+    """The reward call's context keywords for ``batch``: references (Ref) or image ids (Img)."""
     if variant == "ref":
         return {"references": [list(r.references or ()) for r in batch]}
     return {"image_ids": [r.image_id for r in batch]}
@@ -126,7 +127,7 @@ def callers(
     variant = reward.variant
 
     def in_process(batch: list[Record]) -> list[float]:
-        values = reward([r.caption for r in batch], **_context(batch, variant))
+        values = reward([r.caption for r in batch], **context_columns(batch, variant))
         cuda_sync()
         return values.tolist()
 
@@ -141,7 +142,7 @@ def callers(
     http = httpx.Client(base_url=url, timeout=600.0, headers={"Authorization": f"Bearer {token}"})
 
     def v1(batch: list[Record]) -> list[float]:
-        return client.rewards([r.caption for r in batch], **_context(batch, variant))
+        return client.rewards([r.caption for r in batch], **context_columns(batch, variant))
 
     def openrlhf(batch: list[Record]) -> list[float]:
         labels = [json.dumps(list(r.references or ())) if variant == "ref" else r.image_id for r in batch]

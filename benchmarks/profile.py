@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.latency import DEFAULT_DATA, _context, draw, make_scorer
+from benchmarks.latency import DEFAULT_DATA, context_columns, draw, make_scorer
 from benchmarks.workload import add_engine_arguments, engine_defaults, flickr_workload, workload_models
 from qace.engine.profiling import NO_TIMER, StageTimer, cuda_sync
 from qace.reward import QACEReward
@@ -43,7 +43,7 @@ from qace.reward import QACEReward
 def _calls(reward: QACEReward, records: list, batch: int, calls: int, seed: int) -> Callable[[int], None]:
     def call(i: int) -> None:
         picked = draw(records, batch, seed, i)
-        reward([r.caption for r in picked], **_context(picked, reward.variant))
+        reward([r.caption for r in picked], **context_columns(picked, reward.variant))
         cuda_sync()
 
     return call
