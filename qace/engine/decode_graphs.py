@@ -14,7 +14,7 @@ CTranslate2 do the same for their decode steps). What that takes:
   and the loop still stops as soon as every row has ended;
 - self-attention reads only a window of the cache that covers the positions written so far (8, then
   16, then all): a bucket has one graph per window, so the first steps, and all of a three-token
-  answer, do not read the empty rest of a 31-position cache, which was a fifth of a step's time;
+  answer, do not read the empty rest of a 31-position cache (2.3 GB a step for 2,048 T5-base rows);
 - the step's position, the tokens fed back, the ended flags and the outputs are device tensors the
   graph updates itself, so the host only replays and checks once a step whether all rows ended.
 """
