@@ -26,17 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from qace.engine.decode_attention import attend
 from qace.engine.t5_ops import HALF, clamp_fp16, fused_qkv, rms_norm
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """One query position against ``k``/``v``: T5 attention (unscaled scores plus additive bias).
-
-    Written as two batched matrix products: for a single query they are cheap memory-bound reads,
-    where fused attention kernels are tuned for long queries and cost several times more here.
-    """
-    scores = torch.matmul(q, k.transpose(-1, -2)) + bias
-    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
 
 
 @dataclass
@@ -207,13 +198,11 @@ class StaticT5Decoder:
             q, k, v = self._split(F.linear(x, self.qkv[i])).chunk(3, dim=1)
             keys[i].index_copy_(2, pos, k)
             values[i].index_copy_(2, pos, v)
-            o = _attend(q, keys[i], values[i], bias)
-            h = clamp_fp16(h + layer.self_attn.o(o.transpose(1, 2).reshape(h.shape[0], 1, -1)))
+            h = clamp_fp16(h + layer.self_attn.o(attend(q, keys[i], values[i], bias)))
             x = rms_norm(h, layer.cross_norm, self.fused_norm)
             q = self._split(layer.cross_attn.q(x))
             k, v = cross[i]
-            o = _attend(q, k, v, cross_bias)
-            h = clamp_fp16(h + layer.cross_attn.o(o.transpose(1, 2).reshape(h.shape[0], 1, -1)))
+            h = clamp_fp16(h + layer.cross_attn.o(attend(q, k, v, cross_bias)))
             h = clamp_fp16(h + layer.ff(rms_norm(h, layer.ff_norm, self.fused_norm)))
         h = rms_norm(h, self.final_norm, self.fused_norm)[:, 0, :]
         if self.head_out_fp32:

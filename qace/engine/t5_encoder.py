@@ -6,8 +6,9 @@ attention through the math path, and mask bookkeeping. The fused forward keeps t
 arithmetic of T5 and changes only how it is run (113 -> 87 ms on that batch):
 
 - the relative position bias and the padding mask are added once per batch, in the model's dtype, and
-  handed to ``scaled_dot_product_attention`` (scale 1, as T5 does not scale) in one call per layer;
-  PyTorch picks the kernel, and at that batch it still chose the math path (docs/performance.md);
+  handed, contiguous, to ``scaled_dot_product_attention`` (scale 1, as T5 does not scale) in one call
+  per layer, so PyTorch can pick its memory-efficient kernel (a strided mask sent it to the fp32 math
+  path);
 - q, k and v come from one matrix product;
 - layer norms are one fused kernel (`qace.engine.t5_ops.rms_norm`).
 
@@ -68,4 +69,6 @@ class T5Encoder:
         """``(B, heads, L, L)``: relative position bias plus ``min`` on padded keys, in ``dtype``."""
         position = self.bias_module.compute_bias(length, length, device=mask.device).float()
         padding = torch.where(mask[:, None, None, :].bool(), 0.0, torch.finfo(dtype).min)
-        return (position + padding).to(dtype)
+        # contiguous: compute_bias returns a permuted view whose last stride is not 1, and PyTorch's
+        # fused attention kernels refuse such a mask (it fell back to the fp32 math path, 25% slower)
+        return (position + padding).to(dtype).contiguous()

@@ -1,0 +1,66 @@
+"""One-query T5 attention: the PyTorch form everywhere, the fused Triton kernel against it on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qace.engine.decode_attention import attend, fused_available
+
+
+def _inputs(rows: int, heads: int, keys: int, dtype: torch.dtype, device: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, heads, 1, 64, generator=g) * 2
+    k = torch.randn(rows, heads, keys, 64, generator=g) * 2
+    v = torch.randn(rows, heads, keys, 64, generator=g)
+    cross = torch.where(torch.rand(rows, 1, 1, keys, generator=g) < 0.2, torch.finfo(dtype).min, 0.0)
+    cross[..., 0] = 0.0  # every row has a key to attend to
+    position = torch.randn(1, heads, 1, keys, generator=g) * 3
+    return [t.to(device, dtype) for t in (q, k, v, cross, position)]
+
+
+def _reference(q, k, v, bias) -> torch.Tensor:
+    """The same attention in fp64: scores, bias, softmax, weighted sum; heads merged."""
+    scores = q.double() @ k.double().transpose(-1, -2) + bias.double()
+    o = torch.softmax(scores, dim=-1) @ v.double()
+    return o.transpose(1, 2).reshape(q.shape[0], 1, -1)
+
+
+def _hugging_face_half(q, k, v, bias) -> torch.Tensor:
+    """Hugging Face's T5 attention in half precision: half scores, fp32 softmax rounded to half."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) + bias
+    o = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
+    return o.transpose(1, 2).reshape(q.shape[0], 1, -1)
+
+
+def test_pytorch_form_merges_heads_in_order() -> None:
+    q, k, v, cross, position = _inputs(5, 3, 7, torch.float32, "cpu")
+    assert not fused_available(q)
+    for bias in (cross, position):
+        out = attend(q, k, v, bias)
+        assert out.shape == (5, 1, 3 * 64)
+        torch.testing.assert_close(out.double(), _reference(q, k, v, bias), atol=1e-5, rtol=1e-5)
+    # head 1 of row 2 is columns 64..127 of that row
+    alone = attend(q[2:3, 1:2], k[2:3, 1:2], v[2:3, 1:2], cross[2:3])
+    torch.testing.assert_close(alone[0, 0], attend(q, k, v, cross)[2, 0, 64:128])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel runs on CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("keys", [8, 31, 48, 112])
+def test_fused_kernel_is_at_least_as_close_as_the_half_pytorch_form(dtype, keys) -> None:
+    q, k, v, cross, position = _inputs(300, 12, keys, dtype, "cuda", seed=keys)
+    assert fused_available(q)
+    window = k[:, :, : keys - 3]  # a window of a cache: strided, not contiguous
+    for args in ((q, k, v, cross), (q, k, v, position), (q, window, v[:, :, : keys - 3], position[..., :-3])):
+        expected = _reference(*args)
+        fused = attend(*args)
+        half = _hugging_face_half(*args)
+        fused_err = (fused.double() - expected).abs().max().item()
+        half_err = (half.double() - expected).abs().max().item()
+        assert fused.dtype == dtype and fused.shape == expected.shape
+        assert fused_err <= half_err * 1.01 + 1e-6, (fused_err, half_err)
+    # masked keys are not read: NaN there changes nothing
+    hidden = cross.expand(-1, 12, -1, -1).transpose(2, 3) == torch.finfo(dtype).min
+    k_nan, v_nan = k.masked_fill(hidden, float("nan")), v.masked_fill(hidden, float("nan"))
+    assert torch.equal(attend(q, k_nan, v_nan, cross), attend(q, k, v, cross))
