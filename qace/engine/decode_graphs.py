@@ -8,8 +8,10 @@ CTranslate2 do the same for their decode steps). What that takes:
 - batch shapes are bucketed (rows to a power of two or 3/4 of one, encoder length to a multiple of
   16) so a run needs a handful of graphs; the extra rows start as ended and their outputs are dropped,
   the extra encoder positions are masked;
-- all buffers the graphs read and write live in flat storage allocated once at the largest bucket seen,
-  viewed contiguously at each bucket's shape; the graphs share one memory pool;
+- all buffers the graphs read and write live in flat storage allocated once for the most rows and the
+  most encoder tokens (rows x length) of any bucket seen, viewed contiguously at each bucket's shape,
+  so a batch of many short inputs and one of few long ones share it (the scheduler's token budget
+  bounds both); the graphs share one memory pool;
 - rows are not dropped as they end (a graph's shapes are fixed): a replay costs the same either way,
   and the loop still stops as soon as every row has ended;
 - self-attention reads only a window of the cache that covers the positions written so far (8, then
@@ -57,12 +59,12 @@ def windows(steps: int) -> list[int]:
 class _Storage:
     """Flat buffers for the largest bucket so far; `view` gives contiguous tensors of a smaller shape."""
 
-    def __init__(self, dec: StaticT5Decoder, rows: int, length: int, steps: int, like: torch.Tensor) -> None:
-        self.rows, self.length, self.steps = rows, length, steps
+    def __init__(self, dec: StaticT5Decoder, rows: int, tokens: int, steps: int, like: torch.Tensor) -> None:
+        self.rows, self.tokens, self.steps = rows, tokens, steps
         n_layers, hd, device = len(dec.layers), dec.heads * dec.d_kv, like.device
         self.self_kv = like.new_zeros(2, n_layers, rows * hd * steps)
-        self.cross_kv = like.new_zeros(2, n_layers, rows * hd * length)
-        self.cross_bias = like.new_zeros(rows * length)
+        self.cross_kv = like.new_zeros(2, n_layers, tokens * hd)
+        self.cross_bias = like.new_zeros(tokens)
         self.token = torch.zeros(rows, device=device, dtype=torch.long)
         self.pos = torch.zeros(1, device=device, dtype=torch.long)
         self.out = torch.zeros(rows * steps, device=device, dtype=torch.long)
@@ -70,7 +72,7 @@ class _Storage:
         self.finished = torch.zeros(rows, device=device, dtype=torch.bool)
 
     def fits(self, rows: int, length: int, steps: int) -> bool:
-        return rows <= self.rows and length <= self.length and steps == self.steps
+        return rows <= self.rows and rows * length <= self.tokens and steps == self.steps
 
 
 @dataclass
@@ -196,7 +198,7 @@ class GraphedDecoding:
             self._store = _Storage(
                 self.dec,
                 max(rows, old.rows if old else 0),
-                max(length, old.length if old else 0),
+                max(rows * length, old.tokens if old else 0),
                 steps,
                 like,
             )
