@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -85,9 +84,6 @@ class QACE(FileScorer):
 
             store = open_feature_store(features) if isinstance(features, str | Path) else features
             self.features = FeatureCache(store)
-        self._models_lock = threading.Lock()
-        """One chunk at a time through the models: the decoders' CUDA graphs replay from static buffers
-        and hot region features live in one slab, so callers in several threads take turns."""
         self.timer: Any = NO_TIMER
         """Benchmarks set a :class:`~qace.engine.profiling.StageTimer` here to time each stage."""
         self.signature = build_signature(
@@ -131,7 +127,9 @@ class QACE(FileScorer):
 
         While one chunk runs through the models, a prefetch thread reads the next chunk, validates it,
         loads its region features from the store and hands its captions to the candidate extractor,
-        so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work.
+        so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work. Scorers in
+        several threads share the device: their model stages take turns under the device lock
+        (`qace.engine.device_lock`), their host work overlaps.
         """
         iterator = iter(records)
         with ThreadPoolExecutor(1, thread_name_prefix="qace-prefetch") as prefetch:
@@ -159,7 +157,7 @@ class QACE(FileScorer):
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
         with self.timer("candidates"):  # only the wait: extraction started in the prefetch thread
             candidates = prepared.candidates.result()
-        with self._models_lock, collector_paused():
+        with collector_paused():
             rows = iter(
                 score_chunk(
                     prepared.valid,

@@ -217,29 +217,44 @@ def test_next_chunk_is_prepared_while_this_one_is_scored(test_models_dir, monkey
     assert scorer.features is not None and scorer.features.loads == 3  # each image read once
 
 
-def test_callers_in_several_threads_take_turns_through_the_models(test_models_dir, monkeypatch):
-    """Threads sharing one scorer never run two chunks through the models at once (on a GPU they would
-    share the decoders' graph buffers), and every result equals a lone call's."""
-    scorer = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(seed=0), progress=False)
+def test_callers_in_several_threads_take_turns_on_the_device(test_models_dir, monkeypatch):
+    """Scorers in several threads overlap their chunks, but never run device work at the same time (on a
+    GPU they would share the decoders' graph buffers), and every result equals a lone call's."""
+    scorer = QACE(
+        models=test_models_dir,
+        variant="img",
+        features=RandomFeatureStore(seed=0),
+        chunk_size=1,
+        progress=False,
+    )
     jobs = [
         (["a dog runs on the grass", "two girls on the beach"], ["i1", "i2"]),
         (["a cat sleeps on a sofa", "a red car in the street"], ["i4", "i1"]),
         (["children play in the park", "a boy jumps", "a bird flies"], ["i2", "i5", "i3"]),
     ] * 2
     alone = [scorer.score(captions, image_ids=images) for captions, images in jobs]
-    inside, most = [0], [0]
-    real = api.score_chunk
+    device, chunks = {"now": 0, "most": 0}, {"now": 0, "most": 0}
+    guard = threading.Lock()
 
-    def counting_score_chunk(*args, **kwargs):
-        inside[0] += 1
-        most[0] = max(most[0], inside[0])
-        time.sleep(0.05)  # long enough for another thread to arrive
-        try:
-            return real(*args, **kwargs)
-        finally:
-            inside[0] -= 1
+    def counted(fn, count):
+        def wrapper(*args, **kwargs):
+            with guard:
+                count["now"] += 1
+                count["most"] = max(count["most"], count["now"])
+            time.sleep(0.02)  # long enough for another thread to arrive
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with guard:
+                    count["now"] -= 1
 
-    monkeypatch.setattr(api, "score_chunk", counting_score_chunk)
+        return wrapper
+
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(scorer.models, role)
+        monkeypatch.setattr(runner, "generate", counted(runner.generate, device))
+    monkeypatch.setattr(scorer.matcher, "score", counted(scorer.matcher.score, device))
+    monkeypatch.setattr(api, "score_chunk", counted(api.score_chunk, chunks))
     together: list = [None] * len(jobs)
 
     def run(i: int) -> None:
@@ -250,5 +265,5 @@ def test_callers_in_several_threads_take_turns_through_the_models(test_models_di
         thread.start()
     for thread in threads:
         thread.join()
-    assert most[0] == 1
+    assert device["most"] == 1 and chunks["most"] >= 2
     assert together == alone

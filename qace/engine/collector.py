@@ -10,17 +10,29 @@ call. With the collector paused for the chunk, its cyclic garbage waits for the 
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+_lock = threading.Lock()
+_holders = 0
+_was_enabled = False
 
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
-    """Disable automatic collection inside the block (as it was before, after it); re-entrant."""
-    was_enabled = gc.isenabled()
-    gc.disable()
+    """Disable automatic collection inside the block; the last of the blocks open in any thread puts
+    it back as it was before the first."""
+    global _holders, _was_enabled
+    with _lock:
+        if _holders == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _holders += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _lock:
+            _holders -= 1
+            if _holders == 0 and _was_enabled:
+                gc.enable()

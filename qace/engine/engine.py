@@ -7,6 +7,7 @@ filled from many captions and identical inputs (the same question on the same re
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from qace.engine.batches import Generated, TextBatch, VisualBatch
-from qace.engine.scheduler import dedupe, pad_batch, plan_batches
+from qace.engine.scheduler import Deduped, dedupe, pad_batch, plan_batches
 from qace.engine.tokenize import decode, encode_texts
 from qace.metric.prompts import MAX_NEW_TOKENS
 
@@ -26,6 +27,10 @@ class Runner(Protocol):
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
     ) -> Generated: ...
+
+
+NO_LOCK = nullcontext()
+"""The device lock of a caller that runs alone (see `qace.engine.device_lock`)."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,13 @@ def generate_text(
     unanswerable_id: int | None = None,
     desc: str = "generate",
     progress: bool = False,
+    device_lock: AbstractContextManager[Any] = NO_LOCK,
 ) -> StageOutput:
-    """Greedy outputs of a text model for every prompt; identical prompts run once."""
+    """Greedy outputs of a text model for every prompt; identical prompts run once.
+
+    Only the batches run under ``device_lock``: tokenising before and decoding after overlap another
+    thread's device work.
+    """
     unique = dedupe(list(prompts))
     ids, truncated = encode_texts(tokenizer, unique.unique, max_input_tokens)
 
@@ -88,9 +98,10 @@ def generate_text(
         input_ids, mask = pad_batch([ids[i] for i in index], tokenizer.pad_token_id)
         return TextBatch(input_ids, mask)
 
-    tokens, an = _run_planned(
-        runner, [len(x) for x in ids], make_batch, limits, unanswerable_id, desc, progress
-    )
+    with device_lock:
+        tokens, an = _run_planned(
+            runner, [len(x) for x in ids], make_batch, limits, unanswerable_id, desc, progress
+        )
     texts = decode(tokenizer, tokens)
     return StageOutput(
         texts=[texts[i] for i in unique.inverse],
@@ -110,6 +121,7 @@ def generate_visual(
     unanswerable_id: int | None,
     desc: str = "visual QA",
     progress: bool = False,
+    device_lock: AbstractContextManager[Any] = NO_LOCK,
 ) -> StageOutput:
     """Visual-T5 answers for (question, image) pairs; identical pairs run once.
 
@@ -124,29 +136,43 @@ def generate_visual(
     ids_t, mask_t, truncated = visual_question_inputs(tokenizer, [q for q, _ in unique.unique])
     input_ids, mask = np.asarray(ids_t, dtype=np.int64), np.asarray(mask_t, dtype=np.int64)
     images = dedupe([image for _, image in unique.unique])
-    resident = getattr(runner, "feature_rows", lambda *_: None)(images.unique, features)
-    if resident is not None:  # the runner keeps hot images on its device: gather rows there
-        slab, slots = resident
-        row_of = slots[torch.as_tensor(images.inverse, device=slots.device)]
-
-        def make_batch(index: np.ndarray) -> VisualBatch:
-            rows = row_of[torch.as_tensor(index, device=row_of.device)]
-            return VisualBatch(input_ids[index], mask[index], slab[rows])
-
-    else:  # one host table per chunk (e.g. ONNX Runtime)
-        host = [features(image) for image in images.unique]
-        table = np.stack(host).astype(np.float32, copy=False) if host else np.zeros((0, 36, 2054), np.float32)
-
-        def make_batch(index: np.ndarray) -> VisualBatch:
-            return VisualBatch(input_ids[index], mask[index], table[images.inverse[index]])
-
     width = input_ids.shape[1] + 38
-    tokens, an = _run_planned(
-        runner, [width] * len(unique.unique), make_batch, limits, unanswerable_id, desc, progress
-    )
+    with device_lock:  # the hot-feature slab lives on the device too
+        make_batch = _visual_batches(runner, features, images, input_ids, mask)
+        tokens, an = _run_planned(
+            runner, [width] * len(unique.unique), make_batch, limits, unanswerable_id, desc, progress
+        )
     texts = decode(tokenizer, tokens)
     return StageOutput(
         texts=[texts[i] for i in unique.inverse],
         answerability=None if an is None else an[unique.inverse],
         truncated=[bool(truncated[i]) for i in unique.inverse],
     )
+
+
+def _visual_batches(
+    runner: Runner,
+    features: Callable[[str], np.ndarray],
+    images: Deduped[str],
+    input_ids: np.ndarray,
+    mask: np.ndarray,
+) -> Callable[[np.ndarray], VisualBatch]:
+    """Builds a batch of (question, image) rows: region features gathered on the runner's device from
+    its hot-image slab, or (a runner without one, e.g. ONNX Runtime) from one host table per chunk."""
+    resident = getattr(runner, "feature_rows", lambda *_: None)(images.unique, features)
+    if resident is not None:
+        slab, slots = resident
+        row_of = slots[torch.as_tensor(images.inverse, device=slots.device)]
+
+        def on_device(index: np.ndarray) -> VisualBatch:
+            rows = row_of[torch.as_tensor(index, device=row_of.device)]
+            return VisualBatch(input_ids[index], mask[index], slab[rows])
+
+        return on_device
+    host = [features(image) for image in images.unique]
+    table = np.stack(host).astype(np.float32, copy=False) if host else np.zeros((0, 36, 2054), np.float32)
+
+    def from_host(index: np.ndarray) -> VisualBatch:
+        return VisualBatch(input_ids[index], mask[index], table[images.inverse[index]])
+
+    return from_host

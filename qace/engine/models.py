@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from qace.config import QACEConfig
+from qace.engine.device_lock import device_lock
 from qace.engine.tokenize import unanswerable_id
 from qace.errors import BackendUnavailableError, ModelNotFoundError
 from qace.metric.pipeline import Models
@@ -74,6 +75,7 @@ def build_models(
         tqa=runners["tqa"],
         tqa_tokenizer=loaded["tqa"][1],
         tqa_unanswerable=unanswerable_id(loaded["tqa"][1]),
+        device_lock=device_lock(config.device),
     )
     if "vqa" in loaded:
         models.vqa, models.vqa_tokenizer = runners["vqa"], loaded["vqa"][1]

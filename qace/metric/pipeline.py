@@ -14,7 +14,7 @@ import numpy as np
 
 from qace.config import VARIANT_NAMES, QACEConfig
 from qace.data.records import Record
-from qace.engine.engine import BatchLimits, generate_text, generate_visual
+from qace.engine.engine import NO_LOCK, BatchLimits, generate_text, generate_visual
 from qace.engine.profiling import NO_TIMER
 from qace.metric.aggregate import caption_scores
 from qace.metric.prompts import clean_question, qg_input, tqa_input
@@ -33,6 +33,9 @@ class Models:
     vqa: Any = None
     vqa_tokenizer: Any = None
     vqa_unanswerable: int | None = None
+    device_lock: Any = NO_LOCK
+    """Held around every stage's device work (`qace.engine.device_lock`), so that chunks in flight in
+    several threads take turns on the device while their host work overlaps."""
 
 
 @dataclass
@@ -64,6 +67,7 @@ def score_chunk(
         "max_input_tokens": config.max_input_tokens,
         "limits": limits,
         "progress": progress,
+        "device_lock": models.device_lock,
     }
     work = [
         CaptionWork(r, list(r.references or ()) if config.variant == "ref" else [r.image_id or ""])
@@ -125,6 +129,7 @@ def score_chunk(
                 limits=limits,
                 unanswerable_id=models.vqa_unanswerable,
                 progress=progress,
+                device_lock=models.device_lock,
             )
         for (item, _), cut in zip(visual_pairs, vqa.truncated, strict=True):
             if cut:
@@ -139,7 +144,7 @@ def score_chunk(
 
     with timer("token_f1"):
         f1 = token_f1(own_for_ctx, ctx_answers)
-    with timer("bertscore"):
+    with timer("bertscore"), models.device_lock:
         bs = matcher.score(own_for_ctx, ctx_answers)
 
     rows, own_at, ctx_at = [], 0, 0

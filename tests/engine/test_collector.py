@@ -31,3 +31,31 @@ def test_pause_ends_when_the_block_raises() -> None:
     except ValueError:
         pass
     assert gc.isenabled()
+
+
+def test_blocks_in_two_threads_overlapping_keep_it_paused_until_the_last_ends() -> None:
+    import threading
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def first() -> None:
+        with collector_paused():
+            first_in.set()
+            second_in.wait()
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait()
+        with collector_paused():
+            second_in.set()
+            first_out.wait()
+            seen.append(gc.isenabled())  # the first thread has left its block: still paused here
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [False]
+    assert gc.isenabled()

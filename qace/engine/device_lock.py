@@ -1,0 +1,29 @@
+"""One lock per device, held while a thread runs model work there.
+
+The decoders replay CUDA graphs from static buffers, a graph capture fails if another thread launches
+work on the device meanwhile, and hot region features share one slab. So every model and the BERTScore
+encoder on the same device, of every scorer in the process, take turns under this lock: callers in
+several threads (a reward service beside an evaluation, say) run their model stages one at a time while
+their host work (tokenising, decoding, comparing) overlaps.
+
+Two chunks of one call in flight in two threads were tried on an H100 (2026-11-26): the device thread
+then waited for the interpreter lock behind the other chunk's Python work, and QACE-Ref got slower.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_LOCKS: dict[str, threading.RLock] = {}
+_GUARD = threading.Lock()
+
+
+def device_lock(device: str | torch.device) -> threading.RLock:
+    """The process-wide lock of ``device`` (``cuda`` means the current CUDA device; re-entrant)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    with _GUARD:
+        return _LOCKS.setdefault(str(dev), threading.RLock())
