@@ -16,9 +16,9 @@ from qace.config import VARIANT_NAMES, QACEConfig
 from qace.data.records import Record
 from qace.engine.engine import NO_LOCK, BatchLimits, generate_text, generate_visual
 from qace.engine.profiling import NO_TIMER
-from qace.metric.aggregate import caption_scores
+from qace.metric.aggregate import COMPONENTS, caption_scores
 from qace.metric.prompts import clean_question, qg_input, tqa_input
-from qace.metric.text import filter_stopwords
+from qace.metric.text import filter_stopwords_all
 
 
 @dataclass
@@ -112,9 +112,9 @@ def score_chunk(
         if cut:
             item.flags.add("truncated_input")
     n_self = sum(len(item.questions) for item in work)
-    own_answers = [filter_stopwords(t) for t in tqa.texts[:n_self]]
+    own_answers = filter_stopwords_all(tqa.texts[:n_self])
     if config.variant == "ref":
-        ctx_answers = [filter_stopwords(t) for t in tqa.texts[n_self:]]
+        ctx_answers = filter_stopwords_all(tqa.texts[n_self:])
         assert tqa.answerability is not None
         ctx_an = tqa.answerability[n_self:]
     else:
@@ -134,7 +134,7 @@ def score_chunk(
         for (item, _), cut in zip(visual_pairs, vqa.truncated, strict=True):
             if cut:
                 item.flags.add("truncated_question")
-        ctx_answers = [filter_stopwords(t) for t in vqa.texts]
+        ctx_answers = filter_stopwords_all(vqa.texts)
         assert vqa.answerability is not None
         ctx_an = vqa.answerability
 
@@ -147,18 +147,16 @@ def score_chunk(
     with timer("bertscore"), models.device_lock:
         bs = matcher.score(own_for_ctx, ctx_answers)
 
+    shapes = [(len(item.contexts), len(item.questions)) for item in work]
+    scores = caption_scores(f1, bs, ctx_an, shapes)
     rows, own_at, ctx_at = [], 0, 0
-    for item in work:
-        m, k = len(item.questions), len(item.contexts)
-        shape = (k, m)
-        span = slice(ctx_at, ctx_at + k * m)
-        values = {
-            "f1": f1[span].reshape(shape),
-            "bs": bs[span].reshape(shape),
-            "an": ctx_an[span].reshape(shape),
-        }
-        row = _result_row(item, config, values, signature)
+    for item, (k, m), caption in zip(work, shapes, scores, strict=True):
+        row = _result_row(item, config, caption, signature)
         if config.explain:
+            span = slice(ctx_at, ctx_at + k * m)
+            values = {
+                name: v[span].reshape(k, m) for name, v in zip(COMPONENTS, (f1, bs, ctx_an), strict=True)
+            }
             row["explanation"] = _explanation(
                 item, own_answers[own_at : own_at + m], ctx_answers[span], values
             )
@@ -179,7 +177,7 @@ def _align_own_answers(work: Sequence[CaptionWork], own_answers: list[str]) -> l
 
 
 def _result_row(
-    item: CaptionWork, config: QACEConfig, values: dict[str, np.ndarray], signature: str
+    item: CaptionWork, config: QACEConfig, scores: dict[str, float], signature: str
 ) -> dict[str, Any]:
     record = item.record
     if not item.questions:
@@ -189,7 +187,7 @@ def _result_row(
         "image_id": record.image_id,
         "metric": VARIANT_NAMES[config.variant],
     }
-    row.update(caption_scores(values["f1"], values["bs"], values["an"]))
+    row.update(scores)
     row["n_questions"] = len(item.questions)
     if config.variant == "ref":
         row["n_references"] = len(item.contexts)

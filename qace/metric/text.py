@@ -7,6 +7,7 @@ and changing it would change scores.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
 
@@ -22,3 +23,9 @@ def filter_stopwords(text: str) -> str:
     """Lowercase, split on single spaces, drop stopwords and join the kept words with single spaces."""
     stop = stopwords()
     return " ".join(word for word in text.lower().split(" ") if word not in stop)
+
+
+def filter_stopwords_all(texts: Sequence[str]) -> list[str]:
+    """`filter_stopwords` of every text, each distinct text filtered once (a chunk's answers repeat)."""
+    done: dict[str, str] = {}
+    return [done[t] if t in done else done.setdefault(t, filter_stopwords(t)) for t in texts]
