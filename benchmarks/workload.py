@@ -22,6 +22,7 @@ import torch
 
 from qace.data.records import Record
 from qace.engine.batches import TextBatch, VisualBatch
+from qace.engine.scheduler import pad_batch
 
 LENGTHS = {"qg": (8, 16), "tqa": (2, 4), "vqa": (2, 4)}
 T5_BASE = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12)
@@ -62,10 +63,13 @@ WORD_IDS = (3, 600)
 """Content tokens are drawn from these ids (words of the benchmark tokenizer; 0-2 are special)."""
 
 
-def _row_seeds(rows: Sequence[Sequence[int]] | Sequence[np.ndarray], role: str) -> np.ndarray:
-    salt = zlib.crc32(role.encode())
-    return np.array(
-        [zlib.crc32(np.asarray(ids, dtype=np.int32).tobytes(), salt) for ids in rows], dtype=np.uint64
+def _row_seeds(ids: np.ndarray, mask: np.ndarray, role: str) -> np.ndarray:
+    """One seed per row of right-padded ``ids``, from its unpadded tokens only (so the same input gets
+    the same seed in any batch): a position-weighted sum, vectorised over the batch."""
+    salt = np.uint64(zlib.crc32(role.encode()))
+    weights = _mix(np.arange(ids.shape[1], dtype=np.uint64) + salt)
+    return ((ids.astype(np.uint64) + np.uint64(1)) * mask.astype(np.uint64) * weights).sum(
+        axis=1, dtype=np.uint64
     )
 
 
@@ -81,9 +85,17 @@ def target_tokens(
     rows: Sequence[Sequence[int]] | Sequence[np.ndarray], role: str, steps: int = 31, eos_id: int = 1
 ) -> np.ndarray:
     """The outputs forced for a batch of inputs ``(B, steps)``: seeded word ids, EOS at a seeded length."""
+    ids, mask = pad_batch([list(map(int, r)) for r in rows])
+    return padded_target_tokens(ids, mask, role, steps, eos_id)
+
+
+def padded_target_tokens(
+    ids: np.ndarray, mask: np.ndarray, role: str, steps: int = 31, eos_id: int = 1
+) -> np.ndarray:
+    """`target_tokens` of a right-padded batch."""
     low, high = LENGTHS[role]
     with np.errstate(over="ignore"):
-        seeds = _row_seeds(rows, role)
+        seeds = _row_seeds(ids, mask, role)
         lengths = low + (_mix(seeds) % np.uint64(high - low + 1)).astype(np.int64)
         grid = _mix(seeds[:, None] * np.uint64(1_000_003) + np.arange(1, steps + 1, dtype=np.uint64)[None, :])
     tokens = WORD_IDS[0] + (grid % np.uint64(WORD_IDS[1] - WORD_IDS[0])).astype(np.int64)
@@ -95,9 +107,7 @@ def batch_tokens(role: str) -> Any:
     """``TorchRunner.force`` for ``role``: the forced outputs of every row of a planned batch."""
 
     def tokens(batch: TextBatch | VisualBatch, steps: int) -> np.ndarray:
-        return target_tokens(
-            [ids[m == 1] for ids, m in zip(batch.input_ids, batch.attention_mask, strict=False)], role, steps
-        )
+        return padded_target_tokens(batch.input_ids, batch.attention_mask, role, steps)
 
     return tokens
 
