@@ -133,8 +133,11 @@ def generate_visual(
     from qace.models.visual_t5 import visual_question_inputs
 
     unique = dedupe(list(zip(questions, image_ids, strict=True)))
-    ids_t, mask_t, truncated = visual_question_inputs(tokenizer, [q for q, _ in unique.unique])
-    input_ids, mask = np.asarray(ids_t, dtype=np.int64), np.asarray(mask_t, dtype=np.int64)
+    asked = dedupe([q for q, _ in unique.unique])  # a question is asked of several images
+    ids_t, mask_t, cut = visual_question_inputs(tokenizer, asked.unique)
+    input_ids = np.asarray(ids_t, dtype=np.int64)[asked.inverse]
+    mask = np.asarray(mask_t, dtype=np.int64)[asked.inverse]
+    truncated = [cut[i] for i in asked.inverse]
     images = dedupe([image for _, image in unique.unique])
     width = input_ids.shape[1] + 38
     with device_lock:  # the hot-feature slab lives on the device too

@@ -57,8 +57,8 @@ class TorchRunner:
         if isinstance(batch, VisualBatch):
             feats = torch.as_tensor(batch.features, device=self.device)
             embeds, mask = self.model.visual_embeds(ids, mask, feats)
-            return self.encoder(mask, inputs_embeds=embeds), mask
-        return self.encoder(mask, input_ids=ids), mask
+            return self.encoder(mask, inputs_embeds=embeds)
+        return self.encoder(mask, input_ids=ids)
 
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None

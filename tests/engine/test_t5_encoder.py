@@ -44,7 +44,8 @@ def test_fused_forward_equals_hugging_face_in_fp32(gated: bool) -> None:
     mask = torch.ones_like(ids)
     mask[1, 7:] = 0
     mask[3, 2:] = 0
-    fused = T5Encoder(model, fused=True)(mask, input_ids=ids)
+    fused, fused_mask = T5Encoder(model, fused=True)(mask, input_ids=ids)
+    assert torch.equal(fused_mask, mask)  # the longest row fills the batch: nothing to pack
     want = _hf(model, ids, mask)
     real = mask.bool()
     torch.testing.assert_close(fused[real], want[real], rtol=1e-5, atol=1e-5)
@@ -55,7 +56,8 @@ def test_fp32_models_keep_hugging_faces_forward(test_models_dir) -> None:
     encoder = T5Encoder(model)
     assert not encoder.fused
     ids, mask = _batch(tokenizer)
-    assert torch.equal(encoder(mask, input_ids=ids), _hf(model, ids, mask))
+    hidden, hidden_mask = encoder(mask, input_ids=ids)
+    assert torch.equal(hidden, _hf(model, ids, mask)) and hidden_mask is mask
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -67,21 +69,40 @@ def test_half_precision_is_as_close_to_fp32_as_hugging_faces_half(test_models_di
     want = _hf(exact, ids, mask)[real]
     encoder = T5Encoder(half)
     assert encoder.fused
-    ours = (encoder(mask, input_ids=ids)[real].float() - want).abs()
+    ours = (encoder(mask, input_ids=ids)[0][real].float() - want).abs()
     theirs = (_hf(half, ids, mask)[real].float() - want).abs()
     scale = want.abs().max()
     assert float(ours.max()) <= 2 * float(theirs.max()) + 1e-3 * float(scale)
     assert float(ours.mean()) <= 2 * float(theirs.mean()) + 1e-4 * float(scale)
 
 
-def test_visual_inputs_encode_as_encode_visual(test_models_dir) -> None:
+def test_visual_inputs_pack_their_question_slots_and_encode_as_encode_visual(test_models_dir) -> None:
+    """Visual-T5's empty question slots are dropped: each kept position's state equals Hugging Face's
+    (relative positions kept), and greedy decoding on the packed states gives the same tokens."""
+    from qace.engine.t5_decoder import StaticT5Decoder
+
     model, tokenizer = load_visual_t5(test_models_dir / "vqa", dtype=torch.float32)
-    ids, mask, _ = visual_question_inputs(tokenizer, ["what is on the grass ?", "who runs ?"])
-    features = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 36, 2054)).astype(np.float32))
+    questions = ["what is on the grass ?", "who runs ?", "what does the young girl in a red dress hold ?"]
+    ids, mask, _ = visual_question_inputs(tokenizer, questions)
+    rng = np.random.default_rng(0)
+    features = torch.from_numpy(rng.standard_normal((3, 36, 2054)).astype(np.float32))
     with torch.inference_mode():
         want, want_mask = model.encode_visual(ids, mask, features)
         embeds, full_mask = model.visual_embeds(ids, mask, features)
     assert torch.equal(full_mask, want_mask)
-    got = T5Encoder(model, fused=True)(full_mask, inputs_embeds=embeds)
-    real = full_mask.bool()
-    torch.testing.assert_close(got[real], want.last_hidden_state[real], rtol=1e-5, atol=1e-5)
+    got, packed_mask = T5Encoder(model, fused=True)(full_mask, inputs_embeds=embeds)
+    kept = packed_mask.sum(dim=1)
+    assert got.shape[1] < full_mask.shape[1] and got.shape[1] % 8 == 0
+    assert torch.equal(kept, full_mask.sum(dim=1))
+    for row in range(3):  # row i's kept states, in order, are its unmasked positions' states
+        real = full_mask[row].bool()
+        torch.testing.assert_close(
+            got[row, : kept[row]], want.last_hidden_state[row, real], rtol=1e-5, atol=1e-5
+        )
+    decoder = StaticT5Decoder(model)
+    packed_tokens, packed_an = decoder.generate(got, packed_mask, max_new_tokens=8, unanswerable_id=5)
+    full_tokens, full_an = decoder.generate(
+        want.last_hidden_state, full_mask, max_new_tokens=8, unanswerable_id=5
+    )
+    assert torch.equal(packed_tokens, full_tokens)
+    torch.testing.assert_close(packed_an, full_an, rtol=1e-5, atol=1e-6)
