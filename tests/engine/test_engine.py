@@ -1,0 +1,82 @@
+"""A text stage through the engine: order, de-duplication, budgets, and tokenising ahead of the device."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from qace.engine.batches import Generated, TextBatch
+from qace.engine.engine import BatchLimits, generate_text
+from qace.models.loading import load_seq2seq
+
+
+class EchoRunner:
+    """Generates each row's first three input ids; answerability = unpadded length / 100."""
+
+    def __init__(self) -> None:
+        self.batches: list[np.ndarray] = []
+
+    def generate(self, batch: TextBatch, *, max_new_tokens: int, unanswerable_id: int | None = None):
+        self.batches.append(batch.attention_mask)
+        lengths = batch.attention_mask.sum(axis=1)
+        return Generated(
+            tokens=[row[:3].tolist() for row in batch.input_ids],
+            answerability=lengths / 100.0 if unanswerable_id is not None else None,
+        )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(test_models_dir):
+    return load_seq2seq(str(test_models_dir / "tqa"), role="TQA")[1]
+
+
+def _prompts() -> list[str]:
+    words = "a dog runs on the grass two girls play with a red ball in the park near water".split()
+    rng = np.random.default_rng(0)
+    prompts = [" ".join(rng.choice(words, size=rng.integers(2, 12))) for _ in range(40)]
+    return prompts + prompts[::3]  # duplicates run once
+
+
+@pytest.mark.parametrize("rows", [2, 3, 256])
+def test_slices_give_the_same_outputs_in_input_order(tokenizer, rows) -> None:
+    prompts = _prompts()
+    runner = EchoRunner()
+    limits = BatchLimits(max_batch_tokens=64, max_batch_rows=rows)
+    out = generate_text(runner, tokenizer, prompts, max_input_tokens=512, limits=limits, unanswerable_id=5)
+    ids = tokenizer(prompts)["input_ids"]
+    assert out.texts == [
+        t.strip() for t in tokenizer.batch_decode([x[:3] for x in ids], skip_special_tokens=True)
+    ]
+    np.testing.assert_array_equal(out.answerability, [len(x) / 100.0 for x in ids])
+    assert sum(len(m) for m in runner.batches) == len(set(prompts))
+    assert all(m.shape[0] <= rows and m.size <= max(64, m.shape[1]) for m in runner.batches)
+
+
+def test_next_slice_is_tokenised_while_this_one_runs(tokenizer, monkeypatch) -> None:
+    """Slice 1's first batch cannot finish unless slice 2 is being tokenised meanwhile, in the helper."""
+    import qace.engine.engine as engine
+
+    real = engine.encode_texts
+    threads: list[str] = []
+    second = threading.Event()
+
+    def recording_encode(tok, texts, max_tokens):
+        threads.append(threading.current_thread().name)
+        if len(threads) == 2:
+            second.set()
+        return real(tok, texts, max_tokens)
+
+    class WaitingRunner(EchoRunner):
+        def generate(self, batch, **kwargs):
+            if not self.batches:
+                assert second.wait(30), "slice 2 was not tokenised while slice 1 ran"
+            return super().generate(batch, **kwargs)
+
+    monkeypatch.setattr(engine, "encode_texts", recording_encode)
+    limits = BatchLimits(max_batch_tokens=10_000, max_batch_rows=2)  # slices of 8 prompts
+    runner = WaitingRunner()
+    generate_text(runner, tokenizer, _prompts()[:24], max_input_tokens=512, limits=limits)
+    assert len(threads) == 3 and all(name.startswith("qace-tokenize") for name in threads)
+    assert sum(len(m) for m in runner.batches) == 24
