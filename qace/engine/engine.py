@@ -75,6 +75,7 @@ def _run_planned(
 
 
 def _progress(total: int, desc: str, progress: bool) -> Any:
+    """One bar per stage, counting sequences (shown for long chunks only, as the caller decides)."""
     return tqdm(total=total, desc=desc, unit="seq", disable=not progress or total < 2, leave=False)
 
 
