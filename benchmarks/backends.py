@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.throughput import _engine, _sync
-from benchmarks.workload import build_models, flickr_workload
+from benchmarks.workload import build_models, flickr_workload, workload_scorer
+from qace.engine.profiling import cuda_sync
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,13 +58,21 @@ def main(argv: list[str] | None = None) -> int:
         scores = {}
         for backend in ("torch", "onnx"):
             start = time.perf_counter()
-            scorer = _engine(models, variant, args.precision, args.device, args, backend=backend)
+            scorer = workload_scorer(
+                models,
+                variant,
+                device=args.device,
+                precision=args.precision,
+                args=args,
+                backend=backend,
+                candidate_cache=True,
+            )
             setup = time.perf_counter() - start
             list(scorer.score_records(records[:256]))
-            _sync()
+            cuda_sync()
             start = time.perf_counter()
             rows = list(scorer.score_records(records))
-            _sync()
+            cuda_sync()
             seconds = time.perf_counter() - start
             scores[backend] = np.array([r["qace"] for r in rows])
             entry[backend] = {

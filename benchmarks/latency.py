@@ -47,12 +47,11 @@ from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
     flickr_workload,
-    force_lengths,
     workload_models,
+    workload_scorer,
 )
 from qace import __version__
 from qace.api import QACE
-from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
 from qace.engine.profiling import cuda_sync
 from qace.reward import QACEReward
@@ -67,24 +66,15 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Namespace) -> QACE:
-    """The benchmark engine: workload models, random features, forced lengths, no candidate cache."""
-    bertscore = models_dir / "bertscore"
-    scorer = QACE(
-        models=models_dir,
-        variant=variant,
-        features=RandomFeatureStore(seed=0),
+    """The benchmark engine (`workload_scorer`), candidate cache as ``--candidate-cache`` says."""
+    return workload_scorer(
+        models_dir,
+        variant,
         device=device,
         precision=args.precision,
-        bertscore_model=str(bertscore) if bertscore.is_dir() else None,
-        progress=False,
-        max_batch_rows=args.batch_rows,
-        max_batch_tokens=args.batch_tokens,
-        chunk_size=args.chunk_size,
-        spacy_workers=args.spacy_workers,
+        args=args,
+        candidate_cache=args.candidate_cache,
     )
-    if not args.candidate_cache:
-        scorer.candidates.cache_size = 0
-    return force_lengths(scorer)
 
 
 def graph_captures(scorer: QACE) -> int:

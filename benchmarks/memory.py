@@ -23,8 +23,7 @@ import torch
 
 
 def _child(size: int, args: argparse.Namespace) -> dict:
-    from benchmarks.throughput import _engine
-    from benchmarks.workload import flickr_workload
+    from benchmarks.workload import flickr_workload, workload_scorer
 
     records = flickr_workload(Path(args.data_dir))
     work = Path(tempfile.mkdtemp(prefix="qace-mem-"))
@@ -43,7 +42,14 @@ def _child(size: int, args: argparse.Namespace) -> dict:
                 )
                 + "\n"
             )
-    scorer = _engine(Path(args.models_dir), args.variant, args.precision, args.device, args)
+    scorer = workload_scorer(
+        Path(args.models_dir),
+        args.variant,
+        device=args.device,
+        precision=args.precision,
+        args=args,
+        candidate_cache=True,
+    )
     scorer.config = scorer.config.with_(progress=False)
     start = time.perf_counter()
     summary = scorer.score_file(source, work / "out.jsonl")

@@ -25,7 +25,7 @@ import torch
 
 from benchmarks import hf_batched
 from benchmarks.reference import ReferenceQACE
-from benchmarks.workload import build_models, flickr_workload, force_lengths
+from benchmarks.workload import build_models, flickr_workload, workload_scorer
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
@@ -33,32 +33,6 @@ from qace.engine.profiling import StageTimer, cuda_sync
 from qace.metric.candidates import load_spacy
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, vendor datasheet (SXM)
-
-
-def _engine(
-    models_dir: Path,
-    variant: str,
-    precision: str,
-    device: str,
-    args: argparse.Namespace,
-    backend: str = "torch",
-) -> QACE:
-    scorer = QACE(
-        backend=backend,
-        models=models_dir,
-        variant=variant,
-        features=RandomFeatureStore(seed=0),
-        device=device,
-        precision=precision,
-        bertscore_model=str(models_dir / "bertscore"),
-        progress=False,
-        max_batch_rows=args.batch_rows,
-        max_batch_tokens=args.batch_tokens,
-        chunk_size=args.chunk_size,
-        spacy_workers=args.spacy_workers,
-    )
-    scorer.candidates.cache_size = 0  # every timed pass parses its captions, as the baselines do
-    return force_lengths(scorer)
 
 
 def _linear_params(module: torch.nn.Module) -> int:
@@ -96,7 +70,8 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
     device = torch.device(args.device)
     result: dict[str, Any] = {"variant": variant, "captions": len(records)}
     # engine, bf16: a warm-up pass, then the timed pass, then a profiled pass for stage times and MFU
-    engine = _engine(models_dir, variant, args.precision, args.device, args)
+    # every timed pass parses its captions, as the baselines do
+    engine = workload_scorer(models_dir, variant, device=args.device, precision=args.precision, args=args)
     # the warm-up pass captures the CUDA graphs of every batch shape the workload makes (a long job
     # captures each once); spaCy is not cached, so the timed pass parses every caption again
     list(engine.score_records(records))
@@ -155,7 +130,7 @@ def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Na
 
     # fp32: reference (per input generate) and engine on the same subset; exact parity expected
     subset = records[: args.reference_n]
-    exact = _engine(models_dir, variant, "fp32", args.device, args)
+    exact = workload_scorer(models_dir, variant, device=args.device, precision="fp32", args=args)
     exact.config = exact.config.with_(explain=True)
     ref = ReferenceQACE(
         qg=exact.models.qg.model,

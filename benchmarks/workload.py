@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from qace.api import QACE
+from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
 from qace.engine.batches import TextBatch, VisualBatch
 from qace.engine.scheduler import pad_batch
@@ -119,6 +121,39 @@ def force_lengths(scorer: Any) -> Any:
         if runner is not None:
             runner.force = batch_tokens(role)
     return scorer
+
+
+def workload_scorer(
+    models_dir: Path,
+    variant: str,
+    *,
+    device: str,
+    precision: str,
+    args: argparse.Namespace,
+    backend: str = "torch",
+    candidate_cache: bool = False,
+) -> QACE:
+    """The benchmarks' engine: the workload's models (and BERTScore encoder, when built), random
+    features, forced output lengths and the batch settings in ``args``. ``candidate_cache=False`` makes
+    every pass parse its captions again, as the baselines and an RL policy's fresh captions do."""
+    bertscore = models_dir / "bertscore"
+    scorer = QACE(
+        backend=backend,
+        models=models_dir,
+        variant=variant,
+        features=RandomFeatureStore(seed=0),
+        device=device,
+        precision=precision,
+        bertscore_model=str(bertscore) if bertscore.is_dir() else None,
+        progress=False,
+        max_batch_rows=args.batch_rows,
+        max_batch_tokens=args.batch_tokens,
+        chunk_size=args.chunk_size,
+        spacy_workers=args.spacy_workers,
+    )
+    if not candidate_cache:
+        scorer.candidates.cache_size = 0
+    return force_lengths(scorer)
 
 
 class ForceTokens:
