@@ -211,14 +211,17 @@ class GraphedDecoding:
         return self._views[key]
 
     def _capture(self, view: _View, steps: int, like: torch.Tensor, forcing: bool) -> None:
-        for window in windows(steps):
+        first, *rest = windows(steps)
+        view.logits = self._capture_window(view, steps, first, like, forcing)
+        for window in rest:
             self._capture_window(view, steps, window, like, forcing)
         self.captures += 1
 
     def _capture_window(
         self, view: _View, steps: int, window: int, like: torch.Tensor, forcing: bool
-    ) -> None:
-        """Capture the step for positions below ``window`` (it reads only that much of the cache)."""
+    ) -> torch.Tensor:
+        """Capture the step for positions below ``window`` (it reads only that much of the cache); the
+        logits the graph writes."""
         dec = self.dec
         self_bias = dec.self_bias(steps, like.device, like.dtype)[..., :window]
         keys = [k[:, :, :window] for k in view.keys]
@@ -249,6 +252,5 @@ class GraphedDecoding:
         # captured in this process, and a capture on another device's stream records nothing)
         with torch.cuda.graph(graph, pool=self._pool, stream=stream):
             logits = body()
-        if window == windows(steps)[0]:
-            view.logits = logits
         view.graphs[window] = graph
+        return logits

@@ -34,8 +34,8 @@ class Models:
     vqa_tokenizer: Any = None
     vqa_unanswerable: int | None = None
     device_lock: Any = NO_LOCK
-    """Held around every stage's device work (`qace.engine.device_lock`), so that chunks in flight in
-    several threads take turns on the device while their host work overlaps."""
+    """Held around every stage's device work (`qace.engine.device_lock`), so that scorers in several
+    threads take turns on the device while their host work overlaps."""
 
 
 @dataclass
