@@ -75,7 +75,8 @@ class QACE(FileScorer):
             self.config.bertscore_model,
             layer=self.config.bertscore_layer,
             device=self.config.device,
-            batch_size=1024 if self.config.device.startswith("cuda") else 128,
+            batch_size=4096 if self.config.device.startswith("cuda") else 128,
+            half=self.config.precision in ("bf16", "fp16") and self.config.device.startswith("cuda"),
         )
         self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
         self.features = None

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from qace.engine.t5_decoder import StaticT5Decoder
@@ -63,7 +64,7 @@ class _Storage:
         self.rows, self.tokens, self.steps = rows, tokens, steps
         n_layers, hd, device = len(dec.layers), dec.heads * dec.d_kv, like.device
         self.self_kv = like.new_zeros(2, n_layers, rows * hd * steps)
-        self.cross_kv = like.new_zeros(2, n_layers, tokens * hd)
+        self.cross_kv = like.new_zeros(tokens, 2 * n_layers * hd)
         self.cross_bias = like.new_zeros(tokens)
         self.token = torch.zeros(rows, device=device, dtype=torch.long)
         self.pos = torch.zeros(1, device=device, dtype=torch.long)
@@ -81,6 +82,8 @@ class _View:
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    cross_kv: torch.Tensor
+    """``(rows, length, 2 * layers * heads * d_kv)``: what `StaticT5Decoder.cross_cache` fills."""
     cross: list[tuple[torch.Tensor, torch.Tensor]]
     cross_bias: torch.Tensor
     token: torch.Tensor
@@ -98,19 +101,14 @@ class _View:
 def _view(store: _Storage, dec: StaticT5Decoder, rows: int, length: int) -> _View:
     steps = store.steps
     kv_shape = (rows, dec.heads, steps, dec.d_kv)
-    cross_shape = (rows, dec.heads, length, dec.d_kv)
-    n_kv, n_cross = rows * dec.heads * steps * dec.d_kv, rows * dec.heads * length * dec.d_kv
+    n_kv = rows * dec.heads * steps * dec.d_kv
     n_layers = len(dec.layers)
+    cross_kv = store.cross_kv[: rows * length].view(rows, length, -1)
     return _View(
         keys=[store.self_kv[0, i, :n_kv].view(kv_shape) for i in range(n_layers)],
         values=[store.self_kv[1, i, :n_kv].view(kv_shape) for i in range(n_layers)],
-        cross=[
-            (
-                store.cross_kv[0, i, :n_cross].view(cross_shape),
-                store.cross_kv[1, i, :n_cross].view(cross_shape),
-            )
-            for i in range(n_layers)
-        ],
+        cross_kv=cross_kv,
+        cross=dec.cross_views(cross_kv),
         cross_bias=store.cross_bias[: rows * length].view(rows, 1, 1, length),
         token=store.token[:rows],
         pos=store.pos,
@@ -159,9 +157,10 @@ class GraphedDecoding:
         view = self._bucket(bucket_rows(rows), bucket_length(length), steps, hidden, forced is not None)
         view.cross_bias.fill_(torch.finfo(hidden.dtype).min)
         view.cross_bias[:rows, ..., :length].copy_(dec.cross_bias(mask, hidden.dtype))
-        for (k_buf, v_buf), (k, v) in zip(view.cross, dec.cross_cache(hidden), strict=True):
-            k_buf[:rows, :, :length].copy_(k)
-            v_buf[:rows, :, :length].copy_(v)
+        # keys and values of the bucket's first rows, computed in place; the positions past ``length``
+        # come from zero states and, like the rows past ``rows``, are masked by ``cross_bias``
+        padded = F.pad(hidden, (0, 0, 0, view.cross_kv.shape[1] - length))
+        dec.cross_cache(padded, out=view.cross_kv[:rows])
         for buf in (*view.keys, *view.values):
             buf.zero_()
         view.token.fill_(dec.start_id)

@@ -8,7 +8,8 @@ arithmetic of T5 and changes only how it is run (113 -> 43 ms on that batch, H10
 - the relative position bias and the padding mask are added once per batch, in the model's dtype, and
   handed, contiguous, to PyTorch's memory-efficient attention kernel (scale 1, as T5 does not scale) in
   one call per layer (a strided mask had sent ``scaled_dot_product_attention`` to its fp32 math path);
-- q, k and v come from one matrix product;
+- q, k and v come from one matrix product; residual additions and the feed-forward ReLU happen in the
+  matrix products' epilogues (`qace.engine.t5_ops.add_linear_`, `FeedForward`);
 - layer norms are one fused kernel (`qace.engine.t5_ops.rms_norm`);
 - masked positions inside rows (Visual-T5's empty question slots, about half its 102 positions) are
   packed away before the first layer (`T5Encoder.__call__`).
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from qace.engine.t5_ops import HALF, clamp_fp16, fused_qkv, rms_norm
+from qace.engine.t5_ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
 
 
 class T5Encoder:
@@ -38,6 +39,11 @@ class T5Encoder:
         for tests, which compare it with Hugging Face's forward."""
         blocks = self.stack.block
         self.qkv = [fused_qkv(b.layer[0].SelfAttention) for b in blocks] if self.fused else []
+        self.ff = (
+            [FeedForward(b.layer[-1].DenseReluDense, b.layer[-1].layer_norm) for b in blocks]
+            if self.fused
+            else []
+        )
         self.bias_module = blocks[0].layer[0].SelfAttention
         self.heads = self.bias_module.n_heads
         self.d_kv = self.bias_module.key_value_proj_dim
@@ -65,16 +71,17 @@ class T5Encoder:
         positions, mask = _packed_positions(attention_mask)
         if positions is not None:
             h = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1]))
+        elif inputs_embeds is not None:
+            h = h.clone(memory_format=torch.contiguous_format)  # the layers add into h in place
         batch, length, _ = h.shape
         bias = self._bias(attention_mask.shape[1], positions, mask, h.dtype)
-        for block, qkv in zip(self.stack.block, self.qkv, strict=True):
+        for block, qkv, ff in zip(self.stack.block, self.qkv, self.ff, strict=True):
             attention, norm = block.layer[0].SelfAttention, block.layer[0].layer_norm
             x = rms_norm(h, norm, fused=True)
             q, k, v = F.linear(x, qkv).view(batch, length, 3, self.heads, self.d_kv).permute(2, 0, 3, 1, 4)
-            o = _attention(q, k, v, bias)
-            h = clamp_fp16(h + attention.o(o.transpose(1, 2).reshape(batch, length, -1)))
-            ff = block.layer[-1]
-            h = clamp_fp16(h + ff.DenseReluDense(rms_norm(h, ff.layer_norm, fused=True)))
+            o = _attention(q, k, v, bias).transpose(1, 2).reshape(batch, length, -1)
+            h = clamp_fp16(add_linear_(h, o, attention.o.weight))
+            h = clamp_fp16(ff.add_(h))
         return rms_norm(h, self.stack.final_layer_norm, fused=True), mask
 
     def _bias(

@@ -8,6 +8,7 @@ so string dedup is what makes a million pairs cheap.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import string
@@ -89,34 +90,43 @@ def _pair_f1(ids: np.ndarray, offsets: np.ndarray, pred: np.ndarray, gold: np.nd
 def _index_strings(a: Sequence[str], b: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Map every answer to the index of its distinct string, rejecting non-strings by position."""
     index: dict[str, int] = {}
-    pos = np.empty(len(a) + len(b), dtype=np.int64)
-    for k, s in enumerate((*a, *b)):
-        try:
-            idx = index.get(s)
-        except TypeError:  # unhashable, so certainly not a str
-            idx = None
-        if idx is None:
-            if not isinstance(s, str):
-                side, i = ("a", k) if k < len(a) else ("b", k - len(a))
-                raise InputError(f"token_f1: {side}[{i}] is {type(s).__name__}, expected str")
-            idx = index[s] = len(index)
-        pos[k] = idx
+    both = (*a, *b)
+    try:
+        pos = np.fromiter((index.setdefault(s, len(index)) for s in both), dtype=np.int64, count=len(both))
+        bad = next((k for k, s in enumerate(index) if not isinstance(s, str)), None)
+    except TypeError:  # unhashable, so certainly not a str
+        bad = -1
+    if bad is not None:  # report the first non-string by its position
+        k = next(k for k, s in enumerate(both) if not isinstance(s, str))
+        side, i = ("a", k) if k < len(a) else ("b", k - len(a))
+        raise InputError(f"token_f1: {side}[{i}] is {type(both[k]).__name__}, expected str")
     return list(index), pos[: len(a)], pos[len(a) :]
+
+
+_SEPARATOR = "\x00"
+
+
+def _normalized_tokens(strings: list[str]) -> list[list[str]]:
+    """``normalize_answer(s).split()`` of every string, the string operations run once on all of them.
+
+    The strings are joined with NUL, which every step treats as the end of a string: it is not cased
+    (``lower``'s final-sigma rule stops at it), not punctuation, not a word character (``\\b``) and not
+    whitespace. Strings that contain NUL themselves are normalised one by one.
+    """
+    joined = _SEPARATOR.join(strings)
+    if joined.count(_SEPARATOR) != max(len(strings) - 1, 0):
+        return [normalize_answer(s).split() for s in strings]
+    text = _ARTICLES.sub(" ", joined.lower().translate(_PUNCT_TABLE))
+    return [part.split() for part in text.split(_SEPARATOR)]
 
 
 def _pack_tokens(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Normalise and tokenise each distinct string once; CSR arrays of token ids shared by the batch."""
+    tokens = _normalized_tokens(strings)
     vocab: dict[str, int] = {}
-    flat: list[int] = []
-    offsets = np.empty(len(strings) + 1, dtype=np.int64)
-    offsets[0] = 0
-    for i, s in enumerate(strings):
-        for tok in normalize_answer(s).split():
-            tid = vocab.get(tok)
-            if tid is None:
-                tid = vocab[tok] = len(vocab)
-            flat.append(tid)
-        offsets[i + 1] = len(flat)
+    flat = [vocab.setdefault(tok, len(vocab)) for tok in itertools.chain.from_iterable(tokens)]
+    offsets = np.zeros(len(strings) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in tokens], out=offsets[1:])
     return np.asarray(flat, dtype=np.int64), offsets
 
 

@@ -15,12 +15,52 @@ from qace.errors import ConfigError, InputError, ModelNotFoundError  # noqa: E40
 from qace.kernels.bertscore import BertScoreMatcher, default_model_dir  # noqa: E402
 
 _ANSWERS = [
-    "a man", "the man", "two dogs", "dogs", "red", "blue car", "A man riding a horse.", "horse",
-    "the kitchen", "kitchen", "Blue", "3", "three", "on the table", "table", "naïve café", "cafe",
-    "frisbee", "a white frisbee", "skateboarding", "surfing", "Tennis racket", "umbrella", "yes", "no",
-    "black and white", "giraffe", "zebras", "in the sky", "sky", "pizza", "a slice of pizza", "bus",
-    "double-decker bus", "snowboard", "on a skateboard", "train station", "elephant", "two",
-    "green grass", "baseball bat", "baseball", "São Paulo", "New York City", "cat's toy", "1,000",
+    "a man",
+    "the man",
+    "two dogs",
+    "dogs",
+    "red",
+    "blue car",
+    "A man riding a horse.",
+    "horse",
+    "the kitchen",
+    "kitchen",
+    "Blue",
+    "3",
+    "three",
+    "on the table",
+    "table",
+    "naïve café",
+    "cafe",
+    "frisbee",
+    "a white frisbee",
+    "skateboarding",
+    "surfing",
+    "Tennis racket",
+    "umbrella",
+    "yes",
+    "no",
+    "black and white",
+    "giraffe",
+    "zebras",
+    "in the sky",
+    "sky",
+    "pizza",
+    "a slice of pizza",
+    "bus",
+    "double-decker bus",
+    "snowboard",
+    "on a skateboard",
+    "train station",
+    "elephant",
+    "two",
+    "green grass",
+    "baseball bat",
+    "baseball",
+    "São Paulo",
+    "New York City",
+    "cat's toy",
+    "1,000",
 ]
 
 
@@ -92,6 +132,19 @@ def test_deterministic_and_batch_size_invariant(matcher: BertScoreMatcher) -> No
         matcher.batch_size = old
 
 
+def test_half_encoder_follows_fp32_within_tolerance(matcher: BertScoreMatcher) -> None:
+    """``half=True`` (engines in bf16/fp16) runs MiniLM in fp16: within 1e-2 of fp32, 2e-3 on average."""
+    import torch
+
+    half = BertScoreMatcher(half=True)
+    assert next(half._encoder.parameters()).dtype == torch.float16
+    cands, refs = _pairs(60, seed=5)
+    got, want = half.score(cands, refs), matcher.score(cands, refs)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-2)
+    assert float(np.abs(got - want).mean()) < 2e-3
+
+
 def test_symmetric_f1(matcher: BertScoreMatcher) -> None:
     cands, refs = _pairs(30, seed=4)
     np.testing.assert_allclose(matcher.score(cands, refs), matcher.score(refs, cands), rtol=0, atol=1e-6)
@@ -149,9 +202,15 @@ def tiny_roberta(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = RobertaTokenizer.from_pretrained(str(path), model_max_length=512)
     tok.save_pretrained(str(path))
     config = RobertaConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=80, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=80,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
     )
     torch.manual_seed(0)
     RobertaModel(config).save_pretrained(str(path))

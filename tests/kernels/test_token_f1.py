@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qace.errors import InputError
-from qace.kernels.token_f1 import normalize_answer, token_f1
+from qace.kernels.token_f1 import _normalized_tokens, normalize_answer, token_f1
 
 
 # --- reference: official SQuAD v2 eval script (evaluate-v2.0.py), unchanged logic ---
@@ -56,12 +56,63 @@ def squad_compute_f1(a_gold: str, a_pred: str) -> float:
 
 # --- random answer-like strings that stress every normalisation step ---
 _WORDS = [
-    "a", "an", "the", "The", "THE", "An", "cat", "cats", "dog", "red", "Red", "two", "2", "man",
-    "woman", "théâtre", "Über", "naïve", "東京", "кошка", "the-cat", "a.m.", "U.S.", "don't", "it's",
-    "an_apple", "theater", "another", "ana", "x", "y", "y", "ß", "İstanbul", "ǅ", "1,000", "3.5",
+    "a",
+    "an",
+    "the",
+    "The",
+    "THE",
+    "An",
+    "cat",
+    "cats",
+    "dog",
+    "red",
+    "Red",
+    "two",
+    "2",
+    "man",
+    "woman",
+    "théâtre",
+    "Über",
+    "naïve",
+    "東京",
+    "кошка",
+    "the-cat",
+    "a.m.",
+    "U.S.",
+    "don't",
+    "it's",
+    "an_apple",
+    "theater",
+    "another",
+    "ana",
+    "x",
+    "y",
+    "y",
+    "ß",
+    "İstanbul",
+    "ǅ",
+    "1,000",
+    "3.5",
 ]
 _SEPS = [
-    " ", "  ", "\t", "\n", ",", ", ", ".", "!", "?", "-", "'", '"', "(", ")", "\u00a0", "\u3000", "…", "",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    ",",
+    ", ",
+    ".",
+    "!",
+    "?",
+    "-",
+    "'",
+    '"',
+    "(",
+    ")",
+    "\u00a0",
+    "\u3000",
+    "…",
+    "",
 ]
 
 
@@ -100,6 +151,18 @@ def test_normalize_matches_official_script() -> None:
     for _ in range(5000):
         s = _random_answer(rng)
         assert normalize_answer(s) == squad_normalize_answer(s), repr(s)
+
+
+def test_strings_normalised_together_equal_one_by_one() -> None:
+    """The batched normalisation (strings joined with NUL) changes nothing, at the edges either:
+    final sigma, characters that lower() lengthens, articles and punctuation at both ends, NUL inside."""
+    rng = random.Random(11)
+    edge = ["ΟΔΟΣ", "ΣΑ", "Σ", "İstanbul", "the", "An", "a.", ".the", "x\na", "", "  ", "Ünïcode’s the ΑΣ"]
+    strings = edge + [_random_answer(rng) for _ in range(3000)]
+    want = [normalize_answer(s).split() for s in strings]
+    assert _normalized_tokens(strings) == want
+    with_nul = [*strings, "a\x00the cat"]
+    assert _normalized_tokens(with_nul) == [*want, ["\x00", "cat"]]  # falls back to one by one
 
 
 @pytest.mark.parametrize(
