@@ -77,7 +77,7 @@ if triton is not None:
         the dtype's minimum) weigh exactly zero after the softmax, so they are not read at all.
         """
         pid = tl.program_id(0)
-        b = pid // n_heads
+        b = (pid // n_heads).to(tl.int64)  # row offsets pass 2**31 elements in a stacked cache
         h = pid % n_heads
         d = tl.arange(0, D)
         s = tl.arange(0, BLOCK_S)

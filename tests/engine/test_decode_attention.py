@@ -64,3 +64,23 @@ def test_fused_kernel_is_at_least_as_close_as_the_half_pytorch_form(dtype, keys)
     hidden = cross.expand(-1, 12, -1, -1).transpose(2, 3) == torch.finfo(dtype).min
     k_nan, v_nan = k.masked_fill(hidden, float("nan")), v.masked_fill(hidden, float("nan"))
     assert torch.equal(attend(q, k_nan, v_nan, cross), attend(q, k, v, cross))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel runs on CUDA")
+def test_fused_kernel_reads_a_stacked_cache_past_two_billion_elements() -> None:
+    """The decoder's cross-attention keys and values are views of one buffer holding every layer's
+    (`StaticT5Decoder.cross_views`): at 2,048 rows of 64 positions of T5-base its rows start past
+    element 2**31, where 32-bit offsets would wrap. The last layer's view reads what a copy reads."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from qace.engine.t5_decoder import StaticT5Decoder
+
+    config = T5Config(d_model=768, d_kv=64, num_heads=12, num_layers=1, num_decoder_layers=12, vocab_size=8)
+    decoder = StaticT5Decoder(T5ForConditionalGeneration(config).to("cuda", torch.bfloat16))
+    rows, length = 2048, 64
+    buffer = torch.randn(rows, length, 2 * 12 * 768, device="cuda", dtype=torch.bfloat16)
+    assert buffer.numel() > 2**31
+    k, v = decoder.cross_views(buffer)[-1]
+    q = torch.randn(rows, 12, 1, 64, device="cuda", dtype=torch.bfloat16)
+    bias = torch.zeros(rows, 1, 1, length, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(attend(q, k, v, bias), attend(q, k.contiguous(), v.contiguous(), bias))
