@@ -43,6 +43,14 @@ class FileScorer:
     ) -> Iterator[dict[str, Any] | RecordError]:
         raise NotImplementedError
 
+    def score_committed(
+        self, records: Iterable[Record | RecordError]
+    ) -> Iterator[dict[str, Any] | RecordError]:
+        """What `score_file` scores with: `score_records`, unless a scorer must cut its chunks where
+        the writer commits (every ``chunk_size`` records), so that a resumed run, which starts at a
+        commit, scores every later chunk exactly as the first run did."""
+        return self.score_records(records)
+
     def _rows(self, records: Iterable[Record | RecordError]) -> list[dict[str, Any]]:
         """The list APIs' result: one row per record, in order; a record that cannot be scored gets
         ``{"id", "error"}`` instead of raising, so one bad caption never costs the others."""
@@ -83,7 +91,7 @@ class FileScorer:
                         yield record
 
             bar = tqdm(desc="scoring", unit="caption", disable=not self.progress)
-            for result in self.score_records(pending()):
+            for result in self.score_committed(pending()):
                 if isinstance(result, RecordError):
                     writer.add_error(result.id, result.reason)
                     log.warning("record %s: %s", result.id, result.reason)

@@ -75,8 +75,21 @@ def test_next_slice_is_tokenised_while_this_one_runs(tokenizer, monkeypatch) -> 
             return super().generate(batch, **kwargs)
 
     monkeypatch.setattr(engine, "encode_texts", recording_encode)
-    limits = BatchLimits(max_batch_tokens=10_000, max_batch_rows=2)  # slices of 8 prompts
+    limits = BatchLimits(max_batch_tokens=10_000, max_batch_rows=2)  # slices of 1, 2, 4, 8, 8, 1 prompts
     runner = WaitingRunner()
     generate_text(runner, tokenizer, _prompts()[:24], max_input_tokens=512, limits=limits)
-    assert len(threads) == 3 and all(name.startswith("qace-tokenize") for name in threads)
+    assert len(threads) == 6 and all(name.startswith("qace-tokenize") for name in threads)
     assert sum(len(m) for m in runner.batches) == 24
+
+
+@pytest.mark.parametrize(("n", "rows"), [(0, 8), (1, 8), (3, 8), (100, 8), (37_000, 2048), (5, 1)])
+def test_slices_start_at_half_a_batch_and_double_to_four(n: int, rows: int) -> None:
+    from qace.engine.engine import _slice_bounds
+
+    bounds = _slice_bounds(n, rows)
+    sizes = np.diff(bounds)
+    assert bounds[0] == 0 and bounds[-1] == n and (sizes > 0).all()
+    if n:
+        full = sizes[:-1]  # the last slice holds what is left
+        assert sizes[0] == min(n, max(1, rows // 2))
+        assert (full[1:] == np.minimum(2 * full[:-1], 4 * rows)).all()
