@@ -9,6 +9,7 @@ is part of the model's input and must never be squeezed out.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -125,18 +126,14 @@ def visual_question_inputs(
     """
     if isinstance(questions, str):
         raise InputError("visual_question_inputs expects a sequence of questions, not a single string")
-    batch = len(questions)
-    ids = np.full((batch, QUESTION_SLOTS), PAD_ID, dtype=np.int64)
-    mask = np.zeros((batch, QUESTION_SLOTS), dtype=np.int64)
-    truncated: list[bool] = []
-    if batch:
-        encoded = token_ids(tokenizer, [VISUAL_QUESTION_PREFIX + q for q in questions], special_tokens=False)
-        for row, tokens in enumerate(encoded):
-            cut = len(tokens) > QUESTION_SLOTS
-            tokens = tokens[:QUESTION_SLOTS]
-            ids[row, : len(tokens)] = tokens
-            mask[row, : len(tokens)] = 1
-            truncated.append(cut)
-            if cut:
-                logger.warning("visual question %d truncated to %d tokens", row, QUESTION_SLOTS)
-    return torch.from_numpy(ids), torch.from_numpy(mask), truncated
+    encoded = token_ids(tokenizer, [VISUAL_QUESTION_PREFIX + q for q in questions], special_tokens=False)
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    for row in np.flatnonzero(lengths > QUESTION_SLOTS):
+        logger.warning("visual question %d truncated to %d tokens", row, QUESTION_SLOTS)
+    kept = np.minimum(lengths, QUESTION_SLOTS)
+    mask = (np.arange(QUESTION_SLOTS)[None, :] < kept[:, None]).astype(np.int64)
+    ids = np.full((len(encoded), QUESTION_SLOTS), PAD_ID, dtype=np.int64)
+    # one scatter for the whole batch (a Visual-T5 chunk asks thousands of questions)
+    flat = itertools.chain.from_iterable(x[:QUESTION_SLOTS] for x in encoded)
+    ids[mask.astype(bool)] = np.fromiter(flat, dtype=np.int64, count=int(kept.sum()))
+    return torch.from_numpy(ids), torch.from_numpy(mask), (lengths > QUESTION_SLOTS).tolist()
