@@ -40,8 +40,10 @@ DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 KNOWN_LAYERS = {"roberta-large": 17}
 # Pairs matched per step, and the most pairs whose sentences are embedded together: bounds memory
 # (token vectors of every distinct sentence in a block are held at once) without hurting dedup much.
-_MATCH_CHUNK = 2048
-_PAIR_BLOCK = 1 << 15
+# Sized so that a 2,048-caption QACE-Ref chunk (about 35,000 pairs of short answers, a few hundred MB
+# of vectors at most) is one block of three matching steps: each step is a dozen kernels and a wait.
+_MATCH_CHUNK = 16384
+_PAIR_BLOCK = 1 << 16
 
 
 def default_model_dir() -> Path:
@@ -244,9 +246,11 @@ class BertScoreMatcher:
             hidden = self._hidden(torch.from_numpy(input_ids).to(self.device), mask_t).float()
             hidden = hidden / hidden.norm(dim=-1, keepdim=True)
             # token j of sentence k goes to offsets[k] + j; row-major mask order lists exactly those tokens
+            # (positions found on the host: a boolean index on the device would wait for the GPU)
             sizes = lengths[batch]
             dest = np.repeat(offsets[batch] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
-            flat[torch.from_numpy(dest).to(self.device)] = hidden[mask_t.bool()]
+            real = torch.from_numpy(np.flatnonzero(mask)).to(self.device)
+            flat[torch.from_numpy(dest).to(self.device)] = hidden.flatten(0, 1)[real]
         return flat, weight, offsets
 
     def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -145,6 +145,17 @@ def test_half_encoder_follows_fp32_within_tolerance(matcher: BertScoreMatcher) -
     assert float(np.abs(got - want).mean()) < 2e-3
 
 
+def test_blocks_and_matching_steps_do_not_change_scores(matcher, monkeypatch) -> None:
+    """Pairs split over several embedding blocks and matching steps score as in one of each."""
+    import qace.kernels.bertscore as bertscore
+
+    cands, refs = _pairs(50, seed=6)
+    whole = matcher.score(cands, refs)
+    monkeypatch.setattr(bertscore, "_PAIR_BLOCK", 16)
+    monkeypatch.setattr(bertscore, "_MATCH_CHUNK", 5)
+    np.testing.assert_allclose(matcher.score(cands, refs), whole, rtol=0, atol=1e-6)
+
+
 def test_symmetric_f1(matcher: BertScoreMatcher) -> None:
     cands, refs = _pairs(30, seed=4)
     np.testing.assert_allclose(matcher.score(cands, refs), matcher.score(refs, cands), rtol=0, atol=1e-6)
