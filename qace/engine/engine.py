@@ -7,7 +7,7 @@ filled from many captions and identical inputs (the same question on the same re
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -52,27 +52,35 @@ class BatchLimits:
     max_batch_rows: int = 256
 
 
-def _run_planned(
+def _run_batches(
     runner: Runner,
-    lengths: Sequence[int],
-    make_batch: Callable[[np.ndarray], TextBatch | VisualBatch],
-    limits: BatchLimits,
+    n_items: int,
+    batches: Iterable[tuple[np.ndarray, TextBatch | VisualBatch]],
     unanswerable_id: int | None,
     bar: Any,
 ) -> tuple[list[list[int]], np.ndarray | None]:
-    """Plan batches over unique items, run them, and scatter the results back to item order."""
-    tokens: list[list[int]] = [[] for _ in lengths]
-    answerability = np.zeros(len(lengths), dtype=np.float64) if unanswerable_id is not None else None
-    for index in plan_batches(lengths, limits.max_batch_tokens, limits.max_batch_rows):
-        out = runner.generate(
-            make_batch(index), max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id
-        )
-        for row, item in enumerate(index):
-            tokens[item] = out.tokens[row]
+    """Run ``(item indices, batch)`` pairs and scatter the results back to item order."""
+    tokens: list[list[int]] = [[] for _ in range(n_items)]
+    answerability = np.zeros(n_items, dtype=np.float64) if unanswerable_id is not None else None
+    for index, batch in batches:
+        out = runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id)
+        for item, row in zip(index.tolist(), out.tokens, strict=True):
+            tokens[item] = row
         if answerability is not None and out.answerability is not None:
             answerability[index] = out.answerability
         bar.update(len(index))
     return tokens, answerability
+
+
+def _text_batches(
+    tokenizer: Any, texts: list[str], max_input_tokens: int, limits: BatchLimits
+) -> tuple[list[tuple[np.ndarray, TextBatch]], list[bool]]:
+    """A slice of prompts tokenised, planned into batches and padded (in the helper thread), and which
+    prompts were cut."""
+    ids, cut = encode_texts(tokenizer, texts, max_input_tokens)
+    planned = plan_batches([len(x) for x in ids], limits.max_batch_tokens, limits.max_batch_rows)
+    pad = tokenizer.pad_token_id
+    return [(index, TextBatch(*pad_batch([ids[i] for i in index], pad))) for index in planned], cut
 
 
 def _progress(total: int, desc: str, progress: bool) -> Any:
@@ -94,18 +102,19 @@ def generate_text(
 ) -> StageOutput:
     """Greedy outputs of a text model for every prompt; identical prompts run once.
 
-    Prompts are tokenised a slice at a time (`_slice_bounds`: half a batch, then doubling up to four
-    batches), the next slice in a helper thread while this one's batches run: the tokenizer works in
-    Rust without the interpreter lock, and a QACE-Ref chunk's 35,000 prompts took about a third of a
-    second to tokenise on the H100's host.
-    Slices follow the prompts' text length, and batches are planned within a slice. Only the batches
-    run under ``device_lock``, so tokenising and decoding also overlap another thread's device work.
+    Prompts are tokenised, planned into batches and padded a slice at a time (`_slice_bounds`: half a
+    batch, then doubling up to four batches), the next slice in a helper thread while this one's
+    batches run: the tokenizer works in Rust without the interpreter lock, and a QACE-Ref chunk's
+    35,000 prompts took about a third of a second to tokenise on the H100's host, its batches 80 ms to
+    pad. Slices follow the prompts' text length, and batches are planned within a slice. Only the
+    batches run under ``device_lock``, so the host work also overlaps another thread's device work.
     """
     unique = dedupe(list(prompts))
     # longest text first, so each slice holds prompts of similar token length and its batches pad as
     # little as batches planned over the whole stage would
-    order = sorted(range(len(unique.unique)), key=lambda i: -len(unique.unique[i]))
-    by_length = [unique.unique[i] for i in order]
+    lengths = np.fromiter(map(len, unique.unique), dtype=np.int64, count=len(unique.unique))
+    order = np.argsort(-lengths, kind="stable")
+    by_length = [unique.unique[i] for i in order.tolist()]
     bounds = _slice_bounds(len(by_length), limits.max_batch_rows)
     slices = [by_length[lo:hi] for lo, hi in itertools.pairwise(bounds)]
     tokens: list[list[int]] = []
@@ -115,21 +124,18 @@ def generate_text(
         ThreadPoolExecutor(1, thread_name_prefix="qace-tokenize") as helper,
         _progress(len(unique.unique), desc, progress) as bar,
     ):
-        upcoming = helper.submit(encode_texts, tokenizer, slices[0], max_input_tokens) if slices else None
+
+        def prepare(texts: list[str]) -> tuple[list[tuple[np.ndarray, TextBatch]], list[bool]]:
+            return _text_batches(tokenizer, texts, max_input_tokens, limits)
+
+        upcoming = helper.submit(prepare, slices[0]) if slices else None
         for at in range(len(slices)):
             assert upcoming is not None
-            ids, cut = upcoming.result()
+            batches, cut = upcoming.result()
             if at + 1 < len(slices):
-                upcoming = helper.submit(encode_texts, tokenizer, slices[at + 1], max_input_tokens)
-
-            def make_batch(index: np.ndarray, ids: list[list[int]] = ids) -> TextBatch:
-                input_ids, mask = pad_batch([ids[i] for i in index], tokenizer.pad_token_id)
-                return TextBatch(input_ids, mask)
-
+                upcoming = helper.submit(prepare, slices[at + 1])
             with device_lock:
-                out, an = _run_planned(
-                    runner, [len(x) for x in ids], make_batch, limits, unanswerable_id, bar
-                )
+                out, an = _run_batches(runner, len(cut), batches, unanswerable_id, bar)
             tokens += out
             truncated += cut
             if an is not None:
@@ -139,10 +145,11 @@ def generate_text(
     position = np.empty(len(order), dtype=np.int64)  # unique prompt -> its place in length order
     position[order] = np.arange(len(order))
     at = position[unique.inverse]
+    picks = at.tolist()
     return StageOutput(
-        texts=[texts[i] for i in at],
+        texts=[texts[i] for i in picks],
         answerability=None if an_all is None else an_all[at],
-        truncated=[truncated[i] for i in at],
+        truncated=[truncated[i] for i in picks],
     )
 
 
@@ -191,9 +198,9 @@ def generate_visual(
     width = input_ids.shape[1] + 38
     with device_lock, _progress(len(unique.unique), desc, progress) as bar:  # the feature slab too
         make_batch = _visual_batches(runner, features, images, input_ids, mask)
-        tokens, an = _run_planned(
-            runner, [width] * len(unique.unique), make_batch, limits, unanswerable_id, bar
-        )
+        planned = plan_batches([width] * len(unique.unique), limits.max_batch_tokens, limits.max_batch_rows)
+        batches = ((index, make_batch(index)) for index in planned)
+        tokens, an = _run_batches(runner, len(unique.unique), batches, unanswerable_id, bar)
     texts = decode(tokenizer, tokens)
     return StageOutput(
         texts=[texts[i] for i in unique.inverse],

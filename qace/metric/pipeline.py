@@ -108,9 +108,8 @@ def score_chunk(
             desc="answers",
             **text_run,
         )
-    for (item, _, _), cut in zip(text_pairs, tqa.truncated, strict=True):
-        if cut:
-            item.flags.add("truncated_input")
+    for t in np.flatnonzero(tqa.truncated).tolist():  # rare: no loop over a chunk's 35,000 pairs
+        text_pairs[t][0].flags.add("truncated_input")
     n_self = sum(len(item.questions) for item in work)
     own_answers = filter_stopwords_all(tqa.texts[:n_self])
     if config.variant == "ref":
@@ -131,9 +130,8 @@ def score_chunk(
                 progress=progress,
                 device_lock=models.device_lock,
             )
-        for (item, _), cut in zip(visual_pairs, vqa.truncated, strict=True):
-            if cut:
-                item.flags.add("truncated_question")
+        for t in np.flatnonzero(vqa.truncated).tolist():
+            visual_pairs[t][0].flags.add("truncated_question")
         ctx_answers = filter_stopwords_all(vqa.texts)
         assert vqa.answerability is not None
         ctx_an = vqa.answerability
