@@ -7,7 +7,7 @@ filled from many captions and identical inputs (the same question on the same re
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -24,7 +24,12 @@ from qace.metric.prompts import MAX_NEW_TOKENS
 
 
 class Runner(Protocol):
-    """What the engine needs from a backend (PyTorch now, ONNX Runtime alike)."""
+    """What the engine needs from a backend (PyTorch now, ONNX Runtime alike).
+
+    A runner may also offer ``generate_all(batches, *, max_new_tokens, unanswerable_id)``, yielding
+    ``(index, Generated)`` for an iterable of ``(index, batch)`` in order, to overlap consecutive
+    batches (`qace.engine.torch_runner.TorchRunner.generate_all`); the engine then uses it.
+    """
 
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
@@ -62,8 +67,15 @@ def _run_batches(
     """Run ``(item indices, batch)`` pairs and scatter the results back to item order."""
     tokens: list[list[int]] = [[] for _ in range(n_items)]
     answerability = np.zeros(n_items, dtype=np.float64) if unanswerable_id is not None else None
-    for index, batch in batches:
-        out = runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id)
+    generate_all = getattr(runner, "generate_all", None)
+    if generate_all is not None:
+        results = generate_all(batches, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id)
+    else:
+        results = (
+            (index, runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id))
+            for index, batch in batches
+        )
+    for index, out in results:
         for item, row in zip(index.tolist(), out.tokens, strict=True):
             tokens[item] = row
         if answerability is not None and out.answerability is not None:
@@ -106,8 +118,8 @@ def generate_text(
     batch, then doubling up to four batches), the next slice in a helper thread while this one's
     batches run: the tokenizer works in Rust without the interpreter lock, and a QACE-Ref chunk's
     35,000 prompts took about a third of a second to tokenise on the H100's host, its batches 80 ms to
-    pad. Slices follow the prompts' text length, and batches are planned within a slice. Only the
-    batches run under ``device_lock``, so the host work also overlaps another thread's device work.
+    pad. Slices follow the prompts' text length, and batches are planned within a slice. The batches
+    of all slices form one stream, so a runner that overlaps batches (`Runner`) does so across slices.
     """
     unique = dedupe(list(prompts))
     # longest text first, so each slice holds prompts of similar token length and its batches pad as
@@ -116,39 +128,37 @@ def generate_text(
     order = np.argsort(-lengths, kind="stable")
     by_length = [unique.unique[i] for i in order.tolist()]
     bounds = _slice_bounds(len(by_length), limits.max_batch_rows)
-    slices = [by_length[lo:hi] for lo, hi in itertools.pairwise(bounds)]
-    tokens: list[list[int]] = []
     truncated: list[bool] = []
-    answerability: list[np.ndarray] = []
     with (
         ThreadPoolExecutor(1, thread_name_prefix="qace-tokenize") as helper,
         _progress(len(unique.unique), desc, progress) as bar,
     ):
 
-        def prepare(texts: list[str]) -> tuple[list[tuple[np.ndarray, TextBatch]], list[bool]]:
-            return _text_batches(tokenizer, texts, max_input_tokens, limits)
+        def prepare(lo: int, hi: int) -> tuple[list[tuple[np.ndarray, TextBatch]], list[bool]]:
+            return _text_batches(tokenizer, by_length[lo:hi], max_input_tokens, limits)
 
-        upcoming = helper.submit(prepare, slices[0]) if slices else None
-        for at in range(len(slices)):
-            assert upcoming is not None
-            batches, cut = upcoming.result()
-            if at + 1 < len(slices):
-                upcoming = helper.submit(prepare, slices[at + 1])
-            with device_lock:
-                out, an = _run_batches(runner, len(cut), batches, unanswerable_id, bar)
-            tokens += out
-            truncated += cut
-            if an is not None:
-                answerability.append(an)
+        def batches() -> Iterator[tuple[np.ndarray, TextBatch]]:
+            spans = list(itertools.pairwise(bounds))
+            upcoming = helper.submit(prepare, *spans[0]) if spans else None
+            for at, (lo, _) in enumerate(spans):
+                assert upcoming is not None
+                prepared, cut = upcoming.result()
+                if at + 1 < len(spans):
+                    upcoming = helper.submit(prepare, *spans[at + 1])
+                truncated.extend(cut)
+                for index, batch in prepared:
+                    yield index + lo, batch
+
+        with device_lock:
+            tokens, answerability = _run_batches(runner, len(by_length), batches(), unanswerable_id, bar)
     texts = decode(tokenizer, tokens)
-    an_all = np.concatenate([np.zeros(0), *answerability]) if unanswerable_id is not None else None
     position = np.empty(len(order), dtype=np.int64)  # unique prompt -> its place in length order
     position[order] = np.arange(len(order))
     at = position[unique.inverse]
     picks = at.tolist()
     return StageOutput(
         texts=[texts[i] for i in picks],
-        answerability=None if an_all is None else an_all[at],
+        answerability=None if answerability is None else answerability[at],
         truncated=[truncated[i] for i in picks],
     )
 

@@ -1,0 +1,58 @@
+"""The PyTorch runner's batch stream: overlapping batches on a GPU changes no result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qace.engine.batches import TextBatch, VisualBatch
+from qace.engine.scheduler import pad_batch
+from qace.engine.torch_runner import TorchRunner
+from qace.models.loading import load_seq2seq, load_visual_t5
+from qace.models.visual_t5 import visual_question_inputs
+
+WORDS = "a dog runs on the grass two girls play with a red ball in the park near water".split()
+
+
+def _text_batches(tokenizer, n_batches: int) -> list[tuple[np.ndarray, TextBatch]]:
+    rng = np.random.default_rng(0)
+    out = []
+    for b in range(n_batches):
+        prompts = [" ".join(rng.choice(WORDS, size=rng.integers(3, 14))) for _ in range(17 + b)]
+        ids, mask = pad_batch(tokenizer(prompts)["input_ids"], tokenizer.pad_token_id)
+        out.append((np.arange(len(prompts)) + 100 * b, TextBatch(ids, mask)))
+    return out
+
+
+def _visual_batches(tokenizer, device: str, n_batches: int) -> list[tuple[np.ndarray, VisualBatch]]:
+    rng = np.random.default_rng(1)
+    out = []
+    for b in range(n_batches):
+        questions = [" ".join(rng.choice(WORDS, size=rng.integers(2, 9))) + " ?" for _ in range(9 + b)]
+        ids, mask, _ = visual_question_inputs(tokenizer, questions)
+        features = torch.from_numpy(rng.standard_normal((len(questions), 36, 2054)).astype(np.float32))
+        out.append((np.arange(len(questions)), VisualBatch(ids.numpy(), mask.numpy(), features.to(device))))
+    return out
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("role", ["tqa", "vqa"])
+def test_generate_all_equals_one_batch_at_a_time(test_models_dir, device: str, role: str) -> None:
+    """On a GPU each batch's encoder runs on a side stream while the previous batch decodes."""
+    if role == "vqa":
+        model, tokenizer = load_visual_t5(test_models_dir / "vqa", device=device)
+        batches = _visual_batches(tokenizer, device, 4)
+    else:
+        model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device=device)
+        batches = _text_batches(tokenizer, 4)
+    runner = TorchRunner(model, device=device)
+    one_by_one = [runner.generate(batch, max_new_tokens=12, unanswerable_id=5) for _, batch in batches]
+    streamed = list(runner.generate_all(iter(batches), max_new_tokens=12, unanswerable_id=5))
+    assert [index.tolist() for index, _ in streamed] == [index.tolist() for index, _ in batches]
+    for (_, got), want in zip(streamed, one_by_one, strict=True):
+        assert got.tokens == want.tokens
+        np.testing.assert_array_equal(got.answerability, want.answerability)
