@@ -129,12 +129,13 @@ class QACE(FileScorer):
         While one chunk runs through the models, a prefetch thread reads the next chunk, validates it,
         loads its region features from the store and hands its captions to the candidate extractor,
         so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work. Only the first
-        chunk's parsing is waited for, so the first chunk is a quarter of ``chunk_size``: the models
-        start on it while the next, full chunk is parsed (on the H100 a 2,048-caption first chunk kept
-        them waiting 0.14 s). Scorers in several threads share the device: their model stages take
-        turns under the device lock (`qace.engine.device_lock`), their host work overlaps.
+        chunk's parsing is waited for, so when there is more than one chunk of records the first is a
+        quarter of ``chunk_size``: the models start on it while the next, full chunk is parsed (on the
+        H100 a 2,048-caption first chunk kept them waiting 0.14 s). Input that fits one chunk (a
+        reward call) stays one chunk. Scorers in several threads share the device: their model stages
+        take turns under the device lock (`qace.engine.device_lock`), their host work overlaps.
         """
-        return self._stream(records, first=max(1, self.config.chunk_size // 4))
+        return self._stream(records, ramp=True)
 
     def score_committed(
         self, records: Iterable[Record | RecordError]
@@ -142,13 +143,20 @@ class QACE(FileScorer):
         """`score_records` in whole chunks from the first: files commit every ``chunk_size`` records
         and resume at a commit, and fp32 scores can differ in the last bit with a chunk's batch
         composition, so a resumed file equals an uninterrupted run only if both cut chunks alike."""
-        return self._stream(records, first=self.config.chunk_size)
+        return self._stream(records, ramp=False)
 
     def _stream(
-        self, records: Iterable[Record | RecordError], *, first: int
+        self, records: Iterable[Record | RecordError], *, ramp: bool
     ) -> Iterator[dict[str, Any] | RecordError]:
-        """Results in input order: a chunk of ``first`` records, then chunks of ``chunk_size``."""
-        iterator = iter(records)
+        """Results in input order, in chunks of ``chunk_size``; with ``ramp``, input longer than one
+        chunk starts with a chunk of a quarter of that."""
+        size = self.config.chunk_size
+        iterator: Iterator[Record | RecordError] = iter(records)
+        first = size
+        if ramp:
+            head = list(itertools.islice(iterator, size + 1))
+            first = max(1, size // 4) if len(head) > size else size
+            iterator = itertools.chain(head, iterator)
         with ThreadPoolExecutor(1, thread_name_prefix="qace-prefetch") as prefetch:
             upcoming = prefetch.submit(self._prepare_next, iterator, first)
             while (prepared := upcoming.result()) is not None:

@@ -267,3 +267,26 @@ def test_callers_in_several_threads_take_turns_on_the_device(test_models_dir, mo
         thread.join()
     assert device["most"] == 1 and chunks["most"] >= 2
     assert together == alone
+
+
+@pytest.mark.parametrize(("n", "chunks"), [(8, [8]), (9, [2, 7]), (20, [2, 8, 8, 2])])
+def test_first_chunk_is_a_quarter_only_when_there_is_more_than_one(ref_scorer, monkeypatch, n, chunks):
+    """A call that fits one chunk (a reward call) stays one chunk; a longer input starts the models on a
+    quarter of one while the next is parsed. Files keep whole chunks (resume), tested above."""
+    sizes: list[int] = []
+    real = api.score_chunk
+
+    def recording(records, *args, **kwargs):
+        sizes.append(len(records))
+        return real(records, *args, **kwargs)
+
+    monkeypatch.setattr(api, "score_chunk", recording)
+    scorer = ref_scorer
+    old = scorer.config
+    scorer.config = old.with_(chunk_size=8)
+    try:
+        captions = [f"a dog number {i} runs on the grass" for i in range(n)]
+        rows = scorer.score(captions, references=[["a dog runs", "a dog on grass"]] * n)
+    finally:
+        scorer.config = old
+    assert sizes == chunks and [r["id"] for r in rows] == [str(i) for i in range(n)]
