@@ -76,7 +76,6 @@ class QACE(FileScorer):
             layer=self.config.bertscore_layer,
             device=self.config.device,
             batch_size=4096 if self.config.device.startswith("cuda") else 128,
-            half=self.config.precision in ("bf16", "fp16") and self.config.device.startswith("cuda"),
         )
         self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
         self.features = None

@@ -29,8 +29,8 @@ class QACEConfig:
     variant: Variant = "ref"
     """``ref``: answers on the references (QACE-Ref); ``img``: Visual-T5 on region features (QACE-Img)."""
     precision: Precision = "fp32"
-    """Model weights and activations; fp32 reproduces the reference implementation exactly; bf16/fp16 on a
-    GPU also run the BERTScore encoder in fp16; int8 (dynamic quantisation) is for the ONNX backend on CPU."""
+    """Model weights and activations; fp32 reproduces the reference implementation exactly; int8 (dynamic
+    quantisation) is for the ONNX backend on CPU."""
     backend: Backend = "torch"
     """Runtime for the three T5 models."""
     device: str = "cpu"
