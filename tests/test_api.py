@@ -290,3 +290,25 @@ def test_first_chunk_is_a_quarter_only_when_there_is_more_than_one(ref_scorer, m
     finally:
         scorer.config = old
     assert sizes == chunks and [r["id"] for r in rows] == [str(i) for i in range(n)]
+
+
+def test_token_f1_runs_beside_bertscore(ref_scorer, monkeypatch):
+    """BERTScore cannot finish unless token F1 is running meanwhile, in its helper thread."""
+    import qace.kernels.token_f1 as f1_module
+
+    started, threads = threading.Event(), []
+    real_f1, real_score = f1_module.token_f1, ref_scorer.matcher.score
+
+    def f1_spy(a, b):
+        threads.append(threading.current_thread().name)
+        started.set()
+        return real_f1(a, b)
+
+    def waiting_score(a, b):
+        assert started.wait(30), "token F1 did not run while BERTScore ran"
+        return real_score(a, b)
+
+    monkeypatch.setattr(f1_module, "token_f1", f1_spy)
+    monkeypatch.setattr(ref_scorer.matcher, "score", waiting_score)
+    rows = ref_scorer.score(["a dog runs on the grass"], references=[["a dog runs", "a dog on grass"]])
+    assert "qace" in rows[0] and threads and threads[0].startswith("qace-f1")

@@ -7,6 +7,7 @@ can batch and de-duplicate across captions. Nothing reaches back to an earlier s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,10 +141,14 @@ def score_chunk(
     own_for_ctx = _align_own_answers(work, own_answers)
     from qace.kernels.token_f1 import token_f1
 
-    with timer("token_f1"):
-        f1 = token_f1(own_for_ctx, ctx_answers)
-    with timer("bertscore"), models.device_lock:
-        bs = matcher.score(own_for_ctx, ctx_answers)
+    # token F1 is host work and BERTScore mostly waits for the GPU, so F1 runs beside it in a helper
+    # thread (QACE-Ref on an H100: 0.18 s of F1 against 0.78 s of BERTScore per 5,664 captions)
+    with ThreadPoolExecutor(1, thread_name_prefix="qace-f1") as helper:
+        f1_future = helper.submit(token_f1, own_for_ctx, ctx_answers)
+        with timer("bertscore"), models.device_lock:
+            bs = matcher.score(own_for_ctx, ctx_answers)
+        with timer("token_f1"):  # only what is left of it once BERTScore is done
+            f1 = f1_future.result()
 
     shapes = [(len(item.contexts), len(item.questions)) for item in work]
     scores = caption_scores(f1, bs, ctx_an, shapes)
