@@ -9,7 +9,6 @@ is part of the model's input and must never be squeezed out.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Sequence
 
@@ -19,6 +18,7 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
 
+from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
 from qace.errors import FeatureError, InputError
 
@@ -130,10 +130,8 @@ def visual_question_inputs(
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     for row in np.flatnonzero(lengths > QUESTION_SLOTS):
         logger.warning("visual question %d truncated to %d tokens", row, QUESTION_SLOTS)
-    kept = np.minimum(lengths, QUESTION_SLOTS)
-    mask = (np.arange(QUESTION_SLOTS)[None, :] < kept[:, None]).astype(np.int64)
-    ids = np.full((len(encoded), QUESTION_SLOTS), PAD_ID, dtype=np.int64)
-    # one scatter for the whole batch (a Visual-T5 chunk asks thousands of questions)
-    flat = itertools.chain.from_iterable(x[:QUESTION_SLOTS] for x in encoded)
-    ids[mask.astype(bool)] = np.fromiter(flat, dtype=np.int64, count=int(kept.sum()))
+    # one scatter for the whole batch (a Visual-T5 chunk asks thousands of questions), widened to the slots
+    ids, mask = pad_batch([x[:QUESTION_SLOTS] for x in encoded], PAD_ID)
+    wider = ((0, 0), (0, QUESTION_SLOTS - ids.shape[1]))
+    ids, mask = np.pad(ids, wider, constant_values=PAD_ID), np.pad(mask, wider)
     return torch.from_numpy(ids), torch.from_numpy(mask), (lengths > QUESTION_SLOTS).tolist()
