@@ -215,7 +215,7 @@ def generate_visual(
     return StageOutput(
         texts=[texts[i] for i in unique.inverse],
         answerability=None if an is None else an[unique.inverse],
-        truncated=[bool(truncated[i]) for i in unique.inverse],
+        truncated=[truncated[i] for i in unique.inverse],
     )
 
 

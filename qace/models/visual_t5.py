@@ -128,10 +128,11 @@ def visual_question_inputs(
         raise InputError("visual_question_inputs expects a sequence of questions, not a single string")
     encoded = token_ids(tokenizer, [VISUAL_QUESTION_PREFIX + q for q in questions], special_tokens=False)
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    for row in np.flatnonzero(lengths > QUESTION_SLOTS):
+    cut = lengths > QUESTION_SLOTS
+    for row in np.flatnonzero(cut):
         logger.warning("visual question %d truncated to %d tokens", row, QUESTION_SLOTS)
     # one scatter for the whole batch (a Visual-T5 chunk asks thousands of questions), widened to the slots
     ids, mask = pad_batch([x[:QUESTION_SLOTS] for x in encoded], PAD_ID)
     wider = ((0, 0), (0, QUESTION_SLOTS - ids.shape[1]))
     ids, mask = np.pad(ids, wider, constant_values=PAD_ID), np.pad(mask, wider)
-    return torch.from_numpy(ids), torch.from_numpy(mask), (lengths > QUESTION_SLOTS).tolist()
+    return torch.from_numpy(ids), torch.from_numpy(mask), cut.tolist()
