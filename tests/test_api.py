@@ -213,7 +213,7 @@ def test_next_chunk_is_prepared_while_this_one_is_scored(test_models_dir, monkey
         Record("3", "a girl", "img-c"),
     ]
     rows = list(scorer.score_records(records))
-    assert [r["id"] for r in rows] == ["1", "2", "3"] and scored == [["1"], ["2", "3"]]  # first: a quarter
+    assert [r["id"] for r in rows] == ["1", "2", "3"] and scored == [["1"], ["2", "3"]]  # first: an eighth
     assert set(store.threads) == {"img-a", "img-b", "img-c"}
     assert all(name.startswith("qace-prefetch") for name in store.threads.values())
     assert scorer.features is not None and scorer.features.loads == 3  # each image read once
@@ -271,10 +271,10 @@ def test_callers_in_several_threads_take_turns_on_the_device(test_models_dir, mo
     assert together == alone
 
 
-@pytest.mark.parametrize(("n", "chunks"), [(8, [8]), (9, [2, 7]), (20, [2, 8, 8, 2])])
-def test_first_chunk_is_a_quarter_only_when_there_is_more_than_one(ref_scorer, monkeypatch, n, chunks):
-    """A call that fits one chunk (a reward call) stays one chunk; a longer input starts the models on a
-    quarter of one while the next is parsed. Files keep whole chunks (resume), tested above."""
+@pytest.mark.parametrize(("n", "chunks"), [(16, [16]), (17, [2, 15]), (40, [2, 16, 16, 6])])
+def test_first_chunk_is_an_eighth_only_when_there_is_more_than_one(ref_scorer, monkeypatch, n, chunks):
+    """A call that fits one chunk (a reward call) stays one chunk; a longer input starts the models on an
+    eighth of one while the next is parsed. Files keep whole chunks (resume), tested above."""
     sizes: list[int] = []
     real = api.score_chunk
 
@@ -285,7 +285,7 @@ def test_first_chunk_is_a_quarter_only_when_there_is_more_than_one(ref_scorer, m
     monkeypatch.setattr(api, "score_chunk", recording)
     scorer = ref_scorer
     old = scorer.config
-    scorer.config = old.with_(chunk_size=8)
+    scorer.config = old.with_(chunk_size=16)
     try:
         captions = [f"a dog number {i} runs on the grass" for i in range(n)]
         rows = scorer.score(captions, references=[["a dog runs", "a dog on grass"]] * n)
