@@ -77,7 +77,7 @@ class QACE(FileScorer):
             layer=self.config.bertscore_layer,
             device=self.config.device,
             batch_size=4096 if on_gpu else 128,
-            precision="fp16" if on_gpu and self.config.precision != "fp32" else "fp32",
+            precision=bertscore_precision(self.config),
         )
         self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
         self.features = None
@@ -212,6 +212,12 @@ class QACE(FileScorer):
             except FeatureError as exc:
                 reason = exc.reason
         return None if reason is None else RecordError(record.id, reason)
+
+
+def bertscore_precision(config: QACEConfig) -> str:
+    """The BERTScore encoder's precision: fp16 for half-precision engines on a GPU (see
+    `qace.kernels.bertscore.BertScoreMatcher`), else fp32 as the reference (fp32 engines, CPUs)."""
+    return "fp16" if config.device.startswith("cuda") and config.precision != "fp32" else "fp32"
 
 
 def _ramp_sizes(chunk_size: int) -> Iterator[int]:
