@@ -7,9 +7,9 @@ filled from many captions and identical inputs (the same question on the same re
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,9 +26,10 @@ from qace.metric.prompts import MAX_NEW_TOKENS
 class Runner(Protocol):
     """What the engine needs from a backend (PyTorch now, ONNX Runtime alike).
 
-    A runner may also offer ``generate_all(batches, *, max_new_tokens, unanswerable_id)``, yielding
-    ``(index, Generated)`` for an iterable of ``(index, batch)`` in order, to overlap consecutive
-    batches (`qace.engine.torch_runner.TorchRunner.generate_all`); the engine then uses it.
+    A runner class may also offer ``generate_jobs(jobs, *, max_new_tokens)``, yielding ``(key,
+    Generated)`` for an iterable of ``(runner, key, batch, unanswerable_id)`` in order, to overlap
+    consecutive batches, of one model or several (`qace.engine.torch_runner.generate_jobs`); the
+    engine uses it when every runner of a call shares it.
     """
 
     def generate(
@@ -57,31 +58,57 @@ class BatchLimits:
     max_batch_rows: int = 256
 
 
-def _run_batches(
-    runner: Runner,
-    n_items: int,
-    batches: Iterable[tuple[np.ndarray, TextBatch | VisualBatch]],
-    unanswerable_id: int | None,
-    bar: Any,
-) -> tuple[list[list[int]], np.ndarray | None]:
-    """Run ``(item indices, batch)`` pairs and scatter the results back to item order."""
-    tokens: list[list[int]] = [[] for _ in range(n_items)]
-    answerability = np.zeros(n_items, dtype=np.float64) if unanswerable_id is not None else None
-    generate_all = getattr(runner, "generate_all", None)
-    if generate_all is not None:
-        results = generate_all(batches, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id)
-    else:
-        results = (
-            (index, runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=unanswerable_id))
-            for index, batch in batches
+@dataclass
+class Stage:
+    """One model's work in a call: its batches (built lazily, so a later stage's host work can wait
+    until the device runs an earlier one) and how its generated ids become a `StageOutput`."""
+
+    runner: Runner
+    n_items: int
+    batches: Iterator[tuple[np.ndarray, TextBatch | VisualBatch]]
+    unanswerable_id: int | None
+    bar: Any
+    finish: Callable[[list[list[int]], np.ndarray | None], StageOutput]
+
+
+def run_stages(
+    stages: Sequence[AbstractContextManager[Stage]], device_lock: AbstractContextManager[Any] = NO_LOCK
+) -> list[StageOutput]:
+    """Run independent stages (answers on the caption and on the image, say) as one stream of batches.
+
+    A runner class that overlaps batches (`Runner`) then overlaps them across the stages too: the
+    first visual batch's encoder runs while the last text-QA batch decodes, instead of after it.
+    """
+    with ExitStack() as stack:
+        opened = [stack.enter_context(stage) for stage in stages]
+        tokens: list[list[list[int]]] = [[[] for _ in range(st.n_items)] for st in opened]
+        answerability = [
+            np.zeros(st.n_items, dtype=np.float64) if st.unanswerable_id is not None else None
+            for st in opened
+        ]
+        jobs = (
+            (st.runner, (k, index), batch, st.unanswerable_id)
+            for k, st in enumerate(opened)
+            for index, batch in st.batches
         )
-    for index, out in results:
-        for item, row in zip(index.tolist(), out.tokens, strict=True):
-            tokens[item] = row
-        if answerability is not None and out.answerability is not None:
-            answerability[index] = out.answerability
-        bar.update(len(index))
-    return tokens, answerability
+        shared = {getattr(type(st.runner), "generate_jobs", None) for st in opened}
+        generate_jobs = shared.pop() if len(shared) == 1 else None
+        with device_lock:
+            if generate_jobs is not None:
+                results = generate_jobs(jobs, max_new_tokens=MAX_NEW_TOKENS)
+            else:
+                results = (
+                    (key, runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=uid))
+                    for runner, key, batch, uid in jobs
+                )
+            for (k, index), out in results:
+                for item, row in zip(index.tolist(), out.tokens, strict=True):
+                    tokens[k][item] = row
+                an = answerability[k]
+                if an is not None and out.answerability is not None:
+                    an[index] = out.answerability
+                opened[k].bar.update(len(index))
+        return [st.finish(t, an) for st, t, an in zip(opened, tokens, answerability, strict=True)]
 
 
 def _text_batches(
@@ -112,7 +139,33 @@ def generate_text(
     progress: bool = False,
     device_lock: AbstractContextManager[Any] = NO_LOCK,
 ) -> StageOutput:
-    """Greedy outputs of a text model for every prompt; identical prompts run once.
+    """Greedy outputs of a text model for every prompt; identical prompts run once (`text_stage`)."""
+    stage = text_stage(
+        runner,
+        tokenizer,
+        prompts,
+        max_input_tokens=max_input_tokens,
+        limits=limits,
+        unanswerable_id=unanswerable_id,
+        desc=desc,
+        progress=progress,
+    )
+    return run_stages([stage], device_lock)[0]
+
+
+@contextmanager
+def text_stage(
+    runner: Runner,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    max_input_tokens: int,
+    limits: BatchLimits,
+    unanswerable_id: int | None = None,
+    desc: str = "generate",
+    progress: bool = False,
+) -> Iterator[Stage]:
+    """A text model's stage: identical prompts run once.
 
     Prompts are tokenised, planned into batches and padded a slice at a time (`_slice_bounds`: half a
     batch, then doubling up to four batches), the next slice in a helper thread while this one's
@@ -137,9 +190,11 @@ def generate_text(
         def prepare(lo: int, hi: int) -> tuple[list[tuple[np.ndarray, TextBatch]], list[bool]]:
             return _text_batches(tokenizer, by_length[lo:hi], max_input_tokens, limits)
 
+        spans = list(itertools.pairwise(bounds))
+        first = helper.submit(prepare, *spans[0]) if spans else None
+
         def batches() -> Iterator[tuple[np.ndarray, TextBatch]]:
-            spans = list(itertools.pairwise(bounds))
-            upcoming = helper.submit(prepare, *spans[0]) if spans else None
+            upcoming = first
             for at, (lo, _) in enumerate(spans):
                 assert upcoming is not None
                 prepared, cut = upcoming.result()
@@ -149,18 +204,19 @@ def generate_text(
                 for index, batch in prepared:
                     yield index + lo, batch
 
-        with device_lock:
-            tokens, answerability = _run_batches(runner, len(by_length), batches(), unanswerable_id, bar)
-    texts = decode(tokenizer, tokens)
-    position = np.empty(len(order), dtype=np.int64)  # unique prompt -> its place in length order
-    position[order] = np.arange(len(order))
-    at = position[unique.inverse]
-    picks = at.tolist()
-    return StageOutput(
-        texts=[texts[i] for i in picks],
-        answerability=None if answerability is None else answerability[at],
-        truncated=[truncated[i] for i in picks],
-    )
+        def finish(tokens: list[list[int]], answerability: np.ndarray | None) -> StageOutput:
+            texts = decode(tokenizer, tokens)
+            position = np.empty(len(order), dtype=np.int64)  # unique prompt -> its place in length order
+            position[order] = np.arange(len(order))
+            at = position[unique.inverse]
+            picks = at.tolist()
+            return StageOutput(
+                texts=[texts[i] for i in picks],
+                answerability=None if answerability is None else answerability[at],
+                truncated=[truncated[i] for i in picks],
+            )
+
+        yield Stage(runner, len(by_length), batches(), unanswerable_id, bar, finish)
 
 
 def _slice_bounds(n: int, rows: int) -> list[int]:
@@ -189,34 +245,75 @@ def generate_visual(
     progress: bool = False,
     device_lock: AbstractContextManager[Any] = NO_LOCK,
 ) -> StageOutput:
-    """Visual-T5 answers for (question, image) pairs; identical pairs run once.
+    """Visual-T5 answers for (question, image) pairs; identical pairs run once (`visual_stage`)."""
+    stage = visual_stage(
+        runner,
+        tokenizer,
+        questions,
+        image_ids,
+        features,
+        limits=limits,
+        unanswerable_id=unanswerable_id,
+        desc=desc,
+        progress=progress,
+    )
+    return run_stages([stage], device_lock)[0]
+
+
+@contextmanager
+def visual_stage(
+    runner: Runner,
+    tokenizer: Any,
+    questions: Sequence[str],
+    image_ids: Sequence[str],
+    features: Callable[[str], np.ndarray],
+    *,
+    limits: BatchLimits,
+    unanswerable_id: int | None,
+    desc: str = "visual QA",
+    progress: bool = False,
+) -> Iterator[Stage]:
+    """Visual-T5's stage: identical (question, image) pairs run once.
 
     Every row has the same fixed 102-position encoder input, so batches are cut by rows only. Batches
     gather their rows from the runner's device-resident features of hot images (an image is uploaded
     once while it stays hot, not once per chunk or per question); a runner without them gets one host
-    table per chunk.
+    table per chunk. The questions are tokenised in a helper thread, and the features gathered once
+    the stream reaches this stage (under the caller's device lock), so both overlap an earlier stage.
     """
     from qace.models.visual_t5 import visual_question_inputs
 
     unique = dedupe(list(zip(questions, image_ids, strict=True)))
     asked = dedupe([q for q, _ in unique.unique])  # a question is asked of several images
-    ids_t, mask_t, cut = visual_question_inputs(tokenizer, asked.unique)
-    input_ids = np.asarray(ids_t, dtype=np.int64)[asked.inverse]
-    mask = np.asarray(mask_t, dtype=np.int64)[asked.inverse]
-    truncated = [cut[i] for i in asked.inverse]
     images = dedupe([image for _, image in unique.unique])
-    width = input_ids.shape[1] + 38
-    with device_lock, _progress(len(unique.unique), desc, progress) as bar:  # the feature slab too
-        make_batch = _visual_batches(runner, features, images, input_ids, mask)
-        planned = plan_batches([width] * len(unique.unique), limits.max_batch_tokens, limits.max_batch_rows)
-        batches = ((index, make_batch(index)) for index in planned)
-        tokens, an = _run_batches(runner, len(unique.unique), batches, unanswerable_id, bar)
-    texts = decode(tokenizer, tokens)
-    return StageOutput(
-        texts=[texts[i] for i in unique.inverse],
-        answerability=None if an is None else an[unique.inverse],
-        truncated=[truncated[i] for i in unique.inverse],
-    )
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="qace-tokenize") as helper,
+        _progress(len(unique.unique), desc, progress) as bar,
+    ):
+        inputs = helper.submit(visual_question_inputs, tokenizer, asked.unique)
+        truncated: list[bool] = []
+
+        def batches() -> Iterator[tuple[np.ndarray, VisualBatch]]:
+            ids_t, mask_t, cut = inputs.result()
+            input_ids = np.asarray(ids_t, dtype=np.int64)[asked.inverse]
+            mask = np.asarray(mask_t, dtype=np.int64)[asked.inverse]
+            truncated.extend(cut[i] for i in asked.inverse)
+            make_batch = _visual_batches(runner, features, images, input_ids, mask)
+            width = input_ids.shape[1] + 38
+            for index in plan_batches(
+                [width] * len(unique.unique), limits.max_batch_tokens, limits.max_batch_rows
+            ):
+                yield index, make_batch(index)
+
+        def finish(tokens: list[list[int]], answerability: np.ndarray | None) -> StageOutput:
+            texts = decode(tokenizer, tokens)
+            return StageOutput(
+                texts=[texts[i] for i in unique.inverse],
+                answerability=None if answerability is None else answerability[unique.inverse],
+                truncated=[truncated[i] for i in unique.inverse],
+            )
+
+        yield Stage(runner, len(unique.unique), batches(), unanswerable_id, bar, finish)
 
 
 def _visual_batches(

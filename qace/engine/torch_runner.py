@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -13,6 +13,8 @@ from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
 from qace.engine.t5_decoder import StaticT5Decoder
 from qace.engine.t5_encoder import T5Encoder
+
+K = TypeVar("K")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -33,7 +35,7 @@ class TorchRunner:
         """Visual-T5 only: region features of hot images, kept on the device across chunks."""
         self.stats = {"sequences": 0, "encoder_tokens": 0, "encoder_seconds": 0.0, "decoder_seconds": 0.0}
         self._side: torch.cuda.Stream | None = None
-        """CUDA only: the stream `generate_all` runs encoders on."""
+        """CUDA only: the stream `generate_jobs` runs this model's encoders on."""
 
     def feature_rows(
         self, image_ids: Sequence[str], load: Callable[[str], np.ndarray]
@@ -70,56 +72,61 @@ class TorchRunner:
         hidden, mask = self.encode(batch)
         return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id)
 
-    def generate_all(
-        self,
-        batches: Iterable[tuple[np.ndarray, TextBatch | VisualBatch]],
-        *,
-        max_new_tokens: int,
-        unanswerable_id: int | None = None,
-    ) -> Iterator[tuple[np.ndarray, Generated]]:
-        """`generate` of every ``(index, batch)``, in order; on CUDA each batch's encoder runs on a
-        side stream while the previous batch decodes.
+    @staticmethod
+    def generate_jobs(
+        jobs: Iterable[tuple[TorchRunner, K, TextBatch | VisualBatch, int | None]], *, max_new_tokens: int
+    ) -> Iterator[tuple[K, Generated]]:
+        """`generate` of every ``(runner, key, batch, unanswerable_id)`` job, in order, yielding ``(key,
+        Generated)``; on CUDA each job's encoder runs on a side stream while the previous job decodes.
 
         A decoding step is a short graph replay followed by a wait for the host to see whether every
         row has ended; between steps, and while the host fetches the next batch, the GPU idled. The
         next batch's encoder (matrix products) now fills those gaps beside the decoder's memory-bound
-        steps. The results are the same: each batch runs the same kernels, in the same order on its
-        own data. Profiling runs (``profile``) keep the stages apart to time them.
+        steps, also when the next batch belongs to another model (the engine streams a call's answers
+        on the caption and on the image as one stream of jobs). The results are the same: each batch
+        runs the same kernels, in the same order on its own data. Profiling runs (``profile``) keep the
+        stages apart to time them.
         """
-        if self.device.type != "cuda" or self.profile:
-            for index, batch in batches:
-                yield (
-                    index,
-                    self.generate(batch, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id),
-                )
+        it = iter(jobs)
+        upcoming = next(it, None)
+        if upcoming is None:
             return
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-        main = torch.cuda.current_stream(self.device)
-        it = iter(batches)
-        upcoming = self._encode_aside(next(it, None), main)
-        while upcoming is not None:
-            index, batch, hidden, mask, ready = upcoming
+        first = upcoming[0]
+        if first.device.type != "cuda" or first.profile:
+            while upcoming is not None:
+                runner, key, batch, unanswerable_id = upcoming
+                yield (
+                    key,
+                    runner.generate(batch, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id),
+                )
+                upcoming = next(it, None)
+            return
+        main = torch.cuda.current_stream(first.device)
+        job: tuple[TorchRunner, K, TextBatch | VisualBatch, int | None] | None = upcoming
+        encoded = first._encode_aside(upcoming[2], main)
+        while job is not None:
+            runner, key, batch, unanswerable_id = job
+            hidden, mask, ready = encoded
             main.wait_event(ready)
-            upcoming = self._encode_aside(next(it, None), main)
-            yield index, self._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id)
+            job = next(it, None)
+            if job is not None:
+                encoded = job[0]._encode_aside(job[2], main)
+            yield key, runner._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id)
 
     def _encode_aside(
-        self, item: tuple[np.ndarray, TextBatch | VisualBatch] | None, main: torch.cuda.Stream
-    ) -> tuple[np.ndarray, TextBatch | VisualBatch, torch.Tensor, torch.Tensor, torch.cuda.Event] | None:
-        """Queue ``item``'s encoder on the side stream, after what ``main`` has queued so far (a visual
-        batch's features are gathered there); its outputs are marked as used on ``main``."""
-        if item is None:
-            return None
-        index, batch = item
-        assert self._side is not None
+        self, batch: TextBatch | VisualBatch, main: torch.cuda.Stream
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+        """Queue ``batch``'s encoder on this runner's side stream, after what ``main`` has queued so far
+        (a visual batch's features are gathered there); its outputs are marked as used on ``main``."""
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
             hidden, mask = self.encode(batch)
             ready = self._side.record_event()
         hidden.record_stream(main)
         mask.record_stream(main)
-        return index, batch, hidden, mask, ready
+        return hidden, mask, ready
 
     def _decode(
         self,

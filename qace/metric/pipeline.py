@@ -15,7 +15,7 @@ import numpy as np
 
 from qace.config import VARIANT_NAMES, QACEConfig
 from qace.data.records import Record
-from qace.engine.engine import NO_LOCK, BatchLimits, generate_text, generate_visual
+from qace.engine.engine import NO_LOCK, BatchLimits, generate_text, run_stages, text_stage, visual_stage
 from qace.engine.profiling import NO_TIMER
 from qace.metric.aggregate import COMPONENTS, caption_scores
 from qace.metric.prompts import clean_question, qg_input, tqa_input
@@ -68,7 +68,6 @@ def score_chunk(
         "max_input_tokens": config.max_input_tokens,
         "limits": limits,
         "progress": progress,
-        "device_lock": models.device_lock,
     }
     work = [
         CaptionWork(r, list(r.references or ()) if config.variant == "ref" else [r.image_id or ""])
@@ -86,6 +85,7 @@ def score_chunk(
             models.qg_tokenizer,
             [qg_input(a, item.record.caption) for item, a in owners],
             desc="questions",
+            device_lock=models.device_lock,
             **text_run,
         )
     for (item, answer), text, cut in zip(owners, qg.texts, qg.truncated, strict=True):
@@ -96,12 +96,13 @@ def score_chunk(
             item.questions.append(question)
             item.sources.append(answer)
 
-    # answers on the caption and on every context, in one text-QA pass
+    # answers on the caption and on every context: one text-QA pass (and, for QACE-Img, the visual
+    # pass, streamed after it as one run, so their batches overlap on the device)
     text_pairs = [(item, q, item.record.caption) for item in work for q in item.questions]
     if config.variant == "ref":
         text_pairs += [(item, q, ctx) for item in work for ctx in item.contexts for q in item.questions]
-    with timer("text_answers"):
-        tqa = generate_text(
+    stages = [
+        text_stage(
             models.tqa,
             models.tqa_tokenizer,
             [tqa_input(q, ctx) for _, q, ctx in text_pairs],
@@ -109,6 +110,23 @@ def score_chunk(
             desc="answers",
             **text_run,
         )
+    ]
+    visual_pairs = [(item, q) for item in work for q in item.questions] if config.variant == "img" else []
+    if config.variant == "img":
+        stages.append(
+            visual_stage(
+                models.vqa,
+                models.vqa_tokenizer,
+                [q for _, q in visual_pairs],
+                [item.record.image_id or "" for item, _ in visual_pairs],
+                features.get,
+                limits=limits,
+                unanswerable_id=models.vqa_unanswerable,
+                progress=progress,
+            )
+        )
+    with timer("answers"):
+        tqa, *visual = run_stages(stages, models.device_lock)
     for t in np.flatnonzero(tqa.truncated).tolist():  # rare: no loop over a chunk's 35,000 pairs
         text_pairs[t][0].flags.add("truncated_input")
     n_self = sum(len(item.questions) for item in work)
@@ -118,19 +136,7 @@ def score_chunk(
         assert tqa.answerability is not None
         ctx_an = tqa.answerability[n_self:]
     else:
-        visual_pairs = [(item, q) for item in work for q in item.questions]
-        with timer("visual_answers"):
-            vqa = generate_visual(
-                models.vqa,
-                models.vqa_tokenizer,
-                [q for _, q in visual_pairs],
-                [item.record.image_id or "" for item, _ in visual_pairs],
-                features.get,
-                limits=limits,
-                unanswerable_id=models.vqa_unanswerable,
-                progress=progress,
-                device_lock=models.device_lock,
-            )
+        (vqa,) = visual
         for t in np.flatnonzero(vqa.truncated).tolist():
             visual_pairs[t][0].flags.add("truncated_question")
         ctx_answers = filter_stopwords_all(vqa.texts)

@@ -17,7 +17,7 @@ def test_tiny_profile_writes_its_report_and_tables(tiny_models: Path, tmp_path: 
     assert report["command"].startswith("python -m benchmarks.profile --tiny")
     stages = report["stages"]
     assert set(stages["stage_ms"]) == {
-        "candidates", "questions", "text_answers", "visual_answers", "token_f1", "bertscore"
+        "candidates", "questions", "answers", "token_f1", "bertscore"
     }  # fmt: skip
     assert all(v >= 0 for v in stages["stage_ms"].values())
     assert sum(stages["stage_ms"].values()) <= stages["wall_ms"]

@@ -41,7 +41,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("role", ["tqa", "vqa"])
-def test_generate_all_equals_one_batch_at_a_time(test_models_dir, device: str, role: str) -> None:
+def test_streamed_jobs_equal_one_batch_at_a_time(test_models_dir, device: str, role: str) -> None:
     """On a GPU each batch's encoder runs on a side stream while the previous batch decodes."""
     if role == "vqa":
         model, tokenizer = load_visual_t5(test_models_dir / "vqa", device=device)
@@ -51,8 +51,26 @@ def test_generate_all_equals_one_batch_at_a_time(test_models_dir, device: str, r
         batches = _text_batches(tokenizer, 4)
     runner = TorchRunner(model, device=device)
     one_by_one = [runner.generate(batch, max_new_tokens=12, unanswerable_id=5) for _, batch in batches]
-    streamed = list(runner.generate_all(iter(batches), max_new_tokens=12, unanswerable_id=5))
+    jobs = ((runner, index, batch, 5) for index, batch in batches)
+    streamed = list(TorchRunner.generate_jobs(jobs, max_new_tokens=12))
     assert [index.tolist() for index, _ in streamed] == [index.tolist() for index, _ in batches]
     for (_, got), want in zip(streamed, one_by_one, strict=True):
+        assert got.tokens == want.tokens
+        np.testing.assert_array_equal(got.answerability, want.answerability)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_jobs_of_two_models_stream_as_one(test_models_dir, device: str) -> None:
+    """Answers on the caption (text QA) and on the image (Visual-T5) run as one stream of jobs: on a GPU
+    the first visual encoder overlaps the last text-QA decode. Each job's outputs are its own."""
+    tqa, tqa_tok = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device=device)
+    vqa, vqa_tok = load_visual_t5(test_models_dir / "vqa", device=device)
+    text, visual = TorchRunner(tqa, device=device), TorchRunner(vqa, device=device)
+    jobs = [(text, ("t", i), b, 5) for i, (_, b) in enumerate(_text_batches(tqa_tok, 2))]
+    jobs += [(visual, ("v", i), b, 7) for i, (_, b) in enumerate(_visual_batches(vqa_tok, device, 2))]
+    streamed = list(TorchRunner.generate_jobs(iter(jobs), max_new_tokens=12))
+    assert [key for key, _ in streamed] == [key for _, key, _, _ in jobs]
+    for (_, got), (runner, _, batch, uid) in zip(streamed, jobs, strict=True):
+        want = runner.generate(batch, max_new_tokens=12, unanswerable_id=uid)
         assert got.tokens == want.tokens
         np.testing.assert_array_equal(got.answerability, want.answerability)
