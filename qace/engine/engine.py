@@ -127,32 +127,6 @@ def _progress(total: int, desc: str, progress: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="seq", disable=not progress or total < 2, leave=False)
 
 
-def generate_text(
-    runner: Runner,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    *,
-    max_input_tokens: int,
-    limits: BatchLimits,
-    unanswerable_id: int | None = None,
-    desc: str = "generate",
-    progress: bool = False,
-    device_lock: AbstractContextManager[Any] = NO_LOCK,
-) -> StageOutput:
-    """Greedy outputs of a text model for every prompt; identical prompts run once (`text_stage`)."""
-    stage = text_stage(
-        runner,
-        tokenizer,
-        prompts,
-        max_input_tokens=max_input_tokens,
-        limits=limits,
-        unanswerable_id=unanswerable_id,
-        desc=desc,
-        progress=progress,
-    )
-    return run_stages([stage], device_lock)[0]
-
-
 @contextmanager
 def text_stage(
     runner: Runner,
@@ -165,7 +139,8 @@ def text_stage(
     desc: str = "generate",
     progress: bool = False,
 ) -> Iterator[Stage]:
-    """A text model's stage: identical prompts run once.
+    """A text model's greedy outputs for every prompt, as a stage for `run_stages`: identical prompts
+    run once.
 
     Prompts are tokenised, planned into batches and padded a slice at a time (`_slice_bounds`: half a
     batch, then doubling up to four batches), the next slice in a helper thread while this one's
@@ -232,34 +207,6 @@ def _slice_bounds(n: int, rows: int) -> list[int]:
     return bounds
 
 
-def generate_visual(
-    runner: Runner,
-    tokenizer: Any,
-    questions: Sequence[str],
-    image_ids: Sequence[str],
-    features: Callable[[str], np.ndarray],
-    *,
-    limits: BatchLimits,
-    unanswerable_id: int | None,
-    desc: str = "visual QA",
-    progress: bool = False,
-    device_lock: AbstractContextManager[Any] = NO_LOCK,
-) -> StageOutput:
-    """Visual-T5 answers for (question, image) pairs; identical pairs run once (`visual_stage`)."""
-    stage = visual_stage(
-        runner,
-        tokenizer,
-        questions,
-        image_ids,
-        features,
-        limits=limits,
-        unanswerable_id=unanswerable_id,
-        desc=desc,
-        progress=progress,
-    )
-    return run_stages([stage], device_lock)[0]
-
-
 @contextmanager
 def visual_stage(
     runner: Runner,
@@ -273,7 +220,8 @@ def visual_stage(
     desc: str = "visual QA",
     progress: bool = False,
 ) -> Iterator[Stage]:
-    """Visual-T5's stage: identical (question, image) pairs run once.
+    """Visual-T5's answers for (question, image) pairs, as a stage for `run_stages`: identical pairs
+    run once.
 
     Every row has the same fixed 102-position encoder input, so batches are cut by rows only. Batches
     gather their rows from the runner's device-resident features of hot images (an image is uploaded

@@ -15,7 +15,7 @@ import numpy as np
 
 from qace.config import VARIANT_NAMES, QACEConfig
 from qace.data.records import Record
-from qace.engine.engine import NO_LOCK, BatchLimits, generate_text, run_stages, text_stage, visual_stage
+from qace.engine.engine import NO_LOCK, BatchLimits, run_stages, text_stage, visual_stage
 from qace.engine.profiling import NO_TIMER
 from qace.metric.aggregate import COMPONENTS, caption_scores
 from qace.metric.prompts import clean_question, qg_input, tqa_input
@@ -80,13 +80,17 @@ def score_chunk(
     # questions (first (question, answer) pair of each question wins)
     owners = [(item, a) for item in work for a in item.candidates]
     with timer("questions"):
-        qg = generate_text(
-            models.qg,
-            models.qg_tokenizer,
-            [qg_input(a, item.record.caption) for item, a in owners],
-            desc="questions",
-            device_lock=models.device_lock,
-            **text_run,
+        (qg,) = run_stages(
+            [
+                text_stage(
+                    models.qg,
+                    models.qg_tokenizer,
+                    [qg_input(a, item.record.caption) for item, a in owners],
+                    desc="questions",
+                    **text_run,
+                )
+            ],
+            models.device_lock,
         )
     for (item, answer), text, cut in zip(owners, qg.texts, qg.truncated, strict=True):
         question = clean_question(text)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qace.engine.batches import Generated, TextBatch
-from qace.engine.engine import BatchLimits, generate_text
+from qace.engine.engine import BatchLimits, run_stages, text_stage
 from qace.models.loading import load_seq2seq
 
 
@@ -44,7 +44,8 @@ def test_slices_give_the_same_outputs_in_input_order(tokenizer, rows) -> None:
     prompts = _prompts()
     runner = EchoRunner()
     limits = BatchLimits(max_batch_tokens=64, max_batch_rows=rows)
-    out = generate_text(runner, tokenizer, prompts, max_input_tokens=512, limits=limits, unanswerable_id=5)
+    stage = text_stage(runner, tokenizer, prompts, max_input_tokens=512, limits=limits, unanswerable_id=5)
+    (out,) = run_stages([stage])
     ids = tokenizer(prompts)["input_ids"]
     assert out.texts == [
         t.strip() for t in tokenizer.batch_decode([x[:3] for x in ids], skip_special_tokens=True)
@@ -77,7 +78,7 @@ def test_next_slice_is_tokenised_while_this_one_runs(tokenizer, monkeypatch) -> 
     monkeypatch.setattr(engine, "encode_texts", recording_encode)
     limits = BatchLimits(max_batch_tokens=10_000, max_batch_rows=2)  # slices of 1, 2, 4, 8, 8, 1 prompts
     runner = WaitingRunner()
-    generate_text(runner, tokenizer, _prompts()[:24], max_input_tokens=512, limits=limits)
+    run_stages([text_stage(runner, tokenizer, _prompts()[:24], max_input_tokens=512, limits=limits)])
     assert len(threads) == 6 and all(name.startswith("qace-tokenize") for name in threads)
     assert sum(len(m) for m in runner.batches) == 24
 
