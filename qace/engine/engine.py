@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from qace.engine.batches import Generated, TextBatch, VisualBatch
+from qace.engine.prompt_ids import PromptIds, prompt_ids
 from qace.engine.scheduler import Deduped, dedupe, pad_batch, plan_batches
-from qace.engine.tokenize import decode, encode_texts
+from qace.engine.tokenize import cut_to, decode
 from qace.metric.prompts import MAX_NEW_TOKENS
 
 
@@ -112,11 +112,12 @@ def run_stages(
 
 
 def _text_batches(
-    tokenizer: Any, texts: list[str], max_input_tokens: int, limits: BatchLimits
+    encode: PromptIds, rows: list[tuple[str, ...]], max_input_tokens: int, limits: BatchLimits
 ) -> tuple[list[tuple[np.ndarray, TextBatch]], list[bool]]:
     """A slice of prompts tokenised, planned into batches and padded (in the helper thread), and which
     prompts were cut."""
-    ids, cut = encode_texts(tokenizer, texts, max_input_tokens)
+    tokenizer = encode.tokenizer
+    ids, cut = cut_to(encode(rows), max_input_tokens, tokenizer.eos_token_id)
     planned = plan_batches([len(x) for x in ids], limits.max_batch_tokens, limits.max_batch_rows)
     pad = tokenizer.pad_token_id
     return [(index, TextBatch(*pad_batch([ids[i] for i in index], pad))) for index in planned], cut
@@ -131,7 +132,8 @@ def _progress(total: int, desc: str, progress: bool) -> Any:
 def text_stage(
     runner: Runner,
     tokenizer: Any,
-    prompts: Sequence[str],
+    template: str,
+    rows: Sequence[tuple[str, ...]],
     *,
     max_input_tokens: int,
     limits: BatchLimits,
@@ -139,8 +141,9 @@ def text_stage(
     desc: str = "generate",
     progress: bool = False,
 ) -> Iterator[Stage]:
-    """A text model's greedy outputs for every prompt, as a stage for `run_stages`: identical prompts
-    run once.
+    """A text model's greedy outputs for the prompts ``template.format(*row)`` of ``rows``, as a stage
+    for `run_stages`: identical prompts run once, and the prompts' ids are composed from their parts'
+    (`qace.engine.prompt_ids`).
 
     Prompts are tokenised, planned into batches and padded a slice at a time (`_slice_bounds`: half a
     batch, then doubling up to four batches), the next slice in a helper thread while this one's
@@ -149,10 +152,13 @@ def text_stage(
     pad. Slices follow the prompts' text length, and batches are planned within a slice. The batches
     of all slices form one stream, so a runner that overlaps batches (`Runner`) does so across slices.
     """
-    unique = dedupe(list(prompts))
+    encode = prompt_ids(tokenizer, template)
+    unique = dedupe(list(rows))
     # longest text first, so each slice holds prompts of similar token length and its batches pad as
     # little as batches planned over the whole stage would
-    lengths = np.fromiter(map(len, unique.unique), dtype=np.int64, count=len(unique.unique))
+    lengths = np.fromiter(
+        (sum(map(len, row)) for row in unique.unique), dtype=np.int64, count=len(unique.unique)
+    )
     order = np.argsort(-lengths, kind="stable")
     by_length = [unique.unique[i] for i in order.tolist()]
     bounds = _slice_bounds(len(by_length), limits.max_batch_rows)
@@ -163,7 +169,7 @@ def text_stage(
     ):
 
         def prepare(lo: int, hi: int) -> tuple[list[tuple[np.ndarray, TextBatch]], list[bool]]:
-            return _text_batches(tokenizer, by_length[lo:hi], max_input_tokens, limits)
+            return _text_batches(encode, by_length[lo:hi], max_input_tokens, limits)
 
         spans = list(itertools.pairwise(bounds))
         first = helper.submit(prepare, *spans[0]) if spans else None
@@ -238,7 +244,7 @@ def visual_stage(
         ThreadPoolExecutor(1, thread_name_prefix="qace-tokenize") as helper,
         _progress(len(unique.unique), desc, progress) as bar,
     ):
-        inputs = helper.submit(visual_question_inputs, tokenizer, asked.unique)
+        inputs = helper.submit(visual_question_inputs, tokenizer, asked.unique, compose=True)
         truncated: list[bool] = []
 
         def batches() -> Iterator[tuple[np.ndarray, VisualBatch]]:

@@ -33,12 +33,15 @@ def encode_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> tuple
     T5 has relative positions, so nothing forces a cut; the cap bounds memory for pathological inputs and
     is part of the score signature.
     """
-    encoded = token_ids(tokenizer, texts)
-    eos = tokenizer.eos_token_id
+    return cut_to(token_ids(tokenizer, texts), max_tokens, tokenizer.eos_token_id)
+
+
+def cut_to(encoded: list[list[int]], max_tokens: int, eos: int) -> tuple[list[list[int]], list[bool]]:
+    """Ids (ending in EOS) cut to ``max_tokens`` keeping EOS last, as `encode_texts`; and which were cut."""
     out, truncated = [], []
     for ids in encoded:
         cut = len(ids) > max_tokens
-        out.append([*ids[: max_tokens - 1], eos] if cut else list(ids))
+        out.append([*ids[: max_tokens - 1], eos] if cut else ids)
         truncated.append(cut)
     return out, truncated
 

@@ -18,7 +18,7 @@ from qace.data.records import Record
 from qace.engine.engine import NO_LOCK, BatchLimits, run_stages, text_stage, visual_stage
 from qace.engine.profiling import NO_TIMER
 from qace.metric.aggregate import COMPONENTS, caption_scores
-from qace.metric.prompts import clean_question, qg_input, tqa_input
+from qace.metric.prompts import QG_TEMPLATE, TQA_TEMPLATE, clean_question
 from qace.metric.text import filter_stopwords_all
 
 
@@ -85,7 +85,8 @@ def score_chunk(
                 text_stage(
                     models.qg,
                     models.qg_tokenizer,
-                    [qg_input(a, item.record.caption) for item, a in owners],
+                    QG_TEMPLATE,
+                    [(a, item.record.caption) for item, a in owners],
                     desc="questions",
                     **text_run,
                 )
@@ -109,7 +110,8 @@ def score_chunk(
         text_stage(
             models.tqa,
             models.tqa_tokenizer,
-            [tqa_input(q, ctx) for _, q, ctx in text_pairs],
+            TQA_TEMPLATE,
+            [(q, ctx) for _, q, ctx in text_pairs],
             unanswerable_id=models.tqa_unanswerable,
             desc="answers",
             **text_run,

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
 
+from qace.engine.prompt_ids import prompt_ids
 from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
 from qace.errors import FeatureError, InputError
@@ -117,22 +118,28 @@ def _check_shapes(input_ids: torch.Tensor, attention_mask: torch.Tensor, feature
 
 
 def visual_question_inputs(
-    tokenizer: object, questions: Sequence[str]
+    tokenizer: object, questions: Sequence[str], *, compose: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
     """Tokenize ``"visual answer: " + q`` without EOS into 64 right-padded slots (release layout).
 
     Returns ``(input_ids, attention_mask, truncated)``; both tensors are (B, 64) int64. Questions
     longer than 64 tokens are cut to 64 and flagged, where the release crashed (spec, ours).
+    ``compose=True`` (the engine) gives the same ids, each question's reused across calls
+    (`qace.engine.prompt_ids`); the reference implementation tokenises each prompt whole.
     """
     if isinstance(questions, str):
         raise InputError("visual_question_inputs expects a sequence of questions, not a single string")
-    encoded = token_ids(tokenizer, [VISUAL_QUESTION_PREFIX + q for q in questions], special_tokens=False)
+    if compose:
+        encode = prompt_ids(tokenizer, VISUAL_QUESTION_PREFIX + "{question}", special_tokens=False)
+        encoded = encode([(q,) for q in questions])
+    else:
+        encoded = token_ids(tokenizer, [VISUAL_QUESTION_PREFIX + q for q in questions], special_tokens=False)
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     cut = lengths > QUESTION_SLOTS
     for row in np.flatnonzero(cut):
         logger.warning("visual question %d truncated to %d tokens", row, QUESTION_SLOTS)
     # one scatter for the whole batch (a Visual-T5 chunk asks thousands of questions), widened to the slots
-    ids, mask = pad_batch([x[:QUESTION_SLOTS] for x in encoded], PAD_ID)
+    ids, mask = pad_batch([x[:QUESTION_SLOTS] for x in encoded] if cut.any() else encoded, PAD_ID)
     wider = ((0, 0), (0, QUESTION_SLOTS - ids.shape[1]))
     ids, mask = np.pad(ids, wider, constant_values=PAD_ID), np.pad(mask, wider)
     return torch.from_numpy(ids), torch.from_numpy(mask), cut.tolist()

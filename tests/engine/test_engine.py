@@ -44,7 +44,15 @@ def test_slices_give_the_same_outputs_in_input_order(tokenizer, rows) -> None:
     prompts = _prompts()
     runner = EchoRunner()
     limits = BatchLimits(max_batch_tokens=64, max_batch_rows=rows)
-    stage = text_stage(runner, tokenizer, prompts, max_input_tokens=512, limits=limits, unanswerable_id=5)
+    stage = text_stage(
+        runner,
+        tokenizer,
+        "{}",
+        [(p,) for p in prompts],
+        max_input_tokens=512,
+        limits=limits,
+        unanswerable_id=5,
+    )
     (out,) = run_stages([stage])
     ids = tokenizer(prompts)["input_ids"]
     assert out.texts == [
@@ -59,15 +67,15 @@ def test_next_slice_is_tokenised_while_this_one_runs(tokenizer, monkeypatch) -> 
     """Slice 1's first batch cannot finish unless slice 2 is being tokenised meanwhile, in the helper."""
     import qace.engine.engine as engine
 
-    real = engine.encode_texts
+    real = engine._text_batches
     threads: list[str] = []
     second = threading.Event()
 
-    def recording_encode(tok, texts, max_tokens):
+    def recording_encode(encode, rows, max_tokens, limits):
         threads.append(threading.current_thread().name)
         if len(threads) == 2:
             second.set()
-        return real(tok, texts, max_tokens)
+        return real(encode, rows, max_tokens, limits)
 
     class WaitingRunner(EchoRunner):
         def generate(self, batch, **kwargs):
@@ -75,10 +83,11 @@ def test_next_slice_is_tokenised_while_this_one_runs(tokenizer, monkeypatch) -> 
                 assert second.wait(30), "slice 2 was not tokenised while slice 1 ran"
             return super().generate(batch, **kwargs)
 
-    monkeypatch.setattr(engine, "encode_texts", recording_encode)
+    monkeypatch.setattr(engine, "_text_batches", recording_encode)
     limits = BatchLimits(max_batch_tokens=10_000, max_batch_rows=2)  # slices of 1, 2, 4, 8, 8, 1 prompts
     runner = WaitingRunner()
-    run_stages([text_stage(runner, tokenizer, _prompts()[:24], max_input_tokens=512, limits=limits)])
+    rows = [(p,) for p in _prompts()[:24]]
+    run_stages([text_stage(runner, tokenizer, "{}", rows, max_input_tokens=512, limits=limits)])
     assert len(threads) == 6 and all(name.startswith("qace-tokenize") for name in threads)
     assert sum(len(m) for m in runner.batches) == 24
 

@@ -1,0 +1,249 @@
+"""Token ids of templated prompts, composed from the ids of their parts.
+
+A chunk's prompts repeat their parts: each caption is the context of 3-4 question prompts and of as
+many text-QA prompts, each question is asked on the caption and on every reference (and the image).
+Tokenising every prompt whole runs the tokenizer's model over the same words again and again; on an
+H100 host the engine's device waited 30 ms of a 256-caption reward call for it. With a tokenizer that
+splits its input at spaces and treats each piece alone (T5's sentencepiece pipeline, WordPiece), the
+ids of ``"answer: {answer}  context: {context} </s>"`` are the template's own pieces' ids around the
+ids of each part tokenised alone, so each distinct part is tokenised once and its ids reused.
+
+That holds only under conditions checked here, never assumed:
+
+- the tokenizer's pipeline (`composable`): a normalizer that works character by character (or none),
+  a pre-tokenizer that splits at whitespace, no truncation or padding;
+- each part (`_plain`): printable ASCII with no whitespace at either end, no added token inside, and
+  left as it is by the normalizer, so nothing can merge across the spaces around it;
+- the template (`PromptIds.__init__`): probe prompts composed equal the same prompts tokenised whole.
+
+Anything else (a part with an accent, say) is tokenised whole, exactly as before, so the ids are always
+those of ``tokenizer(prompt)``; `tests/engine/test_prompt_ids.py` checks both paths on a T5-style
+sentencepiece tokenizer and on the test models' tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import string
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from qace.engine.tokenize import token_ids
+
+log = logging.getLogger(__name__)
+
+CACHE_PARTS = 200_000
+"""Parts whose ids are kept per (tokenizer, template); the cache starts over when full (a chunk of
+QACE-Ref holds about 40,000 distinct parts)."""
+
+_LOCAL_NORMALIZERS = {
+    "Precompiled",
+    "NFC",
+    "NFD",
+    "NFKC",
+    "NFKD",
+    "Lowercase",
+    "StripAccents",
+    "BertNormalizer",
+    "Strip",
+}
+"""Normalizers that map characters one by one (sentencepiece's precompiled charsmap, Unicode forms,
+case) or trim a text's ends, so a part left unchanged alone is left unchanged inside a prompt."""
+
+_WHITESPACE_SPLITTERS = {"WhitespaceSplit", "Whitespace", "BertPreTokenizer", "Metaspace"}
+"""Pre-tokenizers that cut at whitespace, so no piece spans the space around a part."""
+
+_SPACES_ONLY = re.compile(r"[ {}0-9,+*]+")
+"""A `Replace` pattern made of spaces and repetition only (T5's ``" {2,}"``)."""
+
+_PROBES = [
+    ("a dog", "A dog runs on the grass ."),
+    ("two men", "Two men, one woman and 3 kids (at 12:30) play ball!"),
+    ("What is the girl wearing?", "x"),
+    ("the-red_ball's", "a b c d e f"),
+]
+"""Parts the template check composes; the first field takes the first part, later fields the second."""
+
+
+def _components(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    """A normalizer's or pre-tokenizer's members (one, or those of a ``Sequence``)."""
+    if spec is None:
+        return []
+    return spec.get(key, []) if spec["type"] == "Sequence" else [spec]
+
+
+def composable(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s pipeline lets a prompt's ids be composed from its parts' ids."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return False
+    spec = json.loads(backend.to_str())
+    normalizers = _components(spec.get("normalizer"), "normalizers")
+    for member in normalizers:
+        if member["type"] == "Replace":
+            pattern = member["pattern"].get("Regex", member["pattern"].get("String", ""))
+            if not _SPACES_ONLY.fullmatch(pattern):
+                return False
+        elif member["type"] not in _LOCAL_NORMALIZERS:
+            return False
+    splitters = _components(spec.get("pre_tokenizer"), "pretokenizers")
+    if not splitters or splitters[0]["type"] not in _WHITESPACE_SPLITTERS:
+        return False
+    return all(m["type"] in _WHITESPACE_SPLITTERS for m in splitters)
+
+
+class PromptIds:
+    """Token ids of prompts from one template, e.g. ``"answer: {answer}  context: {context} </s>"``,
+    given the values of its fields in order; equal to ``token_ids(tokenizer, [template.format(...)])``.
+    """
+
+    def __init__(self, tokenizer: Any, template: str, *, special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.special_tokens = special_tokens
+        pieces = list(string.Formatter().parse(template))
+        self.literals = [text for text, _, _, _ in pieces]
+        self.fields = sum(field is not None for _, field, _, _ in pieces)
+        if len(self.literals) == self.fields:
+            self.literals.append("")
+        self.template = "{}".join(self.literals)
+        self._parts: dict[str, list[int] | None] = {}
+        self._lock = threading.Lock()
+        self._glue: list[list[int]] = []
+        self._normalize: Any = None
+        self._added: re.Pattern[str] | None = None
+        self.composed = False
+        self.composed = self._check_template()
+
+    def format(self, values: Sequence[str]) -> str:
+        """The prompt text of one row of field values."""
+        return self.template.format(*values)
+
+    def __call__(self, rows: Sequence[Sequence[str]]) -> list[list[int]]:
+        """Token ids of every row's prompt."""
+        if not self.composed:
+            return self._whole(rows)
+        parts = self._parts
+        new = {value for row in rows for value in row if value not in parts}
+        if new:
+            self._learn(sorted(new))
+        out: list[list[int]] = []
+        whole: list[int] = []
+        glue = self._glue
+        for at, row in enumerate(rows):
+            ids = list(glue[0])
+            for value, after in zip(row, glue[1:], strict=True):
+                part = parts.get(value)
+                if part is None:
+                    whole.append(at)
+                    break
+                ids += part
+                ids += after
+            out.append(ids)
+        if whole:
+            for at, ids in zip(whole, self._whole([rows[i] for i in whole]), strict=True):
+                out[at] = ids
+        return out
+
+    def _whole(self, rows: Sequence[Sequence[str]]) -> list[list[int]]:
+        return token_ids(self.tokenizer, [self.format(r) for r in rows], special_tokens=self.special_tokens)
+
+    def _plain(self, value: str) -> bool:
+        """Whether ``value`` can be tokenised alone (module docstring); others go whole."""
+        return (
+            value.isascii()
+            and value.isprintable()
+            and value != ""
+            and value == value.strip()
+            and not (self._added is not None and self._added.search(value))
+            and (self._normalize is None or self._normalize(value) == value)
+        )
+
+    def _learn(self, values: list[str]) -> None:
+        """Tokenise new parts (those that may be composed) in one batch; the rest are marked whole."""
+        plain = [v for v in values if self._plain(v)]
+        ids = token_ids(self.tokenizer, plain, special_tokens=False)
+        with self._lock:
+            if len(self._parts) + len(values) > CACHE_PARTS:
+                self._parts.clear()
+            self._parts.update(dict.fromkeys(values))
+            self._parts.update(zip(plain, ids, strict=True))
+
+    def _check_template(self) -> bool:
+        """Set up the template's own ids and check composition on probe prompts (module docstring)."""
+        if self.fields == 0 or not composable(self.tokenizer):
+            return False
+        backend = self.tokenizer.backend_tokenizer
+        self._normalize = backend.normalizer.normalize_str if backend.normalizer is not None else None
+        added = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content]
+        self._added = re.compile("|".join(map(re.escape, added))) if added else None
+        inner = self.literals[1:-1]
+        if any(not s.startswith(" ") or not s.endswith(" ") for s in inner) or not (
+            (self.literals[0] == "" or self.literals[0].endswith(" "))
+            and (self.literals[-1] == "" or self.literals[-1].startswith(" "))
+        ):
+            return False  # a field must sit between spaces (or at either end)
+        glue = self._literal_ids()
+        if glue is None:
+            return False
+        start, end = _special_ends(self.tokenizer) if self.special_tokens else ([], [])
+        self._glue = [start + glue[0], *glue[1:-1], glue[-1] + end]
+        probes = [[a] + [b] * (self.fields - 1) for a, b in _PROBES]
+        self.composed = True
+        composed = self(probes)
+        whole = self._whole(probes)
+        self._parts.clear()
+        if composed != whole:
+            log.info("prompt ids of %r are tokenised whole: composing them differs", self.template)
+            return False
+        return True
+
+    def _literal_ids(self) -> list[list[int]] | None:
+        """The ids of each of the template's own pieces as they come out between fields: tokenised with
+        an anchor part on each side that has a field, whose ids are then taken off again (a piece ending
+        before ``</s>`` can give a lone ``"▁"`` token in some T5 tokenizers, as in the prompt)."""
+        anchor = _PROBES[0][0]
+        (anchor_ids,) = token_ids(self.tokenizer, [anchor], special_tokens=False)
+        last = len(self.literals) - 1
+        texts = [
+            (anchor if i > 0 else "") + text + (anchor if i < last else "")
+            for i, text in enumerate(self.literals)
+        ]
+        pieces = []
+        for i, ids in enumerate(token_ids(self.tokenizer, texts, special_tokens=False)):
+            head, tail = (len(anchor_ids) if i > 0 else 0), (len(anchor_ids) if i < last else 0)
+            if (
+                len(ids) < head + tail
+                or ids[:head] != anchor_ids[:head]
+                or ids[len(ids) - tail :] != anchor_ids[:tail]
+            ):
+                return None
+            pieces.append(ids[head : len(ids) - tail])
+        return pieces
+
+
+def _special_ends(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after a text's own (T5: nothing, then EOS)."""
+    bare = token_ids(tokenizer, ["x"], special_tokens=False)[0]
+    full = token_ids(tokenizer, ["x"])[0]
+    for at in range(len(full) - len(bare) + 1):
+        if full[at : at + len(bare)] == bare:
+            return full[:at], full[at + len(bare) :]
+    raise ValueError("the tokenizer's special tokens do not wrap the text's own ids")
+
+
+_ENCODERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], PromptIds]] = weakref.WeakKeyDictionary()
+_ENCODERS_LOCK = threading.Lock()
+
+
+def prompt_ids(tokenizer: Any, template: str, *, special_tokens: bool = True) -> PromptIds:
+    """The `PromptIds` of ``(tokenizer, template)``, made once, so parts' ids are reused across calls."""
+    with _ENCODERS_LOCK:
+        per_tokenizer = _ENCODERS.setdefault(tokenizer, {})
+        key = (template, special_tokens)
+        if key not in per_tokenizer:
+            per_tokenizer[key] = PromptIds(tokenizer, template, special_tokens=special_tokens)
+        return per_tokenizer[key]
