@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from qace.engine.uploads import to_device
+
 NUM_REGIONS, REGION_DIM = 36, 2054
 
 
@@ -45,11 +47,11 @@ class DeviceFeatureCache:
         if missing:
             free = self._free_slots(len(missing))
             host = np.stack([load(image_id) for image_id in missing]).astype(np.float32, copy=False)
-            index = torch.tensor(free, device=self.device)
-            self._slab.index_copy_(0, index, torch.from_numpy(host).to(self.device, self.dtype))
+            index = to_device(np.asarray(free, dtype=np.int64), self.device)
+            self._slab.index_copy_(0, index, to_device(host, self.device).to(self.dtype))
             self._slots.update(zip(missing, free, strict=True))
             self.uploads += len(missing)
-        slots = torch.tensor([self._slots[image_id] for image_id in image_ids], device=self.device)
+        slots = to_device(np.array([self._slots[i] for i in image_ids], dtype=np.int64), self.device)
         return self._slab, slots
 
     def _free_slots(self, needed: int) -> list[int]:

@@ -20,6 +20,7 @@ from qace.engine.batches import Generated, TextBatch, VisualBatch
 from qace.engine.prompt_ids import PromptIds, prompt_ids
 from qace.engine.scheduler import Deduped, dedupe, pad_batch, plan_batches
 from qace.engine.tokenize import cut_to, decode
+from qace.engine.uploads import to_device
 from qace.metric.prompts import MAX_NEW_TOKENS
 
 
@@ -282,10 +283,10 @@ def _visual_batches(
     resident = getattr(runner, "feature_rows", lambda *_: None)(images.unique, features)
     if resident is not None:
         slab, slots = resident
-        row_of = slots[torch.as_tensor(images.inverse, device=slots.device)]
+        row_of = slots[to_device(images.inverse, slots.device)]
 
         def on_device(index: np.ndarray) -> VisualBatch:
-            rows = row_of[torch.as_tensor(index, device=row_of.device)]
+            rows = row_of[to_device(index, row_of.device)]
             return VisualBatch(input_ids[index], mask[index], slab[rows])
 
         return on_device

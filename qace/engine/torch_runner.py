@@ -13,6 +13,7 @@ from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
 from qace.engine.t5_decoder import StaticT5Decoder
 from qace.engine.t5_encoder import T5Encoder
+from qace.engine.uploads import to_device
 
 K = TypeVar("K")
 
@@ -140,7 +141,7 @@ class TorchRunner:
         encoded = self._clock()
         forced = None
         if self.force is not None:
-            forced = torch.as_tensor(self.force(batch, max_new_tokens), device=self.device)
+            forced = to_device(np.asarray(self.force(batch, max_new_tokens), dtype=np.int64), self.device)
         tokens, answerability = self.decoder.generate(
             hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
         )

@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
+from qace.engine.uploads import to_device
 from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
@@ -253,15 +254,14 @@ class BertScoreMatcher:
         for lo in range(0, len(order), self.batch_size):
             batch = order[lo : lo + self.batch_size]
             input_ids, mask = pad_batch([ids[k] for k in batch], self._pad_id)
-            mask_t = torch.from_numpy(mask).to(self.device)
-            hidden = self._hidden(torch.from_numpy(input_ids).to(self.device), mask_t).float()
+            hidden = self._hidden(to_device(input_ids, self.device), to_device(mask, self.device)).float()
             hidden = hidden / hidden.norm(dim=-1, keepdim=True)
             # token j of sentence k goes to offsets[k] + j; row-major mask order lists exactly those tokens
             # (positions found on the host: a boolean index on the device would wait for the GPU)
             sizes = lengths[batch]
             dest = np.repeat(offsets[batch] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
-            real = torch.from_numpy(np.flatnonzero(mask)).to(self.device)
-            flat[torch.from_numpy(dest).to(self.device)] = hidden.flatten(0, 1)[real]
+            real = to_device(np.flatnonzero(mask), self.device)
+            flat[to_device(dest, self.device)] = hidden.flatten(0, 1)[real]
         return flat, weight, offsets
 
     def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
