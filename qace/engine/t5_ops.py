@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from qace.engine import fp16_guard
+
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -31,9 +33,12 @@ def rms_norm(x: torch.Tensor, norm: Any, fused: bool) -> torch.Tensor:
 
 
 def clamp_fp16(h: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's T5 guard against fp16 overflow after each residual (a no-op in other dtypes)."""
+    """Hugging Face's T5 guard against fp16 overflow after each residual (a no-op in other dtypes); on a
+    GPU two fused kernels that clamp in place (`qace.engine.fp16_guard`), elsewhere the formula."""
     if h.dtype != torch.float16:
         return h
+    if fp16_guard.fused_available(h):
+        return fp16_guard.clamp_fp16_(h)
     top = torch.finfo(h.dtype).max
     limit = torch.where(torch.isinf(h).any(), top - 1000, top)
     return torch.clamp(h, -limit, limit)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from qace.engine.t5_ops import FeedForward, add_linear_, rms_norm
+from qace.engine import fp16_guard
+from qace.engine.t5_ops import FeedForward, add_linear_, clamp_fp16, rms_norm
 
 
 def _block(gated: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -38,3 +39,36 @@ def test_feed_forward_adds_what_the_module_adds(gated: bool) -> None:
         want = h + ff(rms_norm(h, norm, fused=True))
         got = block.add_(h.clone())
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _formula(h: torch.Tensor) -> torch.Tensor:
+    """Hugging Face T5's fp16 guard, written out as in ``T5LayerFF.forward``."""
+    top = torch.finfo(torch.float16).max
+    limit = torch.where(torch.isinf(h).any(), top - 1000, top)
+    return torch.clamp(h, min=-limit, max=limit)
+
+
+def _activations(device: str, case: str) -> torch.Tensor:
+    h = torch.randn(3, 1000, 768, generator=torch.Generator().manual_seed(0)).mul_(20_000)
+    h = h.clamp_(-65_000, 65_000).half()
+    h[0, 0, :4] = torch.tensor([65_504.0, -65_504.0, 64_600.0, float("nan")], dtype=torch.float16)
+    if case == "inf":
+        h[2, 999, 767], h[1, 5, 0] = float("inf"), float("-inf")
+    return h.to(device)
+
+
+@pytest.mark.parametrize("case", ["finite", "inf"])
+def test_clamp_fp16_is_the_formula(case: str) -> None:
+    """On the CPU the formula itself; on a GPU the fused kernels, bit for bit (NaN kept, in place)."""
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        h = _activations(device, case)
+        before = h.clone()
+        want = _formula(before)
+        got = clamp_fp16(h)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), device
+        changed = not torch.equal(got.nan_to_num(), before.nan_to_num())
+        assert changed == (case == "inf") and got.nan_to_num().abs().max().item() <= 65_504
+        if device == "cuda":
+            assert fp16_guard.fused_available(h) and got.data_ptr() == h.data_ptr()
