@@ -102,7 +102,7 @@ class PromptIds:
     """
 
     def __init__(self, tokenizer: Any, template: str, *, special_tokens: bool = True) -> None:
-        self.tokenizer = tokenizer
+        self._tokenizer = weakref.ref(tokenizer)  # `prompt_ids` keeps encoders per tokenizer, weakly
         self.special_tokens = special_tokens
         pieces = list(string.Formatter().parse(template))
         self.literals = [text for text, _, _, _ in pieces]
@@ -117,6 +117,14 @@ class PromptIds:
         self._added: re.Pattern[str] | None = None
         self.composed = False
         self.composed = self._check_template()
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer these ids come from (held by its models, not by this object)."""
+        tokenizer = self._tokenizer()
+        if tokenizer is None:
+            raise ReferenceError("the tokenizer of these prompt ids was garbage-collected")
+        return tokenizer
 
     def format(self, values: Sequence[str]) -> str:
         """The prompt text of one row of field values."""

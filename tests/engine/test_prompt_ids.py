@@ -177,3 +177,14 @@ def test_one_encoder_per_tokenizer_and_template(test_models_dir) -> None:
     assert prompt_ids(tokenizer, QG_TEMPLATE) is prompt_ids(tokenizer, QG_TEMPLATE)
     assert prompt_ids(tokenizer, QG_TEMPLATE) is not prompt_ids(tokenizer, TQA_TEMPLATE)
     assert prompt_ids(tokenizer, QG_TEMPLATE) is not prompt_ids(tokenizer, QG_TEMPLATE, special_tokens=False)
+
+
+def test_encoders_do_not_keep_their_tokenizer_alive(test_models_dir) -> None:
+    import gc
+
+    tokenizer = AutoTokenizer.from_pretrained(test_models_dir / "tqa")
+    assert prompt_ids(tokenizer, QG_TEMPLATE)([("a dog", "a dog runs")])
+    before = len(pid._ENCODERS)
+    del tokenizer
+    gc.collect()
+    assert len(pid._ENCODERS) == before - 1
