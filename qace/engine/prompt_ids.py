@@ -115,7 +115,6 @@ class PromptIds:
         self._glue: list[list[int]] = []
         self._normalize: Any = None
         self._added: re.Pattern[str] | None = None
-        self.composed = False
         self.composed = self._check_template()
 
     @property
@@ -132,8 +131,11 @@ class PromptIds:
 
     def __call__(self, rows: Sequence[Sequence[str]]) -> list[list[int]]:
         """Token ids of every row's prompt."""
-        if not self.composed:
-            return self._whole(rows)
+        return self._compose(rows) if self.composed else self._whole(rows)
+
+    def _compose(self, rows: Sequence[Sequence[str]]) -> list[list[int]]:
+        """Ids from the template's pieces and each part's (learnt on first sight); rows with a part that
+        cannot be composed are tokenised whole."""
         parts = self._parts
         new = {value for row in rows for value in row if value not in parts}
         if new:
@@ -200,8 +202,7 @@ class PromptIds:
         start, end = _special_ends(self.tokenizer) if self.special_tokens else ([], [])
         self._glue = [start + glue[0], *glue[1:-1], glue[-1] + end]
         probes = [[a] + [b] * (self.fields - 1) for a, b in _PROBES]
-        self.composed = True
-        composed = self(probes)
+        composed = self._compose(probes)
         whole = self._whole(probes)
         self._parts.clear()
         if composed != whole:
