@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from qace.api import QACE
+from qace.config import SPEED_OPTIONS, QACEConfig, speed_defaults
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
 from qace.engine.batches import TextBatch, VisualBatch
@@ -247,20 +248,26 @@ def add_engine_arguments(
     """The engine settings every engine benchmark takes, with the same defaults (`engine_defaults`)."""
     parser.add_argument("--precision", default=None, help="default bf16 (fp32 with --tiny)")
     parser.add_argument("--device", default=None, help=device_help)
-    parser.add_argument("--batch-rows", type=int, default=2048)
-    parser.add_argument("--batch-tokens", type=int, default=131072)
-    parser.add_argument("--chunk-size", type=int, default=2048)
-    parser.add_argument("--spacy-workers", type=int, default=None, help="default 8 (0 with --tiny)")
+    library = "default: the library's for the device (qace.config.speed_defaults)"
+    parser.add_argument("--batch-rows", type=int, default=None, help=library)
+    parser.add_argument("--batch-tokens", type=int, default=None, help=library)
+    parser.add_argument("--chunk-size", type=int, default=None, help=library)
+    parser.add_argument("--spacy-workers", type=int, default=None, help=library)
     parser.add_argument("--models-dir", default=None, help="reuse models built earlier")
     parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files")
     parser.add_argument("--tiny", action="store_true", help="tiny random models on the CPU: a smoke run")
 
 
 def engine_defaults(args: argparse.Namespace) -> None:
-    """Fill the defaults `add_engine_arguments` leaves open: bf16 on the GPU, fp32 on the CPU with --tiny."""
+    """Fill the defaults `add_engine_arguments` leaves open: bf16 on the GPU, fp32 on the CPU with --tiny,
+    and the speed settings a `QACE` on the device picks for itself (`speed_defaults`)."""
     args.precision = args.precision or ("fp32" if args.tiny else "bf16")
     args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
-    args.spacy_workers = args.spacy_workers if args.spacy_workers is not None else (0 if args.tiny else 8)
+    defaults = QACEConfig()
+    chosen = speed_defaults(args.device)
+    for name, option in SPEED_OPTIONS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, chosen.get(name, getattr(defaults, name)))
 
 
 def workload_models(args: argparse.Namespace, records: Sequence[Record], prefix: str) -> Path:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from qace.config import QACEConfig, build_signature
+from qace.config import QACEConfig, build_signature, speed_defaults
 from qace.data.records import Record, RecordError, require
 from qace.data.run import FileScorer, list_ids
 from qace.engine.collector import collector_paused
@@ -44,6 +44,8 @@ class QACE(FileScorer):
     the paper's models are loaded (spec defaults). ``features`` is a feature store or a path to one
     (a directory of per-image ``.npz`` files or an HDF5 store), needed for QACE-Img. Any
     :class:`~qace.config.QACEConfig` field can be passed by keyword (``variant="img"``, ``precision="bf16"``).
+    Without a ``config``, the speed settings not passed follow the device (`qace.config.speed_defaults`:
+    on a GPU, large batches and spaCy in worker processes).
     """
 
     score_key = "qace"
@@ -62,6 +64,9 @@ class QACE(FileScorer):
         unknown = set(settings) - _CONFIG_FIELDS
         if unknown:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
+        if config is None:  # settings left open get the device's (`speed_defaults`)
+            device = str(settings.get("device", QACEConfig.device))
+            settings = {**speed_defaults(device), **settings}
         self.config = (config or QACEConfig()).with_(**settings)
         from qace.engine.feature_cache import FeatureCache
         from qace.engine.models import build_models

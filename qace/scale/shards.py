@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from qace.config import auto_spacy_workers
 from qace.data.run import Summary
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 
@@ -104,10 +105,7 @@ def score_file_sharded(
         raise ConfigError("devices must name at least one torch device")
     if scorer_factory is not None:
         load_factory(scorer_factory)  # fail here, before any work, on a wrong name
-    kwargs = dict(scorer_kwargs or {})
-    if "device" in kwargs:
-        raise ConfigError("pass devices=[...] instead of a device in scorer_kwargs")
-    kwargs.setdefault("progress", False)
+    kwargs = shard_settings(scorer_kwargs or {}, devices, scorer_factory)
     output = Path(output_path)
     work = output.with_name(output.name + ".shards")
     start = time.perf_counter()
@@ -232,6 +230,19 @@ def _run_workers(jobs: list[ShardJob]) -> dict[int, dict[str, Any]]:
             if proc.is_alive():
                 proc.terminate()
     return outcomes
+
+
+def shard_settings(
+    scorer_kwargs: dict[str, Any], devices: list[str], scorer_factory: str | None = None
+) -> dict[str, Any]:
+    """Every shard's scorer settings: no progress bars, and QACE's spaCy pools on GPUs share the host's
+    cores (on its own, each GPU engine would take them all: `qace.config.speed_defaults`)."""
+    if "device" in scorer_kwargs:
+        raise ConfigError("pass devices=[...] instead of a device in scorer_kwargs")
+    kwargs = {"progress": False, **scorer_kwargs}
+    if scorer_factory is None and any(d.startswith("cuda") for d in devices):
+        kwargs.setdefault("spacy_workers", auto_spacy_workers(len(devices)))
+    return kwargs
 
 
 def _worker(job: ShardJob, results: Any) -> None:

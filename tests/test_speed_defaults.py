@@ -1,0 +1,89 @@
+"""Speed settings follow the device when not given: CPU defaults on the CPU, sized batches and a spaCy
+pool on a GPU; whatever the caller gives wins, and sharded GPU engines share the host's cores."""
+
+from __future__ import annotations
+
+import argparse
+import types
+
+import pytest
+import torch
+
+from qace import api, config
+from qace.api import QACE
+from qace.config import QACEConfig, auto_spacy_workers, given_speed_settings, speed_defaults
+from qace.scale.shards import shard_settings
+
+
+@pytest.fixture
+def cores(monkeypatch):
+    """Pretend this host has ``n`` usable cores."""
+
+    def set_cores(n: int) -> None:
+        monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: set(range(n)), raising=False)
+
+    return set_cores
+
+
+@pytest.fixture
+def gpu_memory(monkeypatch):
+    """Pretend every CUDA device has ``gb`` GB of memory."""
+
+    def set_memory(gb: float) -> None:
+        props = types.SimpleNamespace(total_memory=int(gb * 1e9))
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+
+    return set_memory
+
+
+def test_the_cpu_keeps_the_dataclass_defaults() -> None:
+    assert speed_defaults("cpu") == {}
+
+
+@pytest.mark.parametrize(("gb", "rows"), [(80, 2048), (141, 2048), (40, 1024), (24, 512), (16, None)])
+def test_gpu_batches_follow_the_cards_memory(gb: float, rows: int | None, gpu_memory, cores) -> None:
+    gpu_memory(gb)
+    cores(16)
+    want = {"chunk_size": 2048, "spacy_workers": 14}
+    if rows is not None:
+        want |= {"max_batch_rows": rows, "max_batch_tokens": 64 * rows}
+    assert speed_defaults("cuda:1") == want
+
+
+def test_a_device_that_cannot_be_asked_gets_no_gpu_defaults(monkeypatch) -> None:
+    def missing(device):
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", missing)
+    assert speed_defaults("cuda") == {}  # loading the models then says why
+
+
+@pytest.mark.parametrize(
+    ("n", "engines", "workers"), [(16, 1, 14), (64, 1, 14), (16, 2, 6), (2, 1, 0), (4, 8, 0)]
+)
+def test_spacy_workers_share_the_cores(n: int, engines: int, workers: int, cores) -> None:
+    cores(n)
+    assert auto_spacy_workers(engines) == workers
+
+
+def test_given_settings_win_and_a_config_is_taken_as_it_is(test_models_dir, monkeypatch) -> None:
+    monkeypatch.setattr(api, "speed_defaults", lambda device: {"max_batch_rows": 7, "chunk_size": 9})
+    scorer = QACE(models=test_models_dir, max_batch_rows=5, progress=False)
+    assert (scorer.config.max_batch_rows, scorer.config.chunk_size) == (5, 9)
+    chosen = QACEConfig(progress=False)
+    assert QACE(chosen, models=test_models_dir).config == chosen
+
+
+def test_command_line_passes_only_what_was_given() -> None:
+    args = argparse.Namespace(batch_tokens=None, batch_rows=64, chunk_size=None, spacy_workers=0)
+    assert given_speed_settings(args) == {"max_batch_rows": 64, "spacy_workers": 0}
+    assert given_speed_settings(args, ("max_batch_rows", "chunk_size")) == {"max_batch_rows": 64}
+    assert given_speed_settings(argparse.Namespace()) == {}  # judges' namespaces lack the options
+
+
+def test_sharded_gpu_engines_share_the_hosts_cores(cores) -> None:
+    cores(16)
+    assert shard_settings({}, ["cuda:0", "cuda:1"]) == {"progress": False, "spacy_workers": 6}
+    assert shard_settings({"spacy_workers": 3}, ["cuda:0", "cuda:1"])["spacy_workers"] == 3
+    assert "spacy_workers" not in shard_settings({}, ["cpu", "cpu"])
+    assert "spacy_workers" not in shard_settings({}, ["cuda:0"], "qace.judges.visce2:VisCE2")
