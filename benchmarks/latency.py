@@ -286,7 +286,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="timed calls per batch size (default 20 20 10)",
     )
-    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per cell (default 2)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per cell (default 5)")
     parser.add_argument(
         "--warmup-records",
         type=int,
@@ -318,7 +318,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.iterations = args.iterations * len(args.batches)
     if len(args.iterations) != len(args.batches):
         parser.error("give one --iterations value, or one per --batches value")
-    args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 2)
+    args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 5)
     if args.warmup_records is None:
         args.warmup_records = 8 if tiny else args.chunk_size
     if args.openrlhf_batches is None:
