@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from qace.engine.tokenize import token_ids
+from qace.engine.tokenize import plain_backend, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ def _components(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
 
 def composable(tokenizer: Any) -> bool:
     """Whether ``tokenizer``'s pipeline lets a prompt's ids be composed from its parts' ids."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or backend.truncation is not None or backend.padding is not None:
+    backend = plain_backend(tokenizer)
+    if backend is None:
         return False
     spec = json.loads(backend.to_str())
     normalizers = _components(spec.get("normalizer"), "normalizers")

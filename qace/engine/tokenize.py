@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from qace.metric.prompts import UNANSWERABLE
 
@@ -14,17 +15,45 @@ log = logging.getLogger(__name__)
 def token_ids(tokenizer: Any, texts: Sequence[str], *, special_tokens: bool = True) -> list[list[int]]:
     """Token ids of every text: exactly ``tokenizer(texts, add_special_tokens=...)["input_ids"]``.
 
-    A fast tokenizer whose backend has no truncation or padding of its own is called through its Rust
-    ``encode_batch`` directly: ``__call__`` builds a Python dictionary per text around the same ids, and
-    on a chunk's tens of thousands of prompts that wrapping cost the GPU engine more than the models'
-    encoders (seen in ``benchmarks/profile.py``).
+    A fast tokenizer is called through its Rust ``encode_batch`` directly (`plain_backend`): ``__call__``
+    builds a Python dictionary per text around the same ids, and on a chunk's tens of thousands of
+    prompts that wrapping cost the GPU engine more than the models' encoders (seen in
+    ``benchmarks/profile.py``).
     """
     if not texts:
         return []
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and backend.truncation is None and backend.padding is None:
+    backend = plain_backend(tokenizer)
+    if backend is not None:
         return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=special_tokens)]
     return [list(x) for x in tokenizer(list(texts), add_special_tokens=special_tokens)["input_ids"]]
+
+
+_PLAIN: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+
+
+def plain_backend(tokenizer: Any) -> Any | None:
+    """``tokenizer``'s Rust backend as ``__call__`` runs it by default, without padding or truncation
+    (None for a slow tokenizer).
+
+    A backend that keeps either from its saved file is copied once without them: all-MiniLM-L6-v2,
+    BERTScore's default encoder, saves padding to 128 tokens, which transformers 5.24 keeps on the loaded
+    backend (5.17 dropped it), and that had sent every BERTScore call through ``__call__`` (1,800 short
+    answers: 18 ms against 8 on a 2-core host). The copy is not the tokenizer's own backend, so nothing
+    changes under other threads; the engine's tokenizers do not change after loading, and the copy would
+    not see it if they did.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or (backend.truncation is None and backend.padding is None):
+        return backend
+    plain = _PLAIN.get(tokenizer)
+    if plain is None:
+        from tokenizers import Tokenizer
+
+        plain = Tokenizer.from_str(backend.to_str())
+        plain.no_truncation()
+        plain.no_padding()
+        _PLAIN[tokenizer] = plain
+    return plain
 
 
 def encode_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int) -> tuple[list[list[int]], list[bool]]:

@@ -52,9 +52,26 @@ def test_token_ids_equal_call(test_models_dir, special_tokens: bool) -> None:
     assert token_ids(tokenizer, []) == []
 
 
-def test_token_ids_honour_a_backend_that_truncates(test_models_dir) -> None:
-    """A tokenizer whose backend was saved with truncation on goes through ``__call__``."""
+@pytest.mark.parametrize("setting", ["truncation", "padding"])
+def test_token_ids_of_a_backend_saved_with_padding_or_truncation(
+    test_models_dir, monkeypatch, setting: str
+) -> None:
+    """A backend that keeps padding or truncation (all-MiniLM-L6-v2 pads to 128 under transformers 5.24)
+    still takes the fast path, gives ``__call__``'s ids, and is left as it was."""
     tokenizer = AutoTokenizer.from_pretrained(test_models_dir / "tqa")
     want = tokenizer(TEXTS)["input_ids"]
-    tokenizer.backend_tokenizer.enable_truncation(4)
+    backend = tokenizer.backend_tokenizer
+    if setting == "truncation":
+        backend.enable_truncation(4)
+    else:
+        backend.enable_padding(length=64, pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
+    before = (backend.truncation, backend.padding)
+
+    def no_call(*args, **kwargs):
+        raise AssertionError("token_ids went through __call__")
+
+    monkeypatch.setattr(type(tokenizer), "__call__", no_call)
     assert token_ids(tokenizer, TEXTS) == want
+    assert token_ids(tokenizer, TEXTS, special_tokens=False) == [x[:-1] for x in want]  # T5: EOS only
+    assert (backend.truncation, backend.padding) == before
+    assert tokenizer.backend_tokenizer is backend
