@@ -104,10 +104,10 @@ engine's peak on an 80 GB H100 was 22 GB for QACE-Img and 43 GB for QACE-Ref (``
 T5-base QG and TQA); smaller cards get proportionally smaller batches, under 18 GB the CPU's."""
 
 
-def speed_defaults(device: str, *, engines: int = 1) -> dict[str, int]:
+def speed_defaults(device: str) -> dict[str, int]:
     """Speed settings for an engine on ``device`` where none are given: the dataclass's on the CPU; on
     a CUDA device the benchmarks' batches and chunks, scaled to the card's memory, and spaCy parsing in
-    `auto_spacy_workers` processes (``engines``: how many engines share this host's cores).
+    `auto_spacy_workers` processes.
 
     With the CPU's defaults a GPU engine parsed a 256-caption reward call's captions in its own process
     (about 240 ms on the H100's host, where 14 workers take about 45) and cut its 900 questions into
@@ -123,7 +123,7 @@ def speed_defaults(device: str, *, engines: int = 1) -> dict[str, int]:
         return {}
     rows = next((rows for gb, rows in GPU_BATCH_ROWS if memory_gb >= gb), None)
     batches = {} if rows is None else {"max_batch_rows": rows, "max_batch_tokens": 64 * rows}
-    return {**batches, "chunk_size": 2048, "spacy_workers": auto_spacy_workers(engines)}
+    return {**batches, "chunk_size": 2048, "spacy_workers": auto_spacy_workers()}
 
 
 def auto_spacy_workers(engines: int = 1) -> int:
