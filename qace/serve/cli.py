@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--features", help="region features (QACE-Img)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--batch-rows", type=int, help="sequences per model batch (default: by the device)")
+    p.add_argument("--batch-tokens", type=int, help="padded tokens per model batch (default: by the device)")
+    p.add_argument("--spacy-workers", type=int, help="spaCy processes (default: by the device)")
     p.add_argument("--component", default="qace", choices=COMPONENTS, help="default reward component")
     p.add_argument("--invalid-reward", type=float, default=0.0, help="reward of empty/invalid captions")
     p.add_argument("--host", default="127.0.0.1", help="bind address (use 0.0.0.0 only behind a firewall)")
@@ -45,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from qace.config import given_speed_settings
     from qace.reward import QACEReward
     from qace.serve.app import ServeSettings, create_app
 
@@ -61,6 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         precision=args.precision,
         component=args.component,
         invalid_reward=args.invalid_reward,
+        **given_speed_settings(args, ("max_batch_rows", "max_batch_tokens", "spacy_workers")),
     )
     if reward.scorer.uses_test_models:
         log.warning("serving qace's TINY TEST MODELS: rewards mean nothing")

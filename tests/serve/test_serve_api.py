@@ -241,3 +241,28 @@ def test_serve_command_parses() -> None:
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["serve", "--models", "m", "--variant", "img", "--port", "9000", "--token", "t"])
     assert (args.variant, args.port, args.token, args.host) == ("img", 9000, "t", "127.0.0.1")
+
+
+def test_serve_command_passes_only_the_speed_settings_given(monkeypatch) -> None:
+    """The device picks the speed settings the command line leaves open (`qace.config.speed_defaults`)."""
+    import argparse
+
+    from qace.serve.cli import register
+
+    seen: dict = {}
+
+    class Built(Exception):
+        pass
+
+    def reward(**kwargs):
+        seen.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr("qace.reward.QACEReward", reward)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--token", "t", "--spacy-workers", "3", "--batch-rows", "512"])
+    with pytest.raises(Built):
+        args.func(args)
+    assert (seen["spacy_workers"], seen["max_batch_rows"]) == (3, 512)
+    assert "max_batch_tokens" not in seen
