@@ -47,6 +47,7 @@ from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
     flickr_workload,
+    preload_features,
     workload_models,
     workload_scorer,
 )
@@ -201,9 +202,7 @@ def run_variant(
     """Time every (batch, path) cell of ``variant`` into ``report["cells"]``, writing after each."""
     load = time.perf_counter()
     scorer = make_scorer(models_dir, variant, args.device, args)
-    if scorer.features is not None:
-        for image_id in sorted({r.image_id for r in records if r.image_id}):
-            scorer.features.get(image_id)
+    preload_features(scorer, records)
     reward = QACEReward(scorer)
     info: dict[str, Any] = {"signature": reward.signature, "load_seconds": time.perf_counter() - load}
     warm = time.perf_counter()  # one full chunk first: the largest CUDA graphs are captured here

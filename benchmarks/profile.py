@@ -35,7 +35,13 @@ import numpy as np
 import torch
 
 from benchmarks.latency import DEFAULT_DATA, context_columns, draw, make_scorer
-from benchmarks.workload import add_engine_arguments, engine_defaults, flickr_workload, workload_models
+from benchmarks.workload import (
+    add_engine_arguments,
+    engine_defaults,
+    flickr_workload,
+    preload_features,
+    workload_models,
+)
 from qace.engine.profiling import NO_TIMER, StageTimer, cuda_sync
 from qace.reward import QACEReward
 
@@ -142,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     records = flickr_workload(Path(args.data_dir))
     models_dir = workload_models(args, records, "qace-profile-")
     scorer = make_scorer(models_dir, args.variant, args.device, args)
-    if scorer.features is not None:
-        for image_id in sorted({r.image_id for r in records if r.image_id}):
-            scorer.features.get(image_id)
+    preload_features(scorer, records)
     reward = QACEReward(scorer)
     list(scorer.score_records(records[: min(args.chunk_size, 64 if args.tiny else args.chunk_size)]))
     call = _calls(reward, records, args.batch, args.calls, args.seed)

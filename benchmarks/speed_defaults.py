@@ -28,21 +28,22 @@ import torch
 from benchmarks.latency import DEFAULT_DATA, context_columns, draw, summarize
 from benchmarks.workload import (
     add_engine_arguments,
+    device_speed_settings,
     engine_defaults,
     flickr_workload,
+    preload_features,
     workload_models,
     workload_scorer,
 )
 from qace import __version__
-from qace.config import SPEED_OPTIONS, QACEConfig, speed_defaults
+from qace.config import SPEED_OPTIONS
 from qace.engine.profiling import cuda_sync
 from qace.reward import QACEReward
 
 
 def engine_settings(device: str) -> dict[str, dict[str, int]]:
     """The two engines' speed settings: the CPU's (the dataclass's) and the device's."""
-    cpu = {name: getattr(QACEConfig(), name) for name in SPEED_OPTIONS}
-    return {"cpu_defaults": cpu, "device_defaults": {**cpu, **speed_defaults(device)}}
+    return {"cpu_defaults": device_speed_settings("cpu"), "device_defaults": device_speed_settings(device)}
 
 
 def build(models: Path, variant: str, settings: dict[str, int], args: argparse.Namespace) -> QACEReward:
@@ -72,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     rewards = {}
     for name, chosen in settings.items():
         reward = build(models, args.variant, chosen, args)
-        features = reward.scorer.features
-        for image_id in sorted({r.image_id for r in records if r.image_id}) if features is not None else ():
-            features.get(image_id)
+        preload_features(reward.scorer, records)
         list(reward.scorer.score_records(records[: 8 if args.tiny else 2048]))  # graphs of the big shapes
         rewards[name] = reward
     cells = []

@@ -263,11 +263,24 @@ def engine_defaults(args: argparse.Namespace) -> None:
     and the speed settings a `QACE` on the device picks for itself (`speed_defaults`)."""
     args.precision = args.precision or ("fp32" if args.tiny else "bf16")
     args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
-    defaults = QACEConfig()
-    chosen = speed_defaults(args.device)
+    chosen = device_speed_settings(args.device)
     for name, option in SPEED_OPTIONS.items():
         if getattr(args, option) is None:
-            setattr(args, option, chosen.get(name, getattr(defaults, name)))
+            setattr(args, option, chosen[name])
+
+
+def device_speed_settings(device: str) -> dict[str, int]:
+    """All four speed settings a `QACE` on ``device`` uses when given none: the dataclass's, overlaid
+    with the device's (`speed_defaults`)."""
+    defaults = QACEConfig()
+    return {name: getattr(defaults, name) for name in SPEED_OPTIONS} | speed_defaults(device)
+
+
+def preload_features(scorer: QACE, records: Sequence[Record]) -> None:
+    """Load the region features of every image of ``records`` into ``scorer``'s cache (QACE-Img)."""
+    if scorer.features is not None:
+        for image_id in sorted({r.image_id for r in records if r.image_id}):
+            scorer.features.get(image_id)
 
 
 def workload_models(args: argparse.Namespace, records: Sequence[Record], prefix: str) -> Path:
