@@ -11,18 +11,27 @@ CTranslate2 do the same for their decode steps). What that takes:
 - all buffers the graphs read and write live in flat storage allocated once for the most rows and the
   most encoder tokens (rows x length) of any bucket seen, viewed contiguously at each bucket's shape,
   so a batch of many short inputs and one of few long ones share it (the scheduler's token budget
-  bounds both); the graphs share one memory pool;
+  bounds both); the graphs share one memory pool and one capture stream, so a graph reuses the
+  intermediates of those captured before it (they never run at once);
 - rows are not dropped as they end (a graph's shapes are fixed): a replay costs the same either way,
   and the loop still stops as soon as every row has ended;
 - self-attention reads only a window of the cache that covers the positions written so far (8, then
   16, then all): a bucket has one graph per window, so the first steps, and all of a three-token
   answer, do not read the empty rest of a 31-position cache (2.3 GB a step for 2,048 T5-base rows);
 - the step's position, the tokens fed back, the ended flags and the outputs are device tensors the
-  graph updates itself, so the host only replays and checks once a step whether all rows ended.
+  graph updates itself, so the host only replays and checks once a step whether all rows ended;
+- a QA model's first step has a graph of its own that also writes the answerability of its logits to a
+  static buffer, so no graph keeps its logits (a 2,048-row bucket's are 263 MB) and any number of
+  buckets can be captured;
+- captures skip `torch.cuda.graph`'s emptying of the allocator's cache: inside a reward call that
+  emptying sent the call's next allocations back to `cudaMalloc`;
+- `GraphedDecoding.prepare` captures every bucket up to given sizes at once (a server's warm-up), so
+  calls never capture.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +80,7 @@ class _Storage:
         self.out = torch.zeros(rows * steps, device=device, dtype=torch.long)
         self.forced = torch.zeros(rows * steps, device=device, dtype=torch.long)
         self.finished = torch.zeros(rows, device=device, dtype=torch.bool)
+        self.answerability = torch.zeros(rows, device=device, dtype=torch.float32)
 
     def fits(self, rows: int, length: int, steps: int) -> bool:
         return rows <= self.rows and rows * length <= self.tokens and steps == self.steps
@@ -91,11 +101,12 @@ class _View:
     out: torch.Tensor
     forced: torch.Tensor
     finished: torch.Tensor
+    answerability: torch.Tensor
+    """``(rows,)`` fp32: what `first_step` writes."""
     graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
     """Per self-attention window, the captured step."""
-    logits: torch.Tensor | None = None
-    """The logits the first window's graph writes (answerability reads step 0's). Only these are kept:
-    every kept output pins its own pool memory, and a 2,048-row bucket's logits are 263 MB."""
+    first_step: torch.cuda.CUDAGraph | None = None
+    """QA models: step 0 (the first window's step) that also writes the answerability of its logits."""
 
 
 def _view(store: _Storage, dec: StaticT5Decoder, rows: int, length: int) -> _View:
@@ -115,6 +126,7 @@ def _view(store: _Storage, dec: StaticT5Decoder, rows: int, length: int) -> _Vie
         out=store.out[: rows * steps].view(rows, steps),
         forced=store.forced[: rows * steps].view(rows, steps),
         finished=store.finished[:rows],
+        answerability=store.answerability[:rows],
     )
 
 
@@ -124,11 +136,15 @@ class GraphedDecoding:
     def __init__(self, decoder: StaticT5Decoder) -> None:
         self.dec = decoder
         self._store: _Storage | None = None
-        self._views: dict[tuple[int, int, bool], _View] = {}
+        self._views: dict[tuple[int, int, bool, int | None], _View] = {}
         self._pool: Any = None
+        self._stream: torch.cuda.Stream | None = None
+        """The one stream every capture runs on: the caching allocator reuses a block only on the stream
+        it was allocated on, so with a stream per capture no graph could reuse the intermediates another
+        one freed, and a warm-up of a few hundred buckets held 40 GB of graph pools."""
         self.captures = 0
         """Bucket shapes captured so far (each once, again only when storage grows), one graph per
-        self-attention window each."""
+        self-attention window each (and one for a QA model's first step)."""
 
     def generate(
         self,
@@ -145,16 +161,53 @@ class GraphedDecoding:
         device made current: a process whose models live on ``cuda:1`` works without ``set_device``.
         """
         with torch.cuda.device(hidden.device):
-            view = self._load(hidden, mask, max_new_tokens, forced)
+            view = self._load(hidden, mask, max_new_tokens, forced, unanswerable_id)
             return self._run(view, mask.shape[0], max_new_tokens, unanswerable_id)
 
+    @torch.inference_mode()
+    def prepare(
+        self,
+        shapes: Iterable[tuple[int, int]],
+        *,
+        steps: int,
+        like: torch.Tensor,
+        forcing: bool = False,
+        unanswerable_id: int | None = None,
+        progress: Callable[[int], object] | None = None,
+    ) -> int:
+        """Capture now the graphs of every bucket that a batch of at most ``rows`` rows padded to
+        ``length`` falls in, for each ``(rows, length)`` of ``shapes`` (as `generate` would on first
+        sight); storage for the largest is allocated once. Returns how many buckets were new. ``like``
+        gives the device and dtype of the encoder states; ``progress`` is called with 1 per bucket."""
+        buckets = sorted(
+            {(bucket_rows(r), bucket_length(length)) for most, length in shapes for r in range(1, most + 1)},
+            reverse=True,
+        )
+        if not buckets:
+            return 0
+        before = self.captures
+        with torch.cuda.device(like.device):
+            self._reserve(max(r for r, _ in buckets), max(r * n for r, n in buckets), steps, like)
+            for r, n in buckets:
+                self._bucket(r, n, steps, like, forcing, unanswerable_id)
+                if progress is not None:
+                    progress(1)
+        return self.captures - before
+
     def _load(
-        self, hidden: torch.Tensor, mask: torch.Tensor, steps: int, forced: torch.Tensor | None
+        self,
+        hidden: torch.Tensor,
+        mask: torch.Tensor,
+        steps: int,
+        forced: torch.Tensor | None,
+        unanswerable_id: int | None,
     ) -> _View:
         """This batch's bucket, its static buffers filled with the batch; padding rows start as ended."""
         dec = self.dec
         rows, length = mask.shape
-        view = self._bucket(bucket_rows(rows), bucket_length(length), steps, hidden, forced is not None)
+        view = self._bucket(
+            bucket_rows(rows), bucket_length(length), steps, hidden, forced is not None, unanswerable_id
+        )
         view.cross_bias.fill_(torch.finfo(hidden.dtype).min)
         view.cross_bias[:rows, ..., :length].copy_(dec.cross_bias(mask, hidden.dtype))
         # keys and values of the bucket's first rows, computed in place; the positions past ``length``
@@ -180,65 +233,84 @@ class GraphedDecoding:
         answerability = None
         sizes = windows(steps)
         for step in range(steps):
-            window = next(w for w in sizes if step < w)
-            view.graphs[window].replay()
+            if step == 0 and view.first_step is not None:
+                view.first_step.replay()
+                answerability = view.answerability[:rows].clone()
+            else:
+                view.graphs[next(w for w in sizes if step < w)].replay()
             dec.row_steps += view.token.shape[0]
-            if step == 0 and unanswerable_id is not None:
-                assert view.logits is not None
-                answerability = dec.answerability(view.logits[:rows], unanswerable_id)
             if bool(view.finished.all()):
                 break
         return view.out[:rows].clone(), answerability
 
-    def _bucket(self, rows: int, length: int, steps: int, like: torch.Tensor, forcing: bool) -> _View:
-        """The view (with its captured graph) for a bucket, growing storage when it does not fit."""
-        if self._store is None or not self._store.fits(rows, length, steps):
-            old = self._store
-            self._store = _Storage(
-                self.dec,
-                max(rows, old.rows if old else 0),
-                max(rows * length, old.tokens if old else 0),
-                steps,
-                like,
-            )
-            self._views.clear()  # their graphs point into the old storage
-        key = (rows, length, forcing)
+    def _reserve(self, rows: int, tokens: int, steps: int, like: torch.Tensor) -> None:
+        """Storage for at least ``rows`` rows and ``tokens`` encoder positions; growing it drops the
+        captured graphs, which point into the old storage."""
+        old = self._store
+        if old is not None and rows <= old.rows and tokens <= old.tokens and steps == old.steps:
+            return
+        self._views.clear()
+        self._pool = None  # a pool dies with its last graph: the next capture starts a new one
+        self._store = None  # freed before the larger one is allocated
+        keep = (old.rows, old.tokens) if old is not None and steps == old.steps else (0, 0)
+        self._store = _Storage(self.dec, max(rows, keep[0]), max(tokens, keep[1]), steps, like)
+
+    def _bucket(
+        self,
+        rows: int,
+        length: int,
+        steps: int,
+        like: torch.Tensor,
+        forcing: bool,
+        unanswerable_id: int | None,
+    ) -> _View:
+        """The view (with its captured graphs) for a bucket, growing storage when it does not fit."""
+        self._reserve(rows, rows * length, steps, like)
+        assert self._store is not None
+        key = (rows, length, forcing, unanswerable_id)
         if key not in self._views:
             view = _view(self._store, self.dec, rows, length)
-            self._capture(view, steps, like, forcing)
+            for window in windows(steps):
+                view.graphs[window] = self._capture_window(view, steps, window, like, forcing, None)
+            if unanswerable_id is not None:
+                first = windows(steps)[0]
+                view.first_step = self._capture_window(view, steps, first, like, forcing, unanswerable_id)
             self._views[key] = view
+            self.captures += 1
         return self._views[key]
 
-    def _capture(self, view: _View, steps: int, like: torch.Tensor, forcing: bool) -> None:
-        first, *rest = windows(steps)
-        view.logits = self._capture_window(view, steps, first, like, forcing)
-        for window in rest:
-            self._capture_window(view, steps, window, like, forcing)
-        self.captures += 1
-
     def _capture_window(
-        self, view: _View, steps: int, window: int, like: torch.Tensor, forcing: bool
-    ) -> torch.Tensor:
-        """Capture the step for positions below ``window`` (it reads only that much of the cache); the
-        logits the graph writes."""
+        self,
+        view: _View,
+        steps: int,
+        window: int,
+        like: torch.Tensor,
+        forcing: bool,
+        unanswerable_id: int | None,
+    ) -> torch.cuda.CUDAGraph:
+        """The step for positions below ``window`` (it reads only that much of the cache), captured;
+        with ``unanswerable_id`` it also writes the answerability of its logits."""
         dec = self.dec
         self_bias = dec.self_bias(steps, like.device, like.dtype)[..., :window]
         keys = [k[:, :, :window] for k in view.keys]
         values = [v[:, :, :window] for v in view.values]
 
-        def body() -> torch.Tensor:
+        def body() -> None:
             logits = dec.step(view.token, view.pos, keys, values, view.cross, view.cross_bias, self_bias)
             token = view.forced.index_select(1, view.pos)[:, 0] if forcing else logits.argmax(dim=-1)
             view.out.index_copy_(1, view.pos, torch.where(view.finished, -1, token)[:, None])
             view.finished.logical_or_(token == dec.eos_id)
             view.token.copy_(torch.where(view.finished, dec.eos_id, token))
             view.pos.add_(1)
-            return logits
+            if unanswerable_id is not None:
+                view.answerability.copy_(dec.answerability(logits, unanswerable_id))
 
         # warm up on a side stream (cuBLAS workspaces, lazy inits), as capture requires
         view.token.fill_(dec.start_id)
         view.finished.fill_(True)
-        stream = torch.cuda.Stream(device=like.device)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=like.device)
+        stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(like.device))
         with torch.cuda.stream(stream):
             view.pos.zero_()
@@ -247,9 +319,13 @@ class GraphedDecoding:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        # an explicit capture stream on this device (torch's default one lives on whichever device first
-        # captured in this process, and a capture on another device's stream records nothing)
-        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-            logits = body()
-        view.graphs[window] = graph
-        return logits
+        # on an explicit stream of this device (torch's default capture stream lives on whichever device
+        # first captured in this process, and a capture on another device's stream records nothing);
+        # `torch.cuda.graph` would also empty the allocator's cache first (see the module docstring)
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=self._pool)
+            try:
+                body()
+            finally:
+                graph.capture_end()
+        return graph

@@ -21,13 +21,16 @@ checkpoint, ReLU or gated-GELU, in fp32 (identical tokens to ``generate``), bf16
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from qace.engine.decode_attention import attend
 from qace.engine.t5_ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
+
+if TYPE_CHECKING:
+    from qace.engine.decode_graphs import GraphedDecoding
 
 
 @dataclass
@@ -94,7 +97,7 @@ class StaticT5Decoder:
         self.row_steps = 0
         """Decoder positions computed so far (rows x steps), for FLOP accounting in benchmarks."""
         self.cuda_graphs = cuda_graphs
-        self._graphs: Any = None
+        self._graphs: GraphedDecoding | None = None
 
     def _residual(self, h: torch.Tensor, x: torch.Tensor, out: Any) -> torch.Tensor:
         """``h + out(x)``: in half precision added in the product's epilogue (`add_linear_`), in fp32
@@ -156,6 +159,14 @@ class StaticT5Decoder:
         """``(B, 1, 1, S)`` additive mask of the encoder's padding."""
         return torch.where(mask[:, None, None, :].bool(), 0.0, torch.finfo(dtype).min).to(dtype)
 
+    def graphed(self) -> GraphedDecoding:
+        """This decoder's CUDA-graph decoding (`qace.engine.decode_graphs`), made on first use."""
+        if self._graphs is None:
+            from qace.engine.decode_graphs import GraphedDecoding
+
+            self._graphs = GraphedDecoding(self)
+        return self._graphs
+
     @torch.inference_mode()
     def generate(
         self,
@@ -172,11 +183,7 @@ class StaticT5Decoder:
         models can be timed on realistic outputs (varied, EOS-terminated) with all the work still done.
         """
         if self.cuda_graphs and hidden.is_cuda:
-            if self._graphs is None:
-                from qace.engine.decode_graphs import GraphedDecoding
-
-                self._graphs = GraphedDecoding(self)
-            return self._graphs.generate(
+            return self.graphed().generate(
                 hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
             )
         rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype

@@ -80,6 +80,25 @@ def test_graph_replay_equals_eager_on_gpu(test_models_dir, dtype) -> None:
     assert decoder._graphs.captures == 3  # forcing is part of the graph
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_prepared_buckets_are_replayed_not_captured(test_models_dir) -> None:
+    model, tokenizer = load_seq2seq(
+        str(test_models_dir / "tqa"), role="TQA", device="cuda", dtype=torch.float32
+    )
+    prompts = PROMPTS * 7  # 35 rows: the bucket of 48
+    cold, an_cold, _ = _decode(model, tokenizer, prompts, "cuda", graphs=True)
+    decoder = StaticT5Decoder(model)
+    like = torch.empty(0, device="cuda", dtype=torch.float32)
+    shapes = [(64, n) for n in range(1, 33)]  # up to 64 rows of up to 32 positions
+    new = decoder.graphed().prepare(shapes, steps=31, like=like, unanswerable_id=5)
+    assert new == 6 * 2  # rows 8, 16, 24, 32, 48, 64 x lengths 16, 32
+    assert decoder.graphed().prepare(shapes, steps=31, like=like, unanswerable_id=5) == 0
+    warm, an_warm, _ = _decode(model, tokenizer, prompts, "cuda", graphs=True, decoder=decoder)
+    _decode(model, tokenizer, prompts[:3], "cuda", graphs=True, decoder=decoder)
+    assert decoder.graphed().captures == new  # both batches replayed prepared graphs
+    assert np.array_equal(warm, cold) and np.array_equal(an_warm, an_cold)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_graphs_on_a_device_that_is_not_current(test_models_dir) -> None:
     model, tokenizer = load_seq2seq(
