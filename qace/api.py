@@ -101,6 +101,39 @@ class QACE(FileScorer):
             bertscore=self.matcher.signature,
         )
 
+    def warm_up(self, max_rows: int | None = None, max_length: int = 96) -> int:
+        """Capture now the CUDA graphs of every batch shape the decoders can meet, for batches of up to
+        ``max_rows`` rows (default: the ``max_batch_rows`` setting) of prompts of up to ``max_length``
+        tokens (Visual-T5's layout whole), so that no later call stops to capture one: a capture costs
+        a call tens of milliseconds, the tail of a reward service's latency. Takes seconds, and reserves
+        the decoders' graph buffers for the largest batch at once. Longer prompts are still captured
+        when first met. Returns how many batch shapes were captured: 0 on the CPU or the ONNX Runtime
+        backend, which capture nothing.
+        """
+        from tqdm.auto import tqdm
+
+        from qace.engine.scheduler import batch_shapes
+        from qace.metric.prompts import MAX_NEW_TOKENS
+        from qace.models.visual_t5 import NUM_REGIONS, encoder_length
+
+        c, m = self.config, self.models
+        text_lengths = range(1, min(max_length, c.max_input_tokens) + 1)
+        rows = c.max_batch_rows if max_rows is None else min(max_rows, c.max_batch_rows)
+        text = batch_shapes(text_lengths, c.max_batch_tokens, rows)
+        jobs = [(m.qg, text, None), (m.tqa, text, m.tqa_unanswerable)]
+        if m.vqa is not None and hasattr(m.vqa, "warm_up"):
+            visual_lengths = range(NUM_REGIONS + 1, encoder_length(m.vqa.model.config) + 1)
+            visual = batch_shapes(visual_lengths, c.max_batch_tokens, rows)
+            jobs.append((m.vqa, visual, m.vqa_unanswerable))
+        jobs = [job for job in jobs if hasattr(job[0], "warm_up")]
+        with m.device_lock, tqdm(desc="capturing CUDA graphs", unit=" shapes", disable=not c.progress) as bar:
+            return sum(
+                runner.warm_up(
+                    shapes, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=uid, progress=bar.update
+                )
+                for runner, shapes, uid in jobs
+            )
+
     # -- scoring -------------------------------------------------------------------------------
 
     def score(

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from qace import api
 from qace.api import QACE
@@ -322,3 +323,42 @@ def test_bertscore_encoder_is_half_for_half_precision_on_a_gpu(device, precision
     """Half-precision engines on a GPU embed answers in fp16; fp32 engines keep the reference's."""
     assert api.bertscore_precision(QACEConfig(device=device, precision=precision)) == bertscore
 
+
+def test_warm_up_captures_nothing_on_the_cpu(ref_scorer):
+    assert ref_scorer.warm_up() == 0
+
+
+def _graph_shapes(scorer: QACE) -> int:
+    runners = (scorer.models.qg, scorer.models.tqa, scorer.models.vqa)
+    return sum(r.decoder._graphs.captures for r in runners if r is not None and r.decoder._graphs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+@pytest.mark.parametrize("variant", ["ref", "img"])
+def test_after_a_warm_up_calls_capture_no_graph_and_score_the_same(test_models_dir, variant):
+    """Every batch shape a call can make is captured by `warm_up`; scores are those of a cold scorer."""
+    words = "a young girl in red dress runs on the beach with two dogs near blue sea".split()
+    captions = [" ".join(words[i % 5 : i % 5 + 3 + i % 9]) for i in range(60)]
+    kwargs = dict(
+        models=test_models_dir,
+        variant=variant,
+        device="cuda",
+        precision="bf16",
+        progress=False,
+        max_batch_rows=64,
+        max_batch_tokens=2048,
+        spacy_workers=0,
+    )
+    context = (
+        {"references": [REFS] * 60} if variant == "ref" else {"image_ids": [f"i{i % 7}" for i in range(60)]}
+    )
+    if variant == "img":
+        kwargs["features"] = RandomFeatureStore(seed=0)
+    warm, cold = QACE(**kwargs), QACE(**kwargs)
+    shapes = warm.warm_up(max_length=64)
+    assert shapes > 0 and warm.warm_up(max_length=64) == 0  # the second finds them all
+    warm_rows = warm.score(captions, **context)
+    assert _graph_shapes(warm) == shapes  # no call captured a shape
+    cold_rows = cold.score(captions, **context)
+    assert 0 < _graph_shapes(cold) < shapes
+    np.testing.assert_allclose([r["qace"] for r in warm_rows], [r["qace"] for r in cold_rows], atol=1e-6)

@@ -8,7 +8,7 @@ whatever the mix of short and long inputs.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -56,6 +56,12 @@ def plan_batches(
         batches.append(order[start : start + rows])
         start += rows
     return batches
+
+
+def batch_shapes(lengths: Iterable[int], max_batch_tokens: int, max_batch_rows: int) -> list[tuple[int, int]]:
+    """For each padded length, the most rows `plan_batches` puts in a batch of that length: every
+    ``(rows, length)`` it can make has at most these rows (what a warm-up prepares for)."""
+    return [(max(1, min(max_batch_rows, max_batch_tokens // max(n, 1))), n) for n in lengths]
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -73,6 +73,30 @@ class TorchRunner:
         hidden, mask = self.encode(batch)
         return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id)
 
+    def warm_up(
+        self,
+        shapes: Iterable[tuple[int, int]],
+        *,
+        max_new_tokens: int,
+        unanswerable_id: int | None = None,
+        progress: Callable[[int], object] | None = None,
+    ) -> int:
+        """Capture now the decoder's CUDA graphs for batches of up to ``rows`` rows padded to ``length``,
+        for each ``(rows, length)`` of ``shapes``, so that no later call pays for a capture
+        (`GraphedDecoding.prepare`); returns how many batch shapes were new. Nothing to do on the CPU or
+        without graph decoding: returns 0."""
+        if self.device.type != "cuda" or not self.decoder.cuda_graphs:
+            return 0
+        like = torch.empty(0, device=self.device, dtype=self.decoder.embed.weight.dtype)
+        return self.decoder.graphed().prepare(
+            shapes,
+            steps=max_new_tokens,
+            like=like,
+            forcing=self.force is not None,
+            unanswerable_id=unanswerable_id,
+            progress=progress,
+        )
+
     @staticmethod
     def generate_jobs(
         jobs: Iterable[tuple[TorchRunner, K, TextBatch | VisualBatch, int | None]], *, max_new_tokens: int

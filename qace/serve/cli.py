@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import time
 
 from qace.errors import ConfigError
 
@@ -42,6 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout", type=float, default=d.timeout_s, help="seconds before a waiting request gets 503"
     )
+    p.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="start serving without capturing the decoders' CUDA graphs first (GPU only; the first "
+        "requests of each batch shape then pay for them)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -69,6 +77,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if reward.scorer.uses_test_models:
         log.warning("serving qace's TINY TEST MODELS: rewards mean nothing")
+    if args.warm_up and reward.device.startswith("cuda"):
+        start = time.perf_counter()
+        shapes = reward.warm_up()
+        print(f"captured the CUDA graphs of {shapes} batch shapes in {time.perf_counter() - start:.1f} s")
     settings = ServeSettings(
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,

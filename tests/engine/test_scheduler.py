@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qace.engine.batches import cut_at_eos
-from qace.engine.scheduler import dedupe, pad_batch, plan_batches
+from qace.engine.scheduler import batch_shapes, dedupe, pad_batch, plan_batches
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -19,6 +19,18 @@ def test_batches_cover_every_item_once_within_budget(seed):
     for batch in batches:
         assert len(batch) <= 32
         assert len(batch) * lengths[batch].max() <= 512
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batch_shapes_bound_every_batch_the_plan_makes(seed):
+    """What a warm-up prepares for (`QACE.warm_up`) covers every batch shape of a real plan."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 90, size=2000)
+    most = {n: rows for rows, n in batch_shapes(range(1, 90), max_batch_tokens=1024, max_batch_rows=48)}
+    batches = plan_batches(lengths, max_batch_tokens=1024, max_batch_rows=48)
+    assert all(len(b) <= most[int(lengths[b].max())] for b in batches)
+    assert any(len(b) == most[int(lengths[b].max())] for b in batches)  # the bound is reached
+    assert batch_shapes([2000], 1024, 48) == [(1, 2000)]  # longer than the budget: a batch of one
 
 
 def test_batches_are_longest_first_so_padding_is_small():

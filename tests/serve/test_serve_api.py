@@ -266,3 +266,33 @@ def test_serve_command_passes_only_the_speed_settings_given(monkeypatch) -> None
         args.func(args)
     assert (seen["spacy_workers"], seen["max_batch_rows"]) == (3, 512)
     assert "max_batch_tokens" not in seen
+
+
+@pytest.mark.parametrize(
+    ("device", "flags", "warmed"), [("cuda", [], 1), ("cuda", ["--no-warm-up"], 0), ("cpu", [], 0)]
+)
+def test_serve_command_warms_a_gpu_engine_up_before_serving(monkeypatch, device, flags, warmed) -> None:
+    """On a GPU every batch shape's CUDA graphs are captured before the first request (`QACE.warm_up`)."""
+    import argparse
+
+    from qace.serve.cli import register
+
+    events: list[str] = []
+
+    class Reward:
+        def __init__(self, **kwargs):
+            self.device, self.signature = device, "sig"
+            self.scorer = argparse.Namespace(uses_test_models=False)
+
+        def warm_up(self):
+            events.append("warm_up")
+            return 3
+
+    monkeypatch.setattr("qace.reward.QACEReward", Reward)
+    monkeypatch.setattr("qace.serve.app.create_app", lambda *a, **k: events.append("app"))
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: events.append("serve"))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--token", "t", *flags])
+    assert args.func(args) == 0
+    assert events == ["warm_up"] * warmed + ["app", "serve"]
