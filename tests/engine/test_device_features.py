@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from qace.engine.device_features import DeviceFeatureCache
@@ -75,4 +76,5 @@ def test_qace_img_uploads_each_image_once_across_chunks(test_models_dir) -> None
     assert scorer.models.vqa.features.uploads == 3  # three chunks, three images, three uploads
     whole = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(seed=0), chunk_size=64)
     again = whole.score([c for c, _ in rows], image_ids=[i for _, i in rows])
-    assert [r["qace"] for r in chunked] == [r["qace"] for r in again]
+    # fp32 scores agree across batch compositions to 2e-6, not bit for bit (TOLERANCE in test_parity.py)
+    assert [r["qace"] for r in chunked] == pytest.approx([r["qace"] for r in again], abs=2e-6)
