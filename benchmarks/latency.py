@@ -14,9 +14,10 @@ bf16. Paths, all on one engine (models loaded once):
   OpenRLHF posts it), by default only for the 256 batch (``--openrlhf-batches``).
 
 Each timed iteration draws a fresh batch of workload records (seeded; the same batches for every path).
-Not timed: one full chunk of records per variant first (the largest CUDA graphs of the decoders are
-captured there), then ``--warmup`` calls per cell; graphs still captured during timed calls (a batch
-shape first seen there) are counted in the cell's ``graph_captures_in_timed_calls``.
+Not timed: ``QACEReward.warm_up`` per variant (every batch shape's CUDA graphs for prompts of up to
+``--graph-warm-up-length`` tokens; 0 skips it), one full chunk of records, then ``--warmup`` calls per
+cell; graphs still captured during timed calls (a batch shape first seen there) are counted in the
+cell's ``graph_captures_in_timed_calls``.
 
 Answer-candidate caching across calls is off by default (``cache_size 0``: an RL policy writes new
 captions every step, while this workload repeats its 977 distinct captions), and the region features of
@@ -76,6 +77,11 @@ def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Name
         args=args,
         candidate_cache=args.candidate_cache,
     )
+
+
+def gpu_reserved_gib() -> float:
+    """GPU memory the caching allocator holds (0 without CUDA)."""
+    return torch.cuda.memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0
 
 
 def graph_captures(scorer: QACE) -> int:
@@ -205,7 +211,14 @@ def run_variant(
     preload_features(scorer, records)
     reward = QACEReward(scorer)
     info: dict[str, Any] = {"signature": reward.signature, "load_seconds": time.perf_counter() - load}
-    warm = time.perf_counter()  # one full chunk first: the largest CUDA graphs are captured here
+    if args.graph_warm_up_length != 0:
+        reserved = gpu_reserved_gib()
+        warm = time.perf_counter()
+        length = {} if args.graph_warm_up_length is None else {"max_length": args.graph_warm_up_length}
+        info["graph_shapes_warmed_up"] = reward.warm_up(**length)
+        info["graph_warm_up_seconds"] = time.perf_counter() - warm
+        info["graph_warm_up_reserved_gib"] = gpu_reserved_gib() - reserved
+    warm = time.perf_counter()  # one full chunk first (without a graph warm-up, the largest graphs)
     list(scorer.score_records(records[: args.warmup_records]))
     cuda_sync()
     info["warmup_records"] = min(args.warmup_records, len(records))
@@ -287,6 +300,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per cell (default 5)")
     parser.add_argument(
+        "--graph-warm-up-length",
+        type=int,
+        default=None,
+        help="QACEReward.warm_up(max_length=...) before anything else (default: its default); 0: none "
+        "(graphs are then captured when a shape is first met)",
+    )
+    parser.add_argument(
         "--warmup-records",
         type=int,
         default=None,
@@ -358,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             "spacy_workers": args.spacy_workers,
             "candidate_cache": args.candidate_cache,
             "features_preloaded": True,
+            "graph_warm_up_length": args.graph_warm_up_length,
             "warmup_per_cell": args.warmup,
             "warmup_records_per_variant": args.warmup_records,
         },
