@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         *sorted({w.lower().strip(".,") for refs in images.values() for r in refs for w in r.split()}),
     ]
     reward = QACEReward(models=args.models, device=args.device)  # models load once, here
+    reward.warm_up()  # on a GPU: every batch shape's CUDA graphs now, not in the training steps
     policy = ToyCaptioner(len(ids), vocab).to(args.device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
     image_index = torch.arange(len(ids), device=args.device)
