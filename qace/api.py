@@ -109,10 +109,15 @@ class QACE(FileScorer):
         the decoders' graph buffers for the largest batch at once. Longer prompts are still captured
         when first met. Returns how many batch shapes were captured: 0 on the CPU or the ONNX Runtime
         backend, which capture nothing.
+
+        It also starts, on any device, what a first call would otherwise wait for: spaCy's worker
+        processes (each loads the parser), the BERTScore encoder's first pass and token F1's compiled
+        kernels.
         """
         from tqdm.auto import tqdm
 
         from qace.engine.scheduler import batch_shapes
+        from qace.kernels.token_f1 import token_f1
         from qace.metric.prompts import MAX_NEW_TOKENS
         from qace.models.visual_t5 import NUM_REGIONS, encoder_length
 
@@ -126,6 +131,11 @@ class QACE(FileScorer):
             visual = batch_shapes(visual_lengths, c.max_batch_tokens, rows)
             jobs.append((m.vqa, visual, m.vqa_unanswerable))
         jobs = [job for job in jobs if hasattr(job[0], "warm_up")]
+        # one distinct caption per worker, so that the pool starts every process
+        self.candidates([f"a warm-up caption number {i}" for i in range(max(1, c.spacy_workers))])
+        token_f1(["a warm-up answer"], ["a warm-up reference"])
+        with m.device_lock:
+            self.matcher.score(["a warm-up answer"], ["a warm-up reference"])
         with m.device_lock, tqdm(desc="capturing CUDA graphs", unit=" shapes", disable=not c.progress) as bar:
             return sum(
                 runner.warm_up(

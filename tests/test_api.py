@@ -324,8 +324,15 @@ def test_bertscore_encoder_is_half_for_half_precision_on_a_gpu(device, precision
     assert api.bertscore_precision(QACEConfig(device=device, precision=precision)) == bertscore
 
 
-def test_warm_up_captures_nothing_on_the_cpu(ref_scorer):
+def test_warm_up_starts_the_host_work_and_captures_nothing_on_the_cpu(ref_scorer, monkeypatch):
+    """Parsing, BERTScore and token F1 run once, so a first call waits for none of them to start."""
+    seen: list[str] = []
+    monkeypatch.setattr(ref_scorer, "candidates", lambda captions: seen.append(f"parse {len(set(captions))}"))
+    monkeypatch.setattr(ref_scorer.matcher, "score", lambda c, r: seen.append("bertscore"))
+    monkeypatch.setattr("qace.kernels.token_f1.token_f1", lambda a, b: seen.append("f1"))
+    monkeypatch.setattr(ref_scorer, "config", ref_scorer.config.with_(spacy_workers=3))
     assert ref_scorer.warm_up() == 0
+    assert seen == ["parse 3", "f1", "bertscore"]  # one distinct caption per spaCy worker
 
 
 def _graph_shapes(scorer: QACE) -> int:
