@@ -15,9 +15,10 @@ bf16. Paths, all on one engine (models loaded once):
 
 Each timed iteration draws a fresh batch of workload records (seeded; the same batches for every path).
 Not timed: ``QACEReward.warm_up`` per variant (every batch shape's CUDA graphs for prompts of up to
-``--graph-warm-up-length`` tokens; 0 skips it), one full chunk of records, then ``--warmup`` calls per
-cell; graphs still captured during timed calls (a batch shape first seen there) are counted in the
-cell's ``graph_captures_in_timed_calls``.
+``--graph-warm-up-length`` tokens, spaCy's workers, BERTScore; 0 skips it), three calls of the smallest
+batch (timed apart as ``first_calls_ms``: what a fresh service's first requests wait), one full chunk of
+records, then ``--warmup`` calls per cell; graphs still captured during timed calls (a batch shape
+first seen there) are counted in the cell's ``graph_captures_in_timed_calls``.
 
 Answer-candidate caching across calls is off by default (``cache_size 0``: an RL policy writes new
 captions every step, while this workload repeats its 977 distinct captions), and the region features of
@@ -77,6 +78,14 @@ def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Name
         args=args,
         candidate_cache=args.candidate_cache,
     )
+
+
+def timed(call: Callable[..., object], *args: Any, **kwargs: Any) -> float:
+    """Seconds ``call(*args, **kwargs)`` takes, its GPU work included."""
+    start = time.perf_counter()
+    call(*args, **kwargs)
+    cuda_sync()
+    return time.perf_counter() - start
 
 
 def gpu_reserved_gib() -> float:
@@ -218,6 +227,11 @@ def run_variant(
         info["graph_shapes_warmed_up"] = reward.warm_up(**length)
         info["graph_warm_up_seconds"] = time.perf_counter() - warm
         info["graph_warm_up_reserved_gib"] = gpu_reserved_gib() - reserved
+    first = min(args.batches)  # what a service's first requests wait for after the warm-up (if any)
+    batches = [draw(records, first, args.seed, -1000 - i) for i in range(3)]
+    info["first_calls_ms"] = [
+        1000 * timed(reward, [r.caption for r in b], **context_columns(b, variant)) for b in batches
+    ]
     warm = time.perf_counter()  # one full chunk first (without a graph warm-up, the largest graphs)
     list(scorer.score_records(records[: args.warmup_records]))
     cuda_sync()
