@@ -9,11 +9,12 @@ Endpoints (all but ``/health`` need ``Authorization: Bearer <token>``):
   ``{"rewards", "scores", "extra_logs"}``. The caption is the query minus its prompt; each label
   carries the context: an image id (QACE-Img), or references as a list, a JSON list string, a
   single string, or ``{"references": [...]}`` / ``{"image_id": ...}``.
-- ``GET /health``: liveness and queue depth; ``GET /metrics``: Prometheus text.
+- ``GET /health``: liveness and queue depth (503 ``warming_up`` while the engine warms up, then 200);
+  ``GET /metrics``: Prometheus text.
 
 Refusals are explicit, never a hang: 401 (token), 413 (body or item count too large), 400/422
-(malformed input), 429 (queue full) and 503 (stopping, or waited past the timeout), the last two
-with ``Retry-After``.
+(malformed input), 429 (queue full) and 503 (warming up, stopping, or waited past the timeout), the
+last two with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -65,8 +67,21 @@ class _HTTPError(Exception):
         self.status, self.detail, self.headers = status, detail, headers or {}
 
 
-def create_app(reward: Any, *, token: str, settings: ServeSettings | None = None) -> FastAPI:
-    """The FastAPI app serving ``reward`` (a `qace.reward.QACEReward` or anything with its ``score``)."""
+WARM_UP_RETRY_AFTER_S = 5
+"""``Retry-After`` of requests refused while the engine warms up (that takes seconds, not one)."""
+
+
+def create_app(
+    reward: Any, *, token: str, settings: ServeSettings | None = None, warm_up: bool = False
+) -> FastAPI:
+    """The FastAPI app serving ``reward`` (a `qace.reward.QACEReward` or anything with its ``score``).
+
+    ``warm_up``: on start, run ``reward.warm_up()`` (`QACEReward.warm_up`) in a thread while the server
+    already answers: ``/health`` says 503 ``warming_up`` and reward requests get 503 with
+    ``Retry-After`` until it is done, so a readiness probe or a retrying client waits instead of
+    failing to connect. A failed warm-up is logged and reported in ``/health``; the engine then
+    captures its graphs when it first needs them.
+    """
     if not token or not token.strip():
         raise ConfigError("the reward service needs a bearer token (--token or QACE_SERVE_TOKEN)")
     settings = settings or ServeSettings()
@@ -89,9 +104,27 @@ def create_app(reward: Any, *, token: str, settings: ServeSettings | None = None
         retry_after_s=settings.retry_after_s,
     )
 
+    warmed = threading.Event()
+    warm_up_error: list[str] = []
+
+    def warm() -> None:
+        start = time.perf_counter()
+        try:
+            shapes = reward.warm_up()
+            log.info("warmed up (%s batch shapes) in %.1f s", shapes, time.perf_counter() - start)
+        except Exception as exc:  # noqa: BLE001 - reported by /health; scoring still works without it
+            warm_up_error.append(f"{type(exc).__name__}: {exc}")
+            log.exception("warm-up failed; graphs will be captured when first needed")
+        finally:
+            warmed.set()
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await batcher.start()
+        if warm_up:
+            threading.Thread(target=warm, name="qace-warm-up", daemon=True).start()
+        else:
+            warmed.set()
         log.info("reward service ready: %s", reward.signature)
         yield
         await batcher.stop()
@@ -129,6 +162,9 @@ def create_app(reward: Any, *, token: str, settings: ServeSettings | None = None
             raise _HTTPError(400, f"body is not JSON: {exc}") from exc
 
     async def run(items: list[Item]) -> list[Any]:
+        if not warmed.is_set():
+            retry = {"Retry-After": str(WARM_UP_RETRY_AFTER_S)}
+            raise _HTTPError(503, "the reward engine is warming up (capturing CUDA graphs)", retry)
         if len(items) > settings.max_items:
             raise _HTTPError(413, f"{len(items)} items in one request; the limit is {settings.max_items}")
         try:
@@ -183,15 +219,11 @@ def create_app(reward: Any, *, token: str, settings: ServeSettings | None = None
 
     @app.get("/health")
     async def health() -> Any:
-        status = 200 if batcher.running else 503
-        return JSONResponse(
-            {
-                "status": "ok" if status == 200 else "stopped",
-                "signature": reward.signature,
-                "queued_items": batcher.stats.queued_items,
-            },
-            status_code=status,
-        )
+        state = "stopped" if not batcher.running else "ok" if warmed.is_set() else "warming_up"
+        payload = {"status": state, "signature": reward.signature, "queued_items": batcher.stats.queued_items}
+        if warm_up_error:
+            payload["warm_up_error"] = warm_up_error[0]
+        return JSONResponse(payload, status_code=200 if state == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import time
 
 from qace.errors import ConfigError
 
@@ -47,8 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-warm-up",
         dest="warm_up",
         action="store_false",
-        help="start serving without capturing the decoders' CUDA graphs first (GPU only; the first "
-        "requests of each batch shape then pay for them)",
+        help="serve at once instead of warming the engine up first (/health and reward requests answer "
+        "503 during a warm-up; without it the first requests wait for spaCy's workers to start and, on "
+        "a GPU, pay for each new batch shape's CUDA graphs)",
     )
     p.set_defaults(func=cmd_serve)
 
@@ -77,10 +77,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if reward.scorer.uses_test_models:
         log.warning("serving qace's TINY TEST MODELS: rewards mean nothing")
-    if args.warm_up and reward.device.startswith("cuda"):
-        start = time.perf_counter()
-        shapes = reward.warm_up()
-        print(f"captured the CUDA graphs of {shapes} batch shapes in {time.perf_counter() - start:.1f} s")
     settings = ServeSettings(
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
@@ -90,8 +86,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
     )
     print(f"serving {reward.signature} on http://{args.host}:{args.port}")
+    if args.warm_up:
+        print("warming up (CUDA graphs on a GPU, spaCy workers): /health answers 503 until it is done")
     uvicorn.run(
-        create_app(reward, token=token, settings=settings),
+        create_app(reward, token=token, settings=settings, warm_up=args.warm_up),
         host=args.host,
         port=args.port,
         log_level="warning",

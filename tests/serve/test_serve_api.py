@@ -268,31 +268,77 @@ def test_serve_command_passes_only_the_speed_settings_given(monkeypatch) -> None
     assert "max_batch_tokens" not in seen
 
 
-@pytest.mark.parametrize(
-    ("device", "flags", "warmed"), [("cuda", [], 1), ("cuda", ["--no-warm-up"], 0), ("cpu", [], 0)]
-)
-def test_serve_command_warms_a_gpu_engine_up_before_serving(monkeypatch, device, flags, warmed) -> None:
-    """On a GPU every batch shape's CUDA graphs are captured before the first request (`QACE.warm_up`)."""
+@pytest.mark.parametrize(("flags", "warm_up"), [([], True), (["--no-warm-up"], False)])
+def test_serve_command_warms_the_engine_up_unless_told_not_to(monkeypatch, flags, warm_up) -> None:
     import argparse
 
     from qace.serve.cli import register
 
-    events: list[str] = []
+    seen: dict = {}
 
     class Reward:
         def __init__(self, **kwargs):
-            self.device, self.signature = device, "sig"
+            self.device, self.signature = "cuda", "sig"
             self.scorer = argparse.Namespace(uses_test_models=False)
 
-        def warm_up(self):
-            events.append("warm_up")
-            return 3
-
     monkeypatch.setattr("qace.reward.QACEReward", Reward)
-    monkeypatch.setattr("qace.serve.app.create_app", lambda *a, **k: events.append("app"))
-    monkeypatch.setattr("uvicorn.run", lambda *a, **k: events.append("serve"))
+    monkeypatch.setattr("qace.serve.app.create_app", lambda *a, **k: seen.update(k))
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: seen.update(served=True))
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["serve", "--token", "t", *flags])
     assert args.func(args) == 0
-    assert events == ["warm_up"] * warmed + ["app", "serve"]
+    assert seen["warm_up"] is warm_up and seen["served"]
+
+
+def _warming(fake, fail: bool = False) -> threading.Event:
+    """Give ``fake`` a warm-up that lasts until the returned event is set (then fails if ``fail``)."""
+    done = threading.Event()
+
+    def warm_up() -> int:
+        done.wait(10)
+        if fail:
+            raise RuntimeError("out of memory")
+        return 3
+
+    fake.warm_up = warm_up
+    return done
+
+
+def _wait_ready(url: str) -> httpx.Response:
+    for _ in range(250):
+        health = httpx.get(f"{url}/health")
+        if health.json()["status"] != "warming_up":
+            return health
+        time.sleep(0.02)
+    raise AssertionError("still warming up")
+
+
+def test_requests_wait_for_the_warm_up_with_503_and_retry_after(fake) -> None:
+    """The server answers at once while it warms up: not ready (503), never a refused connection."""
+    from qace.serve.app import create_app
+    from qace.serve.local import serving
+
+    done = _warming(fake)
+    with serving(create_app(fake, token=TOKEN, warm_up=True), start_timeout_s=10) as url:
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "warming_up"
+        early = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers=AUTH)
+        assert early.status_code == 503 and early.headers["retry-after"] == "5"
+        assert "warming up" in early.json()["detail"] and fake.batches == []
+        done.set()
+        assert _wait_ready(url).status_code == 200
+        later = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers=AUTH)
+        assert later.status_code == 200 and later.json()["results"][0]["reward"] == 0.05
+
+
+def test_a_failed_warm_up_is_reported_and_the_service_still_scores(fake) -> None:
+    from qace.serve.app import create_app
+    from qace.serve.local import serving
+
+    _warming(fake, fail=True).set()
+    with serving(create_app(fake, token=TOKEN, warm_up=True), start_timeout_s=10) as url:
+        health = _wait_ready(url)
+        assert health.status_code == 200 and "out of memory" in health.json()["warm_up_error"]
+        got = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers=AUTH)
+        assert got.status_code == 200
