@@ -266,12 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     pack.set_defaults(func=cmd_features_pack)
 
     for module in OPTIONAL_COMMANDS:
-        try:
-            register = importlib.import_module(module).register
+        try:  # a register may import its extra itself (score-ray imports ray)
+            importlib.import_module(module).register(sub)
         except ImportError as exc:  # an optional extra is not installed
             log.debug("commands of %s unavailable: %s", module, exc)
-        else:
-            register(sub)
     return parser
 
 

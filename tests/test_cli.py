@@ -58,3 +58,16 @@ def test_version(args, capsys):
     with pytest.raises(SystemExit):
         main(args)
     assert "qace" in capsys.readouterr().out
+
+
+def test_cli_works_without_an_optional_extra(monkeypatch, capsys):
+    """Without Ray (an extra), `qace score-ray` is absent and every other command still parses."""
+    import sys
+
+    from qace.cli import build_parser
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert "score-ray" not in commands and {"score", "serve"} <= set(commands)
+    assert parser.parse_args(["score", "in.jsonl", "-o", "out.jsonl"]).command == "score"
