@@ -98,8 +98,9 @@ class QACEReward:
         self.signature = scorer.signature
 
     def warm_up(self, max_rows: int | None = None, max_length: int = 96) -> int:
-        """Capture the decoders' CUDA graphs before the first training step (`QACE.warm_up`), so that
-        no reward call pays for one; returns how many batch shapes were captured (0 on the CPU)."""
+        """Warm the engine up before the first training step (`QACE.warm_up`: the decoders' CUDA graphs,
+        spaCy's workers, BERTScore), so that no reward call waits for them; returns how many batch
+        shapes were captured (0 on the CPU)."""
         return self.scorer.warm_up(max_rows, max_length)
 
     # -- core ----------------------------------------------------------------------------------

@@ -82,8 +82,8 @@ class _Storage:
         self.finished = torch.zeros(rows, device=device, dtype=torch.bool)
         self.answerability = torch.zeros(rows, device=device, dtype=torch.float32)
 
-    def fits(self, rows: int, length: int, steps: int) -> bool:
-        return rows <= self.rows and rows * length <= self.tokens and steps == self.steps
+    def fits(self, rows: int, tokens: int, steps: int) -> bool:
+        return rows <= self.rows and tokens <= self.tokens and steps == self.steps
 
 
 @dataclass
@@ -247,7 +247,7 @@ class GraphedDecoding:
         """Storage for at least ``rows`` rows and ``tokens`` encoder positions; growing it drops the
         captured graphs, which point into the old storage."""
         old = self._store
-        if old is not None and rows <= old.rows and tokens <= old.tokens and steps == old.steps:
+        if old is not None and old.fits(rows, tokens, steps):
             return
         self._views.clear()
         self._pool = None  # a pool dies with its last graph: the next capture starts a new one

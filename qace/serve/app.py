@@ -164,7 +164,9 @@ def create_app(
     async def run(items: list[Item]) -> list[Any]:
         if not warmed.is_set():
             retry = {"Retry-After": str(WARM_UP_RETRY_AFTER_S)}
-            raise _HTTPError(503, "the reward engine is warming up (capturing CUDA graphs)", retry)
+            raise _HTTPError(
+                503, "the reward engine is warming up (spaCy workers; CUDA graphs on a GPU)", retry
+            )
         if len(items) > settings.max_items:
             raise _HTTPError(413, f"{len(items)} items in one request; the limit is {settings.max_items}")
         try:
