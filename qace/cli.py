@@ -222,8 +222,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_features_pack(args: argparse.Namespace) -> int:
     from qace.data.features import open_feature_store, pack_features
 
-    count = pack_features(open_feature_store(args.source), args.output)
-    print(f"packed {count} images into {args.output}")
+    errors: list[tuple[str, str]] = []
+    count = pack_features(open_feature_store(args.source), args.output, dtype=args.dtype, errors=errors)
+    for _, reason in errors:
+        print(f"not packed: {reason}", file=sys.stderr)
+    left_out = f"; {len(errors)} image(s) left out, listed above" if errors else ""
+    print(f"packed {count} images into {args.output} ({args.dtype}){left_out}")
     return 0
 
 
@@ -263,6 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     pack = fsub.add_parser("pack", help="pack per-image .npz files into one HDF5 store")
     pack.add_argument("source", help="directory of <image_id>.npz files (or another store)")
     pack.add_argument("output", help="output .h5 file")
+    pack.add_argument(
+        "--dtype",
+        default="float16",
+        choices=["float16", "float32"],
+        help="stored precision: float16 is lossless for the release's features; float32 for values "
+        "beyond float16's range (65504)",
+    )
     pack.set_defaults(func=cmd_features_pack)
 
     for module in OPTIONAL_COMMANDS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from qace.cli import main
@@ -71,3 +72,54 @@ def test_cli_works_without_an_optional_extra(monkeypatch, capsys):
     commands = next(a for a in parser._actions if a.dest == "command").choices
     assert "score-ray" not in commands and {"score", "serve"} <= set(commands)
     assert parser.parse_args(["score", "in.jsonl", "-o", "out.jsonl"]).command == "score"
+
+
+@pytest.mark.parametrize("store", ["hdf5", "npz"])
+def test_corrupt_feature_files_are_per_record_errors(store, test_models_dir, tmp_path, capsys):
+    """A damaged HDF5 chunk or .npz costs its captions only; the run (and a resumed one) goes on."""
+    from tests.corrupt_files import damaged_compressed_npz, features, hdf5_with_damaged_row, truncated_npz
+
+    if store == "hdf5":
+        where = hdf5_with_damaged_row(tmp_path / "f.h5", ["good", "bad", "worse"], damaged="bad")
+    else:
+        where = tmp_path / "npz"
+        where.mkdir()
+        np.savez(where / "good.npz", **features("good"))
+        truncated_npz(where / "bad.npz", "bad")
+        damaged_compressed_npz(where / "worse.npz", "worse")
+    images = {"1": "good", "2": "bad", "3": "good", "4": "worse" if store == "npz" else "good"}
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"id": i, "image_id": m, "caption": "a dog runs"}) + "\n" for i, m in images.items()
+        )
+    )
+    out = tmp_path / "out.jsonl"
+    argv = ["score", str(source), "-o", str(out), "--models", str(test_models_dir), "--variant", "img"]
+    argv += ["--features", str(where), "--no-progress", "--chunk-size", "2"]
+    assert main(argv) == 0
+    bad = {"2", "4"} if store == "npz" else {"2"}
+    assert [json.loads(line)["id"] for line in out.open()] == [i for i in images if i not in bad]
+    errors = {e["id"]: e["reason"] for e in map(json.loads, (tmp_path / "out.errors.jsonl").open())}
+    assert set(errors) == bad and all("image '" in reason for reason in errors.values())
+    assert main([*argv, "--resume"]) == 0  # listed errors count as done: nothing is read again
+    assert "scored 0 captions (0 errors, 4 already done)" in capsys.readouterr().out
+
+
+def test_features_pack_lists_bad_images_and_packs_the_rest(tmp_path, capsys):
+    from tests.corrupt_files import features, truncated_npz
+
+    source = tmp_path / "npz"
+    source.mkdir()
+    np.savez(source / "a.npz", **features("a"))
+    truncated_npz(source / "b.npz", "b")
+    (source / "c.npz").write_text("plain text")
+    np.savez(source / "d.npz", features=np.full((36, 2048), 1e6), norm_bb=np.zeros((36, 6)))
+    out = tmp_path / "f.h5"
+    assert main(["features", "pack", str(source), str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "packed 1 images" in printed.out and "3 image(s) left out" in printed.out
+    assert "image 'b'" in printed.err and "image 'c'" in printed.err and "not an .npz file" in printed.err
+    assert "pickled" not in printed.err and "--dtype float32" in printed.err
+    assert main(["features", "pack", str(source), str(out), "--dtype", "float32"]) == 0
+    assert "packed 2 images" in capsys.readouterr().out

@@ -16,10 +16,13 @@ Stores:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sized
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -95,6 +98,39 @@ def _candidates(image_id: str) -> list[str]:
     return [image_id, stem] if ext and stem else [image_id]
 
 
+ZIP_MAGIC = b"PK\x03\x04"
+"""How every ``.npz`` (a zip archive of ``.npy`` files) begins."""
+DAMAGED_NPZ = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+"""What numpy and zipfile raise on a truncated, bad-CRC or badly compressed archive."""
+
+
+def read_npz(image_id: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``features`` and ``norm_bb`` of a release ``.npz``; a file that is no ``.npz``, is truncated or
+    damaged, or lacks a key raises `FeatureError` naming the image, the file and the fix."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(ZIP_MAGIC))
+    except OSError as exc:
+        raise FeatureError(f"image {image_id!r}: cannot read {path}: {exc}") from exc
+    if head != ZIP_MAGIC:  # np.load would take it for a .npy, or for pickled data
+        raise FeatureError(
+            f"image {image_id!r}: {path} is not an .npz file (no zip header; "
+            f"{'it is empty' if not head else f'it starts with {head!r}'}); re-extract the features"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [key for key in ("features", "norm_bb") if key not in data.files]
+            if missing:
+                raise FeatureError(f"image {image_id!r}: {path} lacks {missing} (has {data.files})")
+            return data["features"], data["norm_bb"]
+    except DAMAGED_NPZ as exc:
+        kind = f"{type(exc).__module__}.{type(exc).__name__}".removeprefix("builtins.")
+        raise FeatureError(
+            f"image {image_id!r}: {path} cannot be read, it is truncated or damaged ({kind}: {exc}); "
+            "re-extract it or copy it again"
+        ) from exc
+
+
 class NpzDirStore:
     """The release layout: one ``<directory>/<image_id>.npz`` per image.
 
@@ -127,14 +163,7 @@ class NpzDirStore:
         path = self._path(image_id)
         if path is None:
             raise _missing(image_id, self.signature)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                missing = [key for key in ("features", "norm_bb") if key not in data.files]
-                if missing:
-                    raise FeatureError(f"image {image_id!r}: {path} lacks {missing} (has {data.files})")
-                features, norm_bb = data["features"], data["norm_bb"]
-        except (OSError, ValueError) as exc:
-            raise FeatureError(f"image {image_id!r}: cannot read {path}: {exc}") from exc
+        features, norm_bb = read_npz(image_id, path)
         return validate(image_id, combine(image_id, features, norm_bb, str(path)), str(path))
 
 
@@ -197,7 +226,14 @@ class HDF5Store:
         row = self._row(image_id)
         if row is None:
             raise _missing(image_id, self.signature)
-        return validate(image_id, self._features[row], self.signature)
+        try:
+            stored = self._features[row]
+        except OSError as exc:  # e.g. a damaged chunk: "filter returned failure during read"
+            raise FeatureError(
+                f"image {image_id!r} in {self.signature}: row {row} cannot be read ({exc}); the file is "
+                "damaged: pack it again from the source features"
+            ) from exc
+        return validate(image_id, stored, self.signature)
 
     def close(self) -> None:
         self._file.close()
@@ -242,11 +278,15 @@ def pack_features(
     *,
     dtype: Any = np.float16,
     progress: bool = True,
+    errors: list[tuple[str, str]] | None = None,
 ) -> int:
     """Write `source` (a store, or (image_id, array) pairs) to one HDF5 file; return the image count.
 
     The file is written to ``<out_path>.tmp`` and renamed, so a crash never leaves a half file.
-    Inputs are validated first and must stay finite in `dtype` (fp16 overflows above 65504).
+    Inputs are validated first and must stay finite in `dtype` (fp16 overflows above 65504). A bad
+    image (unreadable, misshaped, non-finite, overflowing `dtype`, or an id seen before) raises
+    `FeatureError`; with an ``errors`` list it is appended there as ``(image_id, reason)`` instead,
+    left out of the file, and packing goes on.
     """
     import h5py
     from tqdm import tqdm
@@ -272,14 +312,16 @@ def pack_features(
             )
             names = f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"))
             f.attrs["layout"] = HDF5_LAYOUT
-            for image_id, array in tqdm(pairs, total=total, disable=not progress, desc="packing features"):
-                if image_id in seen:
-                    raise FeatureError(f"image {image_id!r} appears twice in the packing source")
+            for image_id, load in tqdm(pairs, total=total, disable=not progress, desc="packing features"):
+                try:
+                    stored = _packable(image_id, load, dtype, seen)
+                except FeatureError as exc:
+                    if errors is None:
+                        raise
+                    errors.append((image_id, str(exc)))
+                    log.warning("not packed: %s", exc)
+                    continue
                 seen.add(image_id)
-                with np.errstate(over="ignore"):  # overflow is reported just below, by image
-                    stored = validate(image_id, np.asarray(array), "packing source").astype(dtype)
-                if not np.isfinite(stored).all():
-                    raise FeatureError(f"image {image_id!r}: values overflow {dtype.name}; pack with float32")
                 row = len(seen) - 1
                 data.resize(row + 1, axis=0)
                 names.resize(row + 1, axis=0)
@@ -293,16 +335,34 @@ def pack_features(
     return len(seen)
 
 
+def _packable(image_id: str, load: Callable[[], Any], dtype: np.dtype, seen: set[str]) -> np.ndarray:
+    """The validated features of one image in `dtype`, or `FeatureError` saying why it cannot be packed."""
+    if image_id in seen:
+        raise FeatureError(f"image {image_id!r} appears twice in the packing source")
+    with np.errstate(over="ignore"):  # overflow is reported just below, by image
+        stored = validate(image_id, np.asarray(load()), "packing source").astype(dtype)
+    if not np.isfinite(stored).all():
+        raise FeatureError(
+            f"image {image_id!r}: values overflow {dtype.name}; pack with float32 "
+            "(`qace features pack --dtype float32`, or pack_features(dtype=np.float32))"
+        )
+    return stored
+
+
 def _pairs(
     source: FeatureStore | Iterable[tuple[str, np.ndarray]],
-) -> tuple[Iterator[tuple[str, Any]], int | None]:
-    """(image_id, array) pairs and their count when known."""
+) -> tuple[Iterator[tuple[str, Callable[[], Any]]], int | None]:
+    """(image_id, loader) pairs and their count when known; a loader reads its image when called, so
+    one unreadable image fails alone."""
     if isinstance(source, FeatureStore):
-        store = source
-        ids = list(store.ids())
-        return ((image_id, store.get(image_id)) for image_id in ids), len(ids)
+        ids = list(source.ids())
+        return ((image_id, functools.partial(source.get, image_id)) for image_id in ids), len(ids)
     total = len(source) if isinstance(source, Sized) else None
-    return iter(source), total
+    return ((image_id, functools.partial(_given, array)) for image_id, array in source), total
+
+
+def _given(array: Any) -> Any:
+    return array
 
 
 def open_feature_store(path: str | Path) -> FeatureStore:

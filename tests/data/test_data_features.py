@@ -18,6 +18,13 @@ from qace.data.features import (
     pack_features,
 )
 from qace.errors import ConfigError, FeatureError
+from tests.corrupt_files import (
+    bad_crc_npz,
+    damaged_compressed_npz,
+    features,
+    hdf5_with_damaged_row,
+    truncated_npz,
+)
 
 SAMPLE = (
     Path(__file__).resolve().parents[2].parent / "shared" / "data" / "region_features" / "butd_sample.npz"
@@ -154,3 +161,53 @@ def test_open_feature_store_errors(tmp_path: Path) -> None:
         f["x"] = np.zeros(3)
     with pytest.raises(ConfigError, match="not a qace feature file"):
         open_feature_store(not_ours)
+
+
+def test_a_damaged_hdf5_chunk_fails_its_image_only(tmp_path: Path) -> None:
+    ids = ["a", "b", "c"]
+    store = HDF5Store(hdf5_with_damaged_row(tmp_path / "f.h5", ids, damaged="b"))
+    with pytest.raises(FeatureError, match="image 'b'.*row 1 cannot be read.*pack it again") as info:
+        store.get("b")
+    assert "filter returned failure" in str(info.value)
+    np.testing.assert_allclose(store.get("c"), RandomFeatureStore(0).get("c"), rtol=1e-3, atol=1e-3)
+
+
+def test_damaged_or_foreign_npz_files_are_feature_errors(tmp_path: Path) -> None:
+    truncated_npz(tmp_path / "cut.npz", "cut")
+    bad_crc_npz(tmp_path / "crc.npz", "crc")
+    damaged_compressed_npz(tmp_path / "zip.npz", "zip")
+    (tmp_path / "text.npz").write_text("not an archive\n")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    np.save(tmp_path / "array.npy", np.zeros(3))
+    (tmp_path / "array.npy").rename(tmp_path / "array.npz")
+    np.savez(tmp_path / "good.npz", **features("good"))
+    store = NpzDirStore(tmp_path)
+    cases = {
+        "cut": "truncated or damaged (zipfile.BadZipFile",
+        "crc": "Bad CRC-32",
+        "zip": "(zlib.error",
+        "text": "is not an .npz file (no zip header; it starts with b'not ')",
+        "empty": "is not an .npz file (no zip header; it is empty)",
+        "array": "is not an .npz file",
+    }
+    for image_id, problem in cases.items():
+        with pytest.raises(FeatureError, match=f"image '{image_id}'") as info:
+            store.get(image_id)
+        assert problem in str(info.value) and "pickled" not in str(info.value)
+    assert store.get("good").shape == (36, 2054)
+
+
+def test_pack_lists_bad_images_and_packs_the_rest(tmp_path: Path) -> None:
+    source = tmp_path / "npz"
+    source.mkdir()
+    for name in ("a", "c", "e"):
+        np.savez(source / f"{name}.npz", **features(name))
+    truncated_npz(source / "b.npz", "b")
+    (source / "d.npz").write_text("not an archive")
+    errors: list[tuple[str, str]] = []
+    out = tmp_path / "f.h5"
+    assert pack_features(NpzDirStore(source), out, progress=False, errors=errors) == 3
+    assert [image_id for image_id, _ in errors] == ["b", "d"]
+    assert "truncated or damaged" in errors[0][1] and "not an .npz" in errors[1][1]
+    with HDF5Store(out) as store:
+        assert store.ids() == ["a", "c", "e"]
