@@ -67,6 +67,28 @@ class _HTTPError(Exception):
         self.status, self.detail, self.headers = status, detail, headers or {}
 
 
+MIN_TOKEN_CHARS = 16
+"""Shortest bearer token the service accepts (a short one can be guessed)."""
+
+
+def check_token(token: str) -> None:
+    """Refuse a missing, blank or short (under `MIN_TOKEN_CHARS`) token with a `ConfigError`."""
+    if len((token or "").strip()) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"the reward service needs a bearer token of at least {MIN_TOKEN_CHARS} characters "
+            "(--token or QACE_SERVE_TOKEN; e.g. `openssl rand -hex 16`)"
+        )
+
+
+def authorized(header: str, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token`` in the ``Bearer`` scheme; the scheme's name
+    matches in any case (RFC 9110, section 11.1), the token exactly, in constant time."""
+    scheme, _, credentials = header.partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(
+        credentials.strip(" ").encode(), token.encode()
+    )
+
+
 WARM_UP_RETRY_AFTER_S = 5
 """``Retry-After`` of requests refused while the engine warms up (that takes seconds, not one)."""
 
@@ -82,10 +104,8 @@ def create_app(
     failing to connect. A failed warm-up is logged and reported in ``/health``; the engine then
     captures its graphs when it first needs them.
     """
-    if not token or not token.strip():
-        raise ConfigError("the reward service needs a bearer token (--token or QACE_SERVE_TOKEN)")
+    check_token(token)
     settings = settings or ServeSettings()
-    expected = f"Bearer {token}".encode()
     counts: dict[str, int] = {}
 
     def score_items(items: list[Item]) -> list[Any]:
@@ -137,8 +157,7 @@ def create_app(
         """Auth and size limits before any body is read; counts every response by status."""
         try:
             if request.url.path != "/health":
-                given = request.headers.get("authorization", "").encode()
-                if not secrets.compare_digest(given, expected):
+                if not authorized(request.headers.get("authorization", ""), token):
                     raise _HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             length = request.headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):

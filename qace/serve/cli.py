@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-
-from qace.errors import ConfigError
+import secrets
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--invalid-reward", type=float, default=0.0, help="reward of empty/invalid captions")
     p.add_argument("--host", default="127.0.0.1", help="bind address (use 0.0.0.0 only behind a firewall)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--token", help="bearer token clients must send (default: $QACE_SERVE_TOKEN)")
+    p.add_argument(
+        "--token",
+        help="bearer token clients must send, at least 16 characters (default: $QACE_SERVE_TOKEN, "
+        "else a random one, printed)",
+    )
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="items per engine call")
     p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="batch gathering window")
     p.add_argument("--max-queue", type=int, default=d.max_queue, help="waiting items before 429")
@@ -58,13 +61,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from qace.config import given_speed_settings
     from qace.reward import QACEReward
-    from qace.serve.app import ServeSettings, create_app
+    from qace.serve.app import ServeSettings, check_token, create_app
 
     token = args.token or os.environ.get("QACE_SERVE_TOKEN", "")
-    if not token:
-        raise ConfigError(
-            "qace serve needs --token TOKEN or QACE_SERVE_TOKEN (clients send it as a bearer token)"
-        )
+    if token:
+        check_token(token)  # before the models load
+    else:
+        token = secrets.token_hex(16)
+        print(f"no --token or QACE_SERVE_TOKEN given; clients must send: Authorization: Bearer {token}")
     reward = QACEReward(
         models=args.models,
         variant=args.variant,

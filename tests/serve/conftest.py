@@ -17,7 +17,7 @@ from qace.reward import RewardResult, caption_problem  # noqa: E402
 from qace.serve.app import ServeSettings, create_app  # noqa: E402
 from qace.serve.local import serving  # noqa: E402
 
-TOKEN = "test-token"
+TOKEN = "test-token-0123456789"
 
 
 class FakeReward:

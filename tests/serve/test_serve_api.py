@@ -12,7 +12,7 @@ import pytest
 
 from qace.serve.client import RewardClient, RewardServiceError
 
-TOKEN = "test-token"  # as in conftest.py
+TOKEN = "test-token-0123456789"  # as in conftest.py
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REFS = ["a dog runs on the grass"]
 
@@ -35,12 +35,70 @@ def test_auth_required_except_health(fake, serve) -> None:
         assert health.status_code == 200 and health.json()["signature"] == fake.signature
 
 
-def test_no_token_refused() -> None:
+@pytest.mark.parametrize("token", ["", "                    ", "short", "fifteen-chars-x"])
+def test_missing_or_short_token_refused(token) -> None:
     from qace.errors import ConfigError
     from qace.serve.app import create_app
 
-    with pytest.raises(ConfigError, match="token"):
-        create_app(object(), token="")
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        create_app(object(), token=token)
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (f"Bearer {TOKEN}", 200),
+        (f"bearer {TOKEN}", 200),
+        (f"BEARER {TOKEN}", 200),
+        (f"bEaReR  {TOKEN}", 200),
+        (f"Bearer {TOKEN.upper()}", 401),
+        (f"Basic {TOKEN}", 401),
+        (f"Bearer{TOKEN}", 401),
+        (TOKEN, 401),
+    ],
+)
+def test_bearer_scheme_matches_in_any_case_the_token_exactly(fake, serve, header, status) -> None:
+    """RFC 9110 section 11.1: the scheme name is case-insensitive; the credentials are not."""
+    with serve(fake) as url:
+        got = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers={"Authorization": header})
+    assert got.status_code == status
+
+
+def _serve_command(monkeypatch, argv: list[str]) -> tuple[int, dict]:
+    """Run ``qace serve argv`` with a model-free reward and no server; what create_app got."""
+    import argparse
+
+    from qace.serve.cli import register
+
+    seen: dict = {}
+
+    class Reward:
+        def __init__(self, **kwargs):
+            seen["loaded"] = True
+            self.device, self.signature = "cpu", "sig"
+            self.scorer = argparse.Namespace(uses_test_models=False)
+
+    monkeypatch.setattr("qace.reward.QACEReward", Reward)
+    monkeypatch.setattr("qace.serve.app.create_app", lambda *a, **k: seen.update(k))
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: None)
+    monkeypatch.delenv("QACE_SERVE_TOKEN", raising=False)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", *argv])
+    return args.func(args), seen
+
+
+def test_serve_command_without_a_token_makes_one_and_prints_it(monkeypatch, capsys) -> None:
+    code, seen = _serve_command(monkeypatch, ["--no-warm-up"])
+    token = seen["token"]
+    assert code == 0 and len(token) >= 16 and f"Authorization: Bearer {token}" in capsys.readouterr().out
+
+
+def test_serve_command_refuses_a_short_token_before_loading_models(monkeypatch) -> None:
+    from qace.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        _serve_command(monkeypatch, ["--token", "12345"])
 
 
 def test_rewards_ids_echoed_and_invalid_captions_get_zero(fake, serve) -> None:
@@ -239,8 +297,10 @@ def test_serve_command_parses() -> None:
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", "--models", "m", "--variant", "img", "--port", "9000", "--token", "t"])
-    assert (args.variant, args.port, args.token, args.host) == ("img", 9000, "t", "127.0.0.1")
+    args = parser.parse_args(
+        ["serve", "--models", "m", "--variant", "img", "--port", "9000", "--token", TOKEN]
+    )
+    assert (args.variant, args.port, args.token, args.host) == ("img", 9000, TOKEN, "127.0.0.1")
 
 
 def test_serve_command_passes_only_the_speed_settings_given(monkeypatch) -> None:
@@ -261,7 +321,7 @@ def test_serve_command_passes_only_the_speed_settings_given(monkeypatch) -> None
     monkeypatch.setattr("qace.reward.QACEReward", reward)
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", "--token", "t", "--spacy-workers", "3", "--batch-rows", "512"])
+    args = parser.parse_args(["serve", "--token", TOKEN, "--spacy-workers", "3", "--batch-rows", "512"])
     with pytest.raises(Built):
         args.func(args)
     assert (seen["spacy_workers"], seen["max_batch_rows"]) == (3, 512)
@@ -286,7 +346,7 @@ def test_serve_command_warms_the_engine_up_unless_told_not_to(monkeypatch, flags
     monkeypatch.setattr("uvicorn.run", lambda *a, **k: seen.update(served=True))
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", "--token", "t", *flags])
+    args = parser.parse_args(["serve", "--token", TOKEN, *flags])
     assert args.func(args) == 0
     assert seen["warm_up"] is warm_up and seen["served"]
 
