@@ -40,6 +40,7 @@ def build_models(
     """Models for ``config``: runners, tokenizers, signature fingerprints, and whether any is a test model.
 
     Explicit ``qg``/``tqa``/``vqa`` win over ``models_dir/<role>``, which wins over the paper's models.
+    ``models_dir`` is local only: a role it lacks is a `ModelNotFoundError`, never a hub lookup.
     Visual-T5 is loaded only for QACE-Img.
     """
     from qace.engine.torch_runner import DTYPES
@@ -54,6 +55,14 @@ def build_models(
     defaults = loading.default_sources()
     explicit = {"qg": qg, "tqa": tqa, "vqa": vqa}
     roles = ("qg", "tqa", "vqa") if config.variant == "img" else ("qg", "tqa")
+    absent = [f"{role}/" for role in roles if base and not explicit[role] and not (base / role).exists()]
+    if base and absent:  # a models directory is local only: a role missing there is no hub lookup
+        held = ", ".join(sorted(p.name for p in base.iterdir())[:10]) or "nothing"
+        raise ModelNotFoundError(
+            f"models directory {base} has no {' or '.join(absent)} (it holds: {held}); --models is local "
+            "only, so point it at a directory with qg/, tqa/ and, for QACE-Img, vqa/, or name single "
+            "models with --qg/--tqa/--vqa"
+        )
     sources = {role: str(explicit[role] or (base / role if base else defaults[role])) for role in roles}
     # ONNX only needs the torch weights to export them, on the CPU, in fp32
     onnx = config.backend == "onnx"

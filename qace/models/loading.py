@@ -56,8 +56,13 @@ def is_test_model(path: str | Path) -> bool:
 
 
 def _looks_like_hub_id(name: str) -> bool:
-    """``owner/name`` or ``name``, not a filesystem path (``./x``, ``/x``, ``~/x``, ``x/y/z``)."""
-    return not name.startswith((".", "/", "~")) and name.count("/") <= 1 and "\\" not in name
+    """``owner/name`` or ``name``, not a filesystem path (``./x``, ``/x``, ``~/x``, ``x/y/z``, or
+    ``DIR/x`` where ``DIR`` is a local folder: a path's name is never taken for a hub id, since whoever
+    owns the hub user ``DIR`` would then supply the model)."""
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
+        return False
+    owner = name.partition("/")[0] if "/" in name else ""
+    return not (owner and Path(owner).exists())
 
 
 def _offline() -> bool:
@@ -102,7 +107,11 @@ def _load_source(
     dtype: torch.dtype,
     required: Sequence[str] = (),
 ) -> tuple[Any, Any]:
-    """Local directory directly; hub id from the HF cache first, then online unless HF_HUB_OFFLINE=1."""
+    """Local directory directly; hub id from the HF cache first, then online unless HF_HUB_OFFLINE=1.
+
+    An existing path is local only; a name is taken for a hub id only when no local path matches it
+    (`_looks_like_hub_id`), and the log and any error say so.
+    """
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -114,6 +123,7 @@ def _load_source(
     else:
         attempts = _hub_attempts(name_or_path)
         source = name_or_path
+        logger.info("%s model: no local path %r, so it is a Hugging Face hub id", role.upper(), source)
     errors: list[str] = []
     for local_only in attempts:
         try:
@@ -124,8 +134,9 @@ def _load_source(
             where = "local files" if local_only else "the Hugging Face hub"
             errors.append(f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             logger.debug("loading %s model from %s failed", role, where, exc_info=True)
+    hub = "" if path.exists() else " as a Hugging Face hub id, since no local path has that name"
     offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if _offline() and not path.exists() else ""
-    raise _not_found(role, source, "could not load it" + offline + "; " + "; ".join(errors))
+    raise _not_found(role, source, "could not load it" + hub + offline + "; " + "; ".join(errors))
 
 
 def _finish(model: Any, device: str | torch.device, dtype: torch.dtype) -> Any:

@@ -94,6 +94,41 @@ def test_hub_id_offline_fails_fast_with_hint() -> None:
     with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE") as err:
         load_seq2seq("qace-nonexistent/t5-model", role="tqa")
     assert "TQA model" in str(err.value) and "huggingface-cli" in str(err.value)
+    assert "as a Hugging Face hub id, since no local path has that name" in str(err.value)
+
+
+@pytest.fixture()
+def hub_calls(monkeypatch, tmp_path) -> list:
+    """Names transformers is asked to load, from the working directory ``tmp_path``, online allowed."""
+    from qace.models import loading
+
+    calls: list = []
+
+    def from_pretrained(name, **kwargs):
+        calls.append(name)
+        raise OSError(f"{name} is not on the hub")
+
+    monkeypatch.setattr(loading.AutoConfig, "from_pretrained", from_pretrained)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.chdir(tmp_path)
+    return calls
+
+
+def test_relative_models_dir_without_a_role_never_asks_the_hub(hub_calls, tmp_path) -> None:
+    (tmp_path / "mymodels" / "tqa").mkdir(parents=True)
+    with pytest.raises(ModelNotFoundError, match=r"models directory mymodels has no qg/ \(it holds: tqa\)"):
+        build_models(QACEConfig(), models_dir="mymodels")
+    assert hub_calls == []  # not even "mymodels/qg" as a hub id
+
+
+def test_a_local_folder_name_is_never_taken_for_a_hub_user(hub_calls, tmp_path) -> None:
+    (tmp_path / "owner").mkdir()
+    with pytest.raises(ModelNotFoundError, match="no such model directory"):
+        load_seq2seq("owner/t5", role="qg")
+    assert hub_calls == []
+    with pytest.raises(ModelNotFoundError, match="as a Hugging Face hub id"):
+        load_seq2seq("other-owner/t5", role="qg")  # nothing local matches: the hub is asked
+    assert hub_calls == ["other-owner/t5", "other-owner/t5"]  # the cache, then online
 
 
 def test_load_seq2seq_rejects_unknown_role(test_models_dir) -> None:
