@@ -73,6 +73,12 @@ class QACE(FileScorer):
         from qace.kernels.bertscore import BertScoreMatcher
         from qace.metric.candidates import CandidateExtractor
 
+        self.features = None
+        if self.config.variant == "img" and features is not None:  # a bad path fails before the models load
+            from qace.data.features import open_feature_store
+
+            store = open_feature_store(features) if isinstance(features, str | Path) else features
+            self.features = FeatureCache(store)
         self.models, fingerprints, self.uses_test_models = build_models(
             self.config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa
         )
@@ -85,12 +91,6 @@ class QACE(FileScorer):
             precision=bertscore_precision(self.config),
         )
         self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
-        self.features = None
-        if self.config.variant == "img" and features is not None:
-            from qace.data.features import open_feature_store
-
-            store = open_feature_store(features) if isinstance(features, str | Path) else features
-            self.features = FeatureCache(store)
         self.timer: Any = NO_TIMER
         """Benchmarks set a :class:`~qace.engine.profiling.StageTimer` here to time each stage."""
         self.signature = build_signature(

@@ -1,4 +1,10 @@
-"""Command line: ``qace score``, ``demo``, ``make-test-models``, ``features`` and the optional commands."""
+"""Command line: ``qace score``, ``demo``, ``make-test-models``, ``features`` and the optional commands.
+
+Building the parser imports nothing heavy (no torch, no model code) and only the module of the command
+being run, so a wrong flag answers at once; arguments and paths are checked (`qace.checks`) before any
+model loads. An optional command whose extra is not installed stays listed and answers with the line
+that installs it.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +13,60 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from qace import __version__
+from qace.checks import check_device, check_img_features, check_output_file
 from qace.errors import BackendUnavailableError, QACEError
+from qace.extras import require_extra
 
 if TYPE_CHECKING:
     from qace.data.run import Summary
 
 log = logging.getLogger("qace")
 
-OPTIONAL_COMMANDS = ("qace.meta.cli", "qace.export.cli", "qace.serve.cli", "qace.scale.cli")
-"""Modules whose ``register(subparsers)`` adds commands; each may need an optional extra."""
+
+@dataclass(frozen=True)
+class OptionalCommand:
+    """A command whose module (``register(subparsers)`` adds it) is imported only when it runs."""
+
+    module: str
+    extra: str
+    """The ``qace[extra]`` that installs what it needs."""
+    needs: tuple[str, ...]
+    """Top-level modules of that extra the command imports."""
+    help: str
+
+
+OPTIONAL_COMMANDS = {
+    "meta": OptionalCommand(
+        "qace.meta.cli", "meta", (), "meta-evaluation: metric vs human correlation, judge agreement"
+    ),
+    "export": OptionalCommand(
+        "qace.export.cli",
+        "onnx",
+        ("onnx", "onnxruntime"),
+        "export QG/TQA/Visual-T5 to ONNX (validated against PyTorch)",
+    ),
+    "serve": OptionalCommand(
+        "qace.serve.cli",
+        "serve",
+        ("fastapi", "uvicorn"),
+        "serve QACE rewards over HTTP (own API and OpenRLHF's /get_reward)",
+    ),
+    "score-ray": OptionalCommand(
+        "qace.scale.cli", "ray", ("ray",), "score Parquet/JSONL on a Ray cluster into a Parquet directory"
+    ),
+}
 
 QACE_METRICS = {"qace-ref": "ref", "qace-img": "img"}
 JUDGE_MODULES = {"visce2": "qace.judges.visce2", "regen": "qace.judges.regen"}
 """Judges of ``--metric``: each module has ``add_cli_arguments(parser)``, ``cli_settings(args)`` (the
-scorer's keyword arguments), ``from_cli(args)``, ``demo_scorer(...)`` and ``SCORER``, the name of its
-scorer class (so ``--gpus`` workers can build it from those keyword arguments)."""
+scorer's keyword arguments), ``from_cli(args)``, ``demo_scorer(...)``, ``SCORER``, the name of its
+scorer class (so ``--gpus`` workers can build it from those keyword arguments), and ``NEEDS``, the
+modules of the ``judges`` extra it runs with. Importing one must stay light (no torch)."""
 METRICS = (*QACE_METRICS, *JUDGE_MODULES)
 
 TEST_MODEL_WARNING = """
@@ -58,7 +99,7 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
         help="score on N GPUs of this host (or 'all'): one engine per GPU, "
         "output merged in input order, resumable per shard",
     )
-    for module in JUDGE_MODULES.values():
+    for module in JUDGE_MODULES.values():  # light: a judge's extra loads with its scorer
         try:
             importlib.import_module(module).add_cli_arguments(p)
         except ImportError as exc:  # a judge not installed (or not written yet)
@@ -163,12 +204,14 @@ def _judge(metric: str):  # noqa: ANN202
     """The module of judge ``metric`` (a clear error when its extra is not installed)."""
     module = JUDGE_MODULES[metric]
     try:
-        return importlib.import_module(module)
+        judge = importlib.import_module(module)
     except ImportError as exc:
         raise BackendUnavailableError(
             f"--metric {metric} needs {module}, which cannot be imported here ({exc}); "
             "install the judges extra: pip install 'qace[judges]'"
         ) from exc
+    require_extra("judges", judge.NEEDS, f"--metric {metric}")
+    return judge
 
 
 def judge_demo_scorer(metric: str, *, device: str, download: bool):  # noqa: ANN201
@@ -179,6 +222,11 @@ def judge_demo_scorer(metric: str, *, device: str, download: bool):  # noqa: ANN
 def cmd_score(args: argparse.Namespace) -> int:
     metric = _resolve_metric(args)
     judge = _judge(metric) if metric in JUDGE_MODULES else None
+    if judge is None:
+        check_img_features(args.variant, args.features)
+    check_output_file(args.output)
+    if not args.gpus:
+        check_device(args.device)
     if args.gpus:
         from qace.scale.cli import cmd_score_sharded
 
@@ -208,6 +256,7 @@ def cmd_make_test_models(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    check_device(args.device)
     from qace.demo import run_demo
 
     return run_demo(
@@ -231,7 +280,9 @@ def cmd_features_pack(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``qace`` parser; of the optional commands, only ``command`` (the one being run) is built in
+    full, the others are listed (and answer that their extra is missing, if it is)."""
     parser = argparse.ArgumentParser(prog="qace", description="QACE caption metric engine")
     parser.add_argument("--version", action="version", version=f"qace {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -276,16 +327,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pack.set_defaults(func=cmd_features_pack)
 
-    for module in OPTIONAL_COMMANDS:
-        try:  # a register may import its extra itself (score-ray imports ray)
-            importlib.import_module(module).register(sub)
-        except ImportError as exc:  # an optional extra is not installed
-            log.debug("commands of %s unavailable: %s", module, exc)
+    for name, spec in OPTIONAL_COMMANDS.items():
+        try:
+            require_extra(spec.extra, spec.needs, f"qace {name}")
+        except BackendUnavailableError as missing:
+            _add_unavailable(sub, name, spec, missing)
+            continue
+        if name == command:
+            importlib.import_module(spec.module).register(sub)
+        else:  # listed only: this run is another command
+            sub.add_parser(name, help=spec.help)
     return parser
 
 
+def _add_unavailable(
+    sub: argparse._SubParsersAction, name: str, spec: OptionalCommand, error: QACEError
+) -> None:
+    """List ``name``; running it, with any arguments (``--help`` too), raises ``error``."""
+
+    def unavailable(args: argparse.Namespace) -> NoReturn:
+        raise error
+
+    needs = f"pip install 'qace[{spec.extra}]'"
+    p = sub.add_parser(name, help=f"{spec.help} (not installed here: {needs})", add_help=False)
+    p.set_defaults(func=unavailable, accepts_any_arguments=True)
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command of ``argv``: its first word that is not an option (no top-level option takes a value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(argv))
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "accepts_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )

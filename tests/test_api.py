@@ -96,6 +96,15 @@ def test_qace_img_without_features_is_a_config_error(test_models_dir):
         scorer.score(["a girl"], image_ids=["x"])
 
 
+def test_a_missing_feature_store_fails_before_the_models_load(test_models_dir, tmp_path, monkeypatch):
+    def build_models(*args, **kwargs):
+        raise AssertionError("models loaded before the feature store was checked")
+
+    monkeypatch.setattr("qace.engine.models.build_models", build_models)
+    with pytest.raises(ConfigError, match="missing.h5"):
+        QACE(models=test_models_dir, variant="img", features=tmp_path / "missing.h5", progress=False)
+
+
 def test_missing_or_wrong_model_directory_is_named(tmp_path, test_models_dir):
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         QACE(models=tmp_path / "nowhere")

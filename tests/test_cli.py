@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -62,7 +63,8 @@ def test_version(args, capsys):
 
 
 def test_cli_works_without_an_optional_extra(monkeypatch, capsys):
-    """Without Ray (an extra), `qace score-ray` is absent and every other command still parses."""
+    """Without Ray (an extra), `qace score-ray` stays listed and answers how to install it; every other
+    command still parses."""
     import sys
 
     from qace.cli import build_parser
@@ -70,8 +72,102 @@ def test_cli_works_without_an_optional_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices
-    assert "score-ray" not in commands and {"score", "serve"} <= set(commands)
+    assert {"score", "serve", "score-ray"} <= set(commands)
     assert parser.parse_args(["score", "in.jsonl", "-o", "out.jsonl"]).command == "score"
+    assert main(["score-ray", "in.parquet", "-o", "out", "--actors", "2"]) == 2
+    assert "pip install 'qace[ray]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "extra"),
+    [
+        ("onnxruntime", ["export", "models"], "onnx"),
+        ("onnx", ["export", "--help"], "onnx"),
+        ("fastapi", ["serve", "--port", "9000"], "serve"),
+        ("ray", ["score-ray", "in.parquet", "-o", "out"], "ray"),
+        ("diffusers", ["score", "in.jsonl", "-o", "out.jsonl", "--metric", "regen"], "judges"),
+        ("PIL", ["score", "in.jsonl", "-o", "out.jsonl", "--metric", "visce2"], "judges"),
+    ],
+)
+def test_a_missing_extra_keeps_its_command_and_names_the_install_line(
+    monkeypatch, capsys, module, argv, extra
+):
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if the extra were not installed
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert argv[0] in capsys.readouterr().out  # still listed
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"pip install 'qace[{extra}]'" in err and f"no module {module}" in err
+
+
+def _fast_refusal(argv: list[str], cwd) -> tuple[int, str, list[str], float]:
+    """Run ``qace argv`` in a fresh interpreter: exit code, stderr, heavy modules it imported, seconds."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    probe = (
+        "import sys\n"
+        "from qace.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'spacy') if m in sys.modules))\n"
+        "sys.exit(code)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+    return (
+        done.returncode,
+        done.stderr,
+        json.loads(done.stdout.splitlines()[-1].replace("'", '"')),
+        (time.perf_counter() - start),
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--variant", "img"], "needs region features: pass --features"),
+        (["--metric", "qace-img"], "needs region features: pass --features"),
+        (["--device", "tpu"], "--device 'tpu' is not a device qace runs on"),
+        (["--device", "cuda"], "--device cuda: no CUDA GPU is visible here"),
+        (["-o", "blocker/out.jsonl"], "'blocker' is a file, not a folder"),
+        (["-o", "blocker/deeper/out.jsonl"], "'blocker' is a file, not a folder"),
+        (["-o", "."], "is a folder; give a file in it"),
+    ],
+)
+def test_bad_arguments_answer_at_once_before_any_model_loads(flags, message, test_models_dir, tmp_path):
+    if "cuda" in flags and any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
+        pytest.skip("this host may have a GPU")
+    (tmp_path / "in.jsonl").write_text(
+        '{"id": "a", "image_id": "x", "caption": "a dog", "references": ["a dog"]}\n'
+    )
+    (tmp_path / "blocker").write_text("a file where a folder is expected")
+    argv = ["score", "in.jsonl", "-o", "out.jsonl", "--models", str(test_models_dir), "--no-progress", *flags]
+    code, err, imported, seconds = _fast_refusal(argv, tmp_path)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert imported == [], f"loaded {imported} before refusing"
+    assert seconds < 5  # ~0.5 s; generous for a loaded CI machine
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root may write anywhere")
+def test_an_output_folder_that_cannot_be_written_answers_at_once(test_models_dir, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "caption": "a dog", "references": ["a dog"]}\n')
+    argv = ["score", "in.jsonl", "-o", "locked/out.jsonl", "--models", str(test_models_dir)]
+    try:
+        code, err, imported, _ = _fast_refusal(argv, tmp_path)
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and "no permission to write in" in err and imported == []
 
 
 @pytest.mark.parametrize("store", ["hdf5", "npz"])

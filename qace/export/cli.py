@@ -1,6 +1,7 @@
 """``qace export MODEL_DIR [OUT_DIR]``: export QG/TQA/Visual-T5 checkpoints to validated ONNX graphs.
 
-Registered by ``qace.cli`` when the ``onnx`` extra (onnx, onnxruntime) is installed.
+Registered by ``qace.cli`` when the ``onnx`` extra (onnx, onnxruntime) is installed; without it, ``qace
+export`` answers with the line that installs it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ ROLES = ("qg", "tqa", "vqa")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``qace export``; importing onnx and onnxruntime here keeps the command hidden without the extra."""
-    import onnx  # noqa: F401
-    import onnxruntime  # noqa: F401
-
-    p = subparsers.add_parser("export", help="export QG/TQA/Visual-T5 to ONNX (validated against PyTorch)")
+    """Add ``qace export`` (`qace.cli` calls this only where the ``onnx`` extra is installed)."""
+    p = subparsers.add_parser(
+        "export", description="Export QG/TQA/Visual-T5 to ONNX graphs, validated against PyTorch."
+    )
     p.add_argument(
         "model_dir",
         help="one checkpoint directory (or Visual-T5 state-dict file), "

@@ -30,17 +30,20 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from qace import __version__
 from qace.data.records import Record, RecordError
 from qace.data.run import FileScorer, list_ids
 from qace.errors import ConfigError, InputError
 from qace.judges.images import load_image
-from qace.judges.regen_models import ImageEncoder, load_generator, tree_fingerprint
+
+if TYPE_CHECKING:  # torch, diffusers and transformers load with the scorer, so `qace --help` stays fast
+    import torch
+
+    from qace.judges.regen_models import ImageEncoder
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,8 @@ DEFAULT_GENERATOR = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 DEFAULT_IMAGE_ENCODER = "openai/clip-vit-large-patch14"
 """CLIP ViT-L/14 image features (the paper's ViT-g/14 is e.g. laion/CLIP-ViT-g-14-laion2B-s12B-b42K)."""
 RegenPrecision = Literal["fp32", "fp16", "bf16"]
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+"""Precision -> name of its torch dtype."""
 
 REAL_MODEL_HINT = (
     f"pass --generator and --image-encoder (hub ids or local directories), or run `qace demo --metric "
@@ -194,8 +198,12 @@ class RegenScore(FileScorer):
         if unknown:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
         self.config = cfg = (config or RegenConfig()).with_(**settings)
-        dtype = DTYPES[cfg.precision]
+        import torch
+
+        from qace.judges.regen_models import ImageEncoder, load_generator, tree_fingerprint
         from qace.models.loading import is_test_model
+
+        dtype = getattr(torch, DTYPES[cfg.precision])
 
         if pipeline is None:
             pipeline = load_generator(cfg.generator, device=cfg.device, dtype=dtype)
@@ -283,6 +291,8 @@ class RegenScore(FileScorer):
         return [r for r in results if r is not None]
 
     def _row(self, record: Record, original: torch.Tensor | str, gen: _Generated) -> dict[str, Any]:
+        import torch
+
         assert isinstance(original, torch.Tensor)  # errors were split off by the caller
         cosines = [float(e @ original) if e is not None else 0.0 for e in gen.embeddings]
         row: dict[str, Any] = {
@@ -304,6 +314,8 @@ class RegenScore(FileScorer):
 
     def _original_embeddings(self, paths: Sequence[str]) -> dict[str, torch.Tensor | str]:
         """Unit embedding (or the reason it failed) per distinct path; each file is read once per run."""
+        import torch
+
         found: dict[str, torch.Tensor | str] = {}
         todo: list[str] = []
         pixels: list[torch.Tensor] = []
@@ -368,6 +380,8 @@ class RegenScore(FileScorer):
 
     def _pipeline_images(self, batch: Sequence[tuple[str, int]]) -> tuple[torch.Tensor, list[bool]]:
         """uint8 ``(B, 3, H, W)`` images on the device, and whether each came out finite."""
+        import torch
+
         cfg = self.config
         generators = [torch.Generator("cpu").manual_seed(sample_seed(cfg.seed, c, k)) for c, k in batch]
         result = self.pipeline(
@@ -450,6 +464,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 SCORER = "RegenScore"
 """The scorer class by name: ``qace score --gpus`` workers build it from `cli_settings` (a fresh process)."""
+NEEDS = ("PIL", "diffusers")
+"""Modules of the ``judges`` extra the score runs with (`qace.cli` checks them before loading models)."""
 
 
 def cli_settings(args: argparse.Namespace) -> dict[str, Any]:

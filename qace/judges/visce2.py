@@ -420,6 +420,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 SCORER = "VisCE2"
 """The scorer class by name: ``qace score --gpus`` workers build it from `cli_settings` (a fresh process)."""
+NEEDS = ("PIL",)
+"""Modules of the ``judges`` extra VisCE² runs with (`qace.cli` checks them before loading the VLM)."""
 
 
 def cli_settings(args: argparse.Namespace) -> dict[str, Any]:

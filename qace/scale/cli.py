@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from qace.checks import check_img_features
 from qace.config import given_speed_settings
 
 
@@ -46,10 +47,10 @@ def cmd_score_sharded(args: argparse.Namespace, judge: Any = None, devices: list
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``qace score-ray`` when Ray is installed."""
-    import ray  # noqa: F401  (only offer the command with the ray extra)
-
-    p = sub.add_parser("score-ray", help="score Parquet/JSONL on a Ray cluster into a Parquet directory")
+    """Add ``qace score-ray`` (`qace.cli` calls this only where the ``ray`` extra is installed)."""
+    p = sub.add_parser(
+        "score-ray", description="Score Parquet/JSONL on a Ray cluster into a Parquet directory."
+    )
     p.add_argument("inputs", nargs="+", help="Parquet files/directories or JSONL files (shared storage)")
     p.add_argument("--output", "-o", required=True, help="output directory of Parquet files")
     p.add_argument("--format", default="auto", choices=["auto", "parquet", "jsonl"])
@@ -67,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_score_ray(args: argparse.Namespace) -> int:
+    check_img_features(args.variant, args.features)
     import ray
 
     from qace.scale.ray_data import score_to_parquet

@@ -7,19 +7,20 @@ import logging
 import os
 import secrets
 
+from qace.checks import check_device, check_img_features
+
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``qace serve`` (imports nothing heavy, so ``qace --help`` stays fast)."""
-    import fastapi  # noqa: F401  (only offer the command when the extra is installed)
-    import uvicorn  # noqa: F401
-
+    """Add ``qace serve`` (`qace.cli` calls this only where the ``serve`` extra is installed)."""
     from qace.reward import COMPONENTS
     from qace.serve.app import ServeSettings
 
     d = ServeSettings()
-    p = sub.add_parser("serve", help="serve QACE rewards over HTTP (own API and OpenRLHF's /get_reward)")
+    p = sub.add_parser(
+        "serve", description="Serve QACE rewards over HTTP (own API and OpenRLHF's /get_reward)."
+    )
     p.add_argument("--models", help="directory with qg/, tqa/, vqa/ (default: the paper's models)")
     p.add_argument("--variant", default="ref", choices=["ref", "img"])
     p.add_argument("--features", help="region features (QACE-Img)")
@@ -63,9 +64,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from qace.reward import QACEReward
     from qace.serve.app import ServeSettings, check_token, create_app
 
+    check_device(args.device)  # arguments first: nothing below may fail after the models load
+    check_img_features(args.variant, args.features)
     token = args.token or os.environ.get("QACE_SERVE_TOKEN", "")
     if token:
-        check_token(token)  # before the models load
+        check_token(token)
     else:
         token = secrets.token_hex(16)
         print(f"no --token or QACE_SERVE_TOKEN given; clients must send: Authorization: Bearer {token}")
