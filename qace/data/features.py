@@ -4,7 +4,9 @@ The release stores one ``.npz`` per image with ``features`` (36, 2048) and ``nor
 (both fp16); the model input is their concatenation in stored box order (region order matters:
 the relative position bias spans all 102 encoder positions). Every store validates what it
 returns: a missing image, a wrong shape or NaN/Inf raises `FeatureError` naming the image and the
-store. Nothing is silently fixed, because a zero-filled or clipped feature would quietly change
+store, and so does a file that cannot be read (a damaged HDF5 chunk, a truncated, bad-CRC or
+badly compressed ``.npz``, a file that is no ``.npz``), so one bad file costs its captions only, never
+the run. Nothing is silently fixed, because a zero-filled or clipped feature would quietly change
 scores.
 
 Stores:
