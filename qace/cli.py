@@ -225,12 +225,11 @@ def cmd_score(args: argparse.Namespace) -> int:
     if judge is None:
         check_img_features(args.variant, args.features)
     check_output_file(args.output)
-    if not args.gpus:
-        check_device(args.device)
-    if args.gpus:
+    if args.gpus:  # its devices are checked by resolve_devices
         from qace.scale.cli import cmd_score_sharded
 
         return cmd_score_sharded(args, judge)
+    check_device(args.device)
     scorer = _scorer(args) if judge is None else judge.from_cli(args)
     _warn_if_test_models(scorer)
     summary = scorer.score_file(

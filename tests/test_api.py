@@ -109,6 +109,9 @@ def test_missing_or_wrong_model_directory_is_named(tmp_path, test_models_dir):
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         QACE(models=tmp_path / "nowhere")
     (tmp_path / "qg").mkdir()
+    with pytest.raises(ModelNotFoundError, match="has no tqa/"):  # checked before anything loads
+        QACE(models=tmp_path)
+    (tmp_path / "tqa").mkdir()
     (tmp_path / "qg" / "notes.txt").write_text("not a model")
     with pytest.raises(ModelNotFoundError, match="QG"):
         QACE(models=tmp_path)

@@ -321,7 +321,6 @@ def pack_features(
                     if errors is None:
                         raise
                     errors.append((image_id, str(exc)))
-                    log.warning("not packed: %s", exc)
                     continue
                 seen.add(image_id)
                 row = len(seen) - 1

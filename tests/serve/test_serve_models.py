@@ -10,7 +10,7 @@ import pytest
 from qace.reward import QACEReward
 from qace.serve.client import RewardClient
 
-TOKEN = "test-token"  # as in conftest.py
+TOKEN = "test-token-0123456789"  # as in conftest.py
 REFS = ["a girl in a red dress runs on the beach", "a child plays near the sea"]
 
 
