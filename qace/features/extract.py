@@ -129,10 +129,10 @@ class RegionWriter:
             )
             f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"))
             f.attrs["layout"], f.attrs["detector"] = HDF5_LAYOUT, detector
-        elif f.attrs.get("detector") != detector:
+        elif (stored := f.attrs.get("detector")) != detector:
             self._file.close()
             raise ConfigError(
-                f"{str(self.path)!r} holds features of {f.attrs.get('detector')!r}, not {detector!r}; "
+                f"{str(self.path)!r} holds features of {stored!r}, not {detector!r}; "
                 "write to another file or extract with the same detector settings"
             )
         rows = min(len(f["ids"]), len(f["features"]))  # a run killed between the two writes
