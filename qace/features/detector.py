@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,6 @@ class DetectorConfig:
     """Images with a side shorter than this many pixels are reported, not detected."""
     pair_budget: int = 8192
     """(box, class) pairs the class-wise NMS starts from (grown until 36 boxes are decided exactly)."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def feature_dim(self) -> int:
@@ -431,8 +430,14 @@ class BottomUpDetector(nn.Module):
             config_file = weights.parent / CONFIG_NAME
         config = DetectorConfig()
         if config_file.is_file():
-            fields = json.loads(config_file.read_text())
-            config = DetectorConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+            fields: dict[str, Any] = {
+                k: tuple(v) if isinstance(v, list) else v
+                for k, v in json.loads(config_file.read_text()).items()
+            }
+            try:
+                config = DetectorConfig(**fields)
+            except TypeError as exc:
+                raise ConfigError(f"{config_file}: not a detector configuration ({exc})") from exc
         model = cls(config)
         state = torch.load(weights, map_location="cpu", weights_only=True)
         model.load_checkpoint(state, str(weights))
@@ -451,6 +456,13 @@ class BottomUpDetector(nn.Module):
                 f"wrong shape {wrong[:5]} (of {len(missing)}, {len(unexpected)}, {len(wrong)})"
             )
         self.load_state_dict(renamed, strict=False)
+
+    def placed(self, device: str) -> BottomUpDetector:
+        """This model on ``device`` in eval mode, channels-last on a GPU (faster convolutions there)."""
+        model = self.to(device).eval()
+        if device.startswith("cuda"):
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        return model
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``pytorch_model.bin`` and ``qace-detector.json`` (used for the tiny test detector)."""
@@ -477,6 +489,8 @@ class BottomUpDetector(nn.Module):
         for i, im in enumerate(images):
             pixels = torch.from_numpy(im).to(device, non_blocking=True).permute(2, 0, 1).float()
             batch[i, :, : im.shape[0], : im.shape[1]] = pixels - mean
+        if device.type == "cuda":
+            batch = batch.contiguous(memory_format=torch.channels_last)
         autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
         with autocast:
             res4, valid = self.backbone(batch, sizes.to(device))
@@ -514,7 +528,7 @@ def make_test_detector(directory: str | Path, seed: int = 0) -> Path:
     model = BottomUpDetector(DetectorConfig.tiny())
     with torch.no_grad():
         for m in model.modules():  # batch-norm statistics that keep activations in a sane range
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, nn.BatchNorm2d) and m.running_var is not None and m.running_mean is not None:
                 m.running_var.uniform_(0.5, 2.0)
                 m.running_mean.normal_(0, 0.1)
     return model.save_pretrained(directory)

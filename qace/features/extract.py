@@ -285,10 +285,10 @@ def extract_features(
 
 
 def load_detector(source: str, device: str) -> Any:
-    """The detector from a hub id or directory, on ``device``, in eval mode."""
+    """The detector from a hub id or directory, placed on ``device`` (`BottomUpDetector.placed`)."""
     from qace.features.detector import BottomUpDetector
 
-    return BottomUpDetector.from_pretrained(source).to(device).eval()
+    return BottomUpDetector.from_pretrained(source).placed(device)
 
 
 def default_precision(device: str) -> str:

@@ -7,8 +7,7 @@ definitions run, slower, so that the detector works wherever torch does. `BACKEN
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,26 +37,40 @@ def roi_pool(features: Tensor, rois: Tensor, output_size: int, spatial_scale: fl
 
 
 def roi_pool_reference(features: Tensor, rois: Tensor, output_size: int, spatial_scale: float) -> Tensor:
-    """`roi_pool` in plain PyTorch, one region at a time (torchvision's ``roi_pool`` definition)."""
+    """`roi_pool` in plain PyTorch, one region at a time (a masked max over its bins), with torchvision's
+    arithmetic (float32 bin sizes, C ``round``) so that both put every bin edge on the same pixel."""
     _, channels, height, width = features.shape
     out = features.new_zeros((len(rois), channels, output_size, output_size))
-    for k, (b, x1, y1, x2, y2) in enumerate(rois.tolist()):
-        x0, y0 = round(x1 * spatial_scale), round(y1 * spatial_scale)
-        roi_w = max(round(x2 * spatial_scale) - x0 + 1, 1)
-        roi_h = max(round(y2 * spatial_scale) - y0 + 1, 1)
-        image = features[int(b)]
-        for ph in range(output_size):
-            hs = min(max(math.floor(ph * roi_h / output_size) + y0, 0), height)
-            he = min(max(math.ceil((ph + 1) * roi_h / output_size) + y0, 0), height)
-            if he <= hs:
-                continue
-            rows = image[:, hs:he]
-            for pw in range(output_size):
-                ws = min(max(math.floor(pw * roi_w / output_size) + x0, 0), width)
-                we = min(max(math.ceil((pw + 1) * roi_w / output_size) + x0, 0), width)
-                if we > ws:
-                    out[k, :, ph, pw] = rows[:, :, ws:we].amax(dim=(1, 2))
+    f32, size = np.float32, np.float32(output_size)
+    steps = np.arange(output_size + 1, dtype=np.float32)
+    for k, roi in enumerate(rois.float().cpu().numpy()):
+        b, (x0, y0, x1, y1) = int(roi[0]), (int(np.floor(v * f32(spatial_scale) + f32(0.5))) for v in roi[1:])
+        rows = _bins(steps * (f32(max(y1 - y0 + 1, 1)) / size), y0, height)
+        cols = _bins(steps * (f32(max(x1 - x0 + 1, 1)) / size), x0, width)
+        if rows is None or cols is None:
+            continue  # every bin empty: zeros
+        (r0, r1, row_in), (c0, c1, col_in) = rows, cols
+        crop = features[b, :, r0:r1, c0:c1]
+        row_in, col_in = row_in.to(crop.device), col_in.to(crop.device)
+        low = torch.finfo(crop.dtype).min
+        per_col = crop[:, :, None, :].masked_fill(~col_in[None, None], low).amax(dim=3)  # C, h, P
+        pooled = per_col[:, None].masked_fill(~row_in[None, :, :, None], low).amax(dim=2)  # C, P, P
+        empty = ~(row_in.any(1)[:, None] & col_in.any(1)[None, :])
+        out[k] = pooled.masked_fill(empty[None], 0)
     return out
+
+
+def _bins(points: np.ndarray, start: int, limit: int) -> tuple[int, int, Tensor] | None:
+    """The span [first, last) the bins cover and each bin's membership mask (P, last - first), from the
+    scaled bin boundaries shifted to the region and clipped; None when all bins are empty."""
+    low = np.clip(np.floor(points[:-1]).astype(np.int64) + start, 0, limit)
+    high = np.clip(np.ceil(points[1:]).astype(np.int64) + start, 0, limit)
+    first, last = int(low.min()), int(high.max())
+    if last <= first:
+        return None
+    span = np.arange(first, last)
+    member = (span[None, :] >= low[:, None]) & (span[None, :] < high[:, None])
+    return first, last, torch.from_numpy(member)
 
 
 def batched_nms(boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float) -> Tensor:

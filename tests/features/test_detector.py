@@ -185,10 +185,39 @@ def test_checkpoint_loading_renames_and_rejects(tmp_path: Path) -> None:
         target.load_checkpoint(state, "broken checkpoint")
 
 
+def _roi_pool_by_definition(x: torch.Tensor, rois: torch.Tensor, size: int, scale: float) -> torch.Tensor:
+    """torchvision's roi_pool kernel written out bin by bin (float32 bin sizes, C round)."""
+    f = np.float32
+    out = torch.zeros(len(rois), x.shape[1], size, size)
+    for k, (b, *coords) in enumerate(rois.numpy()):
+        x0, y0, x1, y1 = (int(np.floor(f(v) * f(scale) + f(0.5))) for v in coords)
+        bin_h, bin_w = f(max(y1 - y0 + 1, 1)) / f(size), f(max(x1 - x0 + 1, 1)) / f(size)
+        for ph in range(size):
+            hs = min(max(int(np.floor(f(ph) * bin_h)) + y0, 0), x.shape[2])
+            he = min(max(int(np.ceil(f(ph + 1) * bin_h)) + y0, 0), x.shape[2])
+            for pw in range(size):
+                ws = min(max(int(np.floor(f(pw) * bin_w)) + x0, 0), x.shape[3])
+                we = min(max(int(np.ceil(f(pw + 1) * bin_w)) + x0, 0), x.shape[3])
+                if he > hs and we > ws:
+                    out[k, :, ph, pw] = x[int(b), :, hs:he, ws:we].amax(dim=(1, 2))
+    return out
+
+
 def test_reference_operators_match_their_definitions() -> None:
     x = torch.arange(16.0).reshape(1, 1, 4, 4)
     pooled = ops.roi_pool_reference(x, torch.tensor([[0.0, 0, 0, 3, 3]]), 2, 1.0)
     assert pooled.flatten().tolist() == [5.0, 7.0, 13.0, 15.0]
+    g = torch.Generator().manual_seed(3)
+    feats = torch.randn(2, 3, 9, 11, generator=g)
+    xy = torch.rand(40, 2, generator=g) * 200 - 20  # some regions reach past the map, some lie outside
+    rois = torch.cat(
+        [torch.randint(0, 2, (40, 1), generator=g).float(), xy, xy + torch.rand(40, 2, generator=g) * 90], 1
+    )
+    for size in (2, 7):
+        torch.testing.assert_close(
+            ops.roi_pool_reference(feats, rois, size, 1 / 16),
+            _roi_pool_by_definition(feats, rois, size, 1 / 16),
+        )
     g = torch.Generator().manual_seed(1)
     xy = torch.rand(50, 2, generator=g) * 50
     boxes = torch.cat([xy, xy + 10 + torch.rand(50, 2, generator=g) * 20], 1)
