@@ -287,7 +287,7 @@ def _features_on_demand(args: argparse.Namespace) -> None:
 
     if args.features or args.variant != "img" or args.format not in ("auto", "jsonl", "csv"):
         return
-    images = gather_images(args.input)
+    images = gather_images(args.input, records=True, fmt=args.format)
     if not images:
         return
     output = Path(args.output)

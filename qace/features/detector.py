@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -474,7 +475,10 @@ class BottomUpDetector(nn.Module):
 
     @torch.no_grad()
     def detect_resized(
-        self, images: list[np.ndarray], originals: list[tuple[int, int]], dtype: torch.dtype = torch.float32
+        self,
+        images: Sequence[np.ndarray | Tensor],
+        originals: list[tuple[int, int]],
+        dtype: torch.dtype = torch.float32,
     ) -> list[Detection | str]:
         """Regions of resized BGR uint8 images (`resize_for_detector`) with their original (width, height).
 
@@ -487,7 +491,7 @@ class BottomUpDetector(nn.Module):
         batch = torch.zeros((len(images), 3, h, w), device=device)
         mean = torch.tensor(PIXEL_MEAN_BGR, device=device).view(3, 1, 1)
         for i, im in enumerate(images):
-            pixels = torch.from_numpy(im).to(device, non_blocking=True).permute(2, 0, 1).float()
+            pixels = torch.as_tensor(im).to(device, non_blocking=True).permute(2, 0, 1).float()
             batch[i, :, : im.shape[0], : im.shape[1]] = pixels - mean
         if device.type == "cuda":
             batch = batch.contiguous(memory_format=torch.channels_last)

@@ -35,7 +35,7 @@ from qace.errors import ConfigError, FeatureError, InputError
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-RECORD_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".json")
+RECORD_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".tsv", ".json")
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -68,20 +68,21 @@ def image_key(image_id: str | None, path: str) -> str:
     return image_id if image_id else Path(path).stem
 
 
-def gather_images(source: str | Path) -> list[ImageItem]:
-    """The images named by a folder, a list file or a records file (see the module docstring)."""
+def gather_images(source: str | Path, *, records: bool = False, fmt: str = "auto") -> list[ImageItem]:
+    """The images named by a folder, a list file or a records file (see the module docstring); with
+    ``records`` the file is read as records whatever its extension, in format ``fmt``."""
     source = Path(source)
     if source.is_dir():
         paths = sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         items = [ImageItem(p.stem, str(p)) for p in paths]
     elif not source.is_file():
         raise InputError(f"{str(source)!r} is neither a folder of images nor a list or records file")
-    elif source.suffix.lower() in RECORD_SUFFIXES:
+    elif records or source.suffix.lower() in RECORD_SUFFIXES:
         from qace.data.records import Record, read_records
 
         items = [
             ImageItem(image_key(r.image_id, r.image), r.image)
-            for r in read_records(source)
+            for r in read_records(source, fmt=fmt)
             if isinstance(r, Record) and r.image
         ]
     else:
@@ -162,19 +163,20 @@ class _Decoded:
     """What a decode worker hands over: the resized image, or why there is none."""
 
     def __init__(self, item: ImageItem, config: Any) -> None:
+        import torch
         from PIL import Image
 
         from qace.features.detector import ImageError, resize_for_detector
 
         self.item = item
-        self.pixels: np.ndarray | None = None
+        self.pixels: Any = None  # a uint8 tensor: DataLoader workers hand tensors over in shared memory
         self.size = (0, 0)
         self.error: str | None = None
         try:
             with Image.open(item.path) as image:
                 image.load()
-                self.pixels, width, height = resize_for_detector(image, config)
-                self.size = (width, height)
+                pixels, width, height = resize_for_detector(image, config)
+                self.pixels, self.size = torch.from_numpy(pixels), (width, height)
         except ImageError as exc:
             self.error = str(exc)
         except Exception as exc:  # noqa: BLE001 (PIL raises many types for a bad file: report them all)
