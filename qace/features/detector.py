@@ -483,7 +483,8 @@ class BottomUpDetector(nn.Module):
         """Regions of resized BGR uint8 images (`resize_for_detector`) with their original (width, height).
 
         ``dtype`` float32 is the exact mode; bfloat16/float16 run the convolutions and heads under
-        autocast (box decoding, NMS and the returned features stay float32)."""
+        autocast (features computed in that precision, returned as float32; RoIPool, box decoding, class
+        probabilities and NMS in float32)."""
         c = self.config
         device = next(self.parameters()).device
         sizes = torch.tensor([im.shape[:2] for im in images], dtype=torch.long)
