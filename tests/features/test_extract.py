@@ -118,7 +118,9 @@ def test_folder_of_images_and_captions_score_with_qace_img_in_one_command(
         {"id": "b", "image": "images/dog.png", "caption": "a dog catches a frisbee"},
         {"id": "c", "image": "images/kitchen.png", "caption": "a kitchen with a red kettle"},
         {"id": "d", "image_id": "kitchen", "image": "images/kitchen.png", "caption": "an empty kitchen"},
+        {"id": "e", "image": "images/broken.jpg", "caption": "an image that cannot be read"},
     ]
+    (data / "images" / "broken.jpg").write_bytes(b"not an image")
     source = data / "captions.jsonl"
     source.write_text("".join(json.dumps(c) + "\n" for c in captions))
     out = tmp_path / "run" / "scores.jsonl"
@@ -127,10 +129,13 @@ def test_folder_of_images_and_captions_score_with_qace_img_in_one_command(
     args += ["--detector", str(detector_dir), "--detector-workers", "0", "--no-progress"]
     assert main(args) == 0
     printed = capsys.readouterr()
-    assert "scored 4 captions" in printed.out and "extracted 3 images" in printed.err
+    assert "scored 4 captions (1 errors" in printed.out
+    assert "extracted 3 images" in printed.err and "1 could not be used" in printed.err
     rows = [json.loads(line) for line in out.open()]
     assert [r["id"] for r in rows] == ["a", "b", "c", "d"]
     assert all(isinstance(r["qace"], float) and 0 <= r["qace"] <= 1 for r in rows)
+    (error,) = [json.loads(line) for line in (tmp_path / "run" / "scores.errors.jsonl").open()]
+    assert error["id"] == "e" and "broken" in error["reason"]
     cache = tmp_path / "run" / "scores.features.h5"
     with HDF5Store(cache) as store:
         assert sorted(store.ids()) == ["beach", "dog", "kitchen"]
