@@ -12,7 +12,9 @@ the range of real features). Nothing is compared with real weights.
   and resize in ``--workers`` processes with prefetch, ``--batch-size`` images a detector call,
   ``--precision`` (bf16 on a GPU by default), a writer thread filling an HDF5 store;
 - ``loop``: the same detector and precision, one image at a time in the main thread (open, resize,
-  detect, write), as a script around the LXMERT demo would, over ``--loop-images`` images.
+  detect, write), over ``--loop-images`` images; ``speedup`` and the target compare with this loop;
+- ``loop_fp32`` (when ``--precision`` is not fp32): the same loop in fp32, as the LXMERT demo runs, for
+  reference only.
 
 Untimed: one warm-up batch and one warm-up loop image (cuDNN autotuning, CUDA context). The targets
 (`TARGETS`) are the issue's: at least 100 images/s batched and 10x the loop on one H100 or H200.
@@ -148,6 +150,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sync(args.device)
         loop_s = loop(model, loop_items, folder / "loop.h5", args.precision, name)
         sync(args.device)
+        fp32_s = None
+        if args.precision != "fp32":  # how the LXMERT demo runs: fp32, one image at a time
+            loop(model, warm[-1:], folder / "warm-fp32.h5", "fp32", name)
+            sync(args.device)
+            fp32_s = loop(model, loop_items, folder / "loop-fp32.h5", "fp32", name)
+            sync(args.device)
         errors = [json.loads(line) for line in summary.errors_path.open()]
 
     batched_ips = summary.extracted / summary.seconds
@@ -182,6 +190,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "images_per_s": round(batched_ips, 2),
         },
         "loop": {"images": len(loop_items), "seconds": round(loop_s, 4), "images_per_s": round(loop_ips, 2)},
+        "loop_fp32": None
+        if fp32_s is None
+        else {
+            "images": len(loop_items),
+            "seconds": round(fp32_s, 4),
+            "images_per_s": round(len(loop_items) / fp32_s, 2),
+            "speedup_of_batched": round(batched_ips * fp32_s / len(loop_items), 2),
+        },
         "speedup": round(speedup, 2),
         "targets": {
             **TARGETS,
