@@ -29,14 +29,8 @@ COCO_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "meteor", "cider"
 BASELINES = (*COCO_METRICS, "bertscore", "spice")
 #: Display names for tables.
 DISPLAY = {
-    "bleu1": "BLEU-1",
-    "bleu2": "BLEU-2",
-    "bleu3": "BLEU-3",
-    "bleu4": "BLEU-4",
-    "rouge_l": "ROUGE-L",
-    "meteor": "METEOR",
-    "cider": "CIDEr",
-    "bertscore": "BERTScore",
+    "bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4",
+    "rouge_l": "ROUGE-L", "meteor": "METEOR", "cider": "CIDEr", "bertscore": "BERTScore",
     "spice": "SPICE",
 }
 SPICE_SKIP_MESSAGE = (
@@ -67,11 +61,8 @@ def _version(dist: str) -> str:
 
 def _cache_key(metric: str, candidates: Sequence[str], references: Sequence[Sequence[str]]) -> str:
     h = hashlib.sha256()
-    h.update(
-        json.dumps(
-            [metric, _version("pycocoevalcap"), list(candidates), [list(r) for r in references]]
-        ).encode()
-    )
+    h.update(json.dumps([metric, _version("pycocoevalcap"), list(candidates),
+                         [list(r) for r in references]]).encode())
     return f"{metric}-{h.hexdigest()[:20]}"
 
 
@@ -128,9 +119,8 @@ def _meteor(gts: dict, res: dict) -> np.ndarray:
     jar_dir = Path(meteor_mod.__file__).parent
     cmd = ["java", "-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm"]
     logger.info("METEOR on %d candidates (Java; this takes a while)", len(res))
-    proc = subprocess.Popen(
-        cmd, cwd=jar_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
+    proc = subprocess.Popen(cmd, cwd=jar_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
     stdin, stdout = proc.stdin, proc.stdout
     if stdin is None or stdout is None:  # pragma: no cover - Popen with PIPE always sets them
         raise BackendUnavailableError("could not open pipes to the METEOR jar")

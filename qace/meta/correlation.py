@@ -30,12 +30,8 @@ METHODS: dict[str, Callable[[np.ndarray, np.ndarray], tuple[float, float]]] = {
     "spearman": lambda x, y: tuple(stats.spearmanr(x, y)),  # type: ignore[dict-item]
     "pearson": lambda x, y: tuple(stats.pearsonr(x, y)),  # type: ignore[dict-item]
 }
-DISPLAY = {
-    "kendall_c": "Kendall tau-c",
-    "kendall_b": "Kendall tau-b",
-    "spearman": "Spearman rho",
-    "pearson": "Pearson r",
-}
+DISPLAY = {"kendall_c": "Kendall tau-c", "kendall_b": "Kendall tau-b", "spearman": "Spearman rho",
+           "pearson": "Pearson r"}
 
 
 @dataclass(frozen=True)
@@ -66,9 +62,8 @@ def t_test_p(r: float, n: int) -> float:
     return float(2.0 * stats.t.sf(abs(t), df=n - 2))
 
 
-def _clean(
-    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, groups: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _clean(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+           groups: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     xa = np.asarray(x, dtype=float).ravel()
     ya = np.asarray(y, dtype=float).ravel()
     if xa.shape != ya.shape:
@@ -91,13 +86,8 @@ def coefficient(x: np.ndarray, y: np.ndarray, method: str) -> tuple[float, float
 
 
 def bootstrap_ci(
-    x: np.ndarray,
-    y: np.ndarray,
-    method: str,
-    groups: np.ndarray | None = None,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    x: np.ndarray, y: np.ndarray, method: str, groups: np.ndarray | None = None,
+    n_boot: int = 1000, level: float = 0.95, seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile interval of ``method`` over ``n_boot`` resamples of whole items.
 
@@ -126,13 +116,8 @@ def bootstrap_ci(
 
 
 def correlate(
-    x: Sequence[float] | np.ndarray,
-    y: Sequence[float] | np.ndarray,
-    method: str = "kendall_c",
-    groups: np.ndarray | None = None,
-    n_boot: int = 0,
-    level: float = 0.95,
-    seed: int = 0,
+    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, method: str = "kendall_c",
+    groups: np.ndarray | None = None, n_boot: int = 0, level: float = 0.95, seed: int = 0,
 ) -> Correlation:
     """Coefficient, t-test and scipy p-values, and (``n_boot > 0``) a bootstrap interval.
 
@@ -144,27 +129,15 @@ def correlate(
     lo = hi = float("nan")
     if n_boot > 0:
         lo, hi = bootstrap_ci(xa, ya, method, g, n_boot=n_boot, level=level, seed=seed)
-    return Correlation(
-        method=method,
-        value=r,
-        p_value=t_test_p(r, xa.size),
-        p_value_scipy=p_native,
-        ci_low=lo,
-        ci_high=hi,
-        n=int(xa.size),
-        n_items=int(np.unique(g).size),
-        n_boot=n_boot,
-    )
+    return Correlation(method=method, value=r, p_value=t_test_p(r, xa.size), p_value_scipy=p_native,
+                       ci_low=lo, ci_high=hi, n=int(xa.size), n_items=int(np.unique(g).size),
+                       n_boot=n_boot)
 
 
 def correlate_all(
-    x: Sequence[float] | np.ndarray,
-    y: Sequence[float] | np.ndarray,
-    methods: Sequence[str] = tuple(METHODS),
-    groups: np.ndarray | None = None,
-    n_boot: int = 0,
-    level: float = 0.95,
-    seed: int = 0,
+    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
+    methods: Sequence[str] = tuple(METHODS), groups: np.ndarray | None = None, n_boot: int = 0,
+    level: float = 0.95, seed: int = 0,
 ) -> dict[str, Correlation]:
     """:func:`correlate` for each method, keyed by method name."""
     return {m: correlate(x, y, m, groups=groups, n_boot=n_boot, level=level, seed=seed) for m in methods}

@@ -179,12 +179,10 @@ def load_pascal50s(data_dir: Path | str | None = None) -> PairSet:
 
     base = Path(data_dir) if data_dir is not None else default_data_dir()
     folder = _require(base / "pascal50s", "PASCAL-50S folder")
-    pairs = loadmat(
-        _require(folder / "pair_pascal.mat", "pair_pascal.mat"), squeeze_me=True, struct_as_record=False
-    )
-    refmat = loadmat(
-        _require(folder / "pascal50S.mat", "pascal50S.mat"), squeeze_me=True, struct_as_record=False
-    )
+    pairs = loadmat(_require(folder / "pair_pascal.mat", "pair_pascal.mat"), squeeze_me=True,
+                    struct_as_record=False)
+    refmat = loadmat(_require(folder / "pascal50S.mat", "pascal50S.mat"), squeeze_me=True,
+                     struct_as_record=False)
     refs_by_image = {str(r.image): [str(s).strip() for s in np.atleast_1d(r.sent)] for r in refmat["refs"]}
     n = len(pairs["new_input"])
     image_ids, cand1, cand2, references, votes = [], [], [], [], []

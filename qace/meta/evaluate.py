@@ -51,9 +51,8 @@ def read_score_file(path: Path | str) -> dict[str, dict[str, float]]:
     return out
 
 
-def join_scores(
-    scores: Mapping[str, Mapping[str, float]], ids: Sequence[str], min_coverage: float = 0.5
-) -> dict[str, np.ndarray]:
+def join_scores(scores: Mapping[str, Mapping[str, float]], ids: Sequence[str],
+                min_coverage: float = 0.5) -> dict[str, np.ndarray]:
     """Columns of ``scores`` aligned to ``ids`` (NaN where an id is missing).
 
     Columns covering less than ``min_coverage`` of the ids are dropped: they belong to
@@ -66,12 +65,8 @@ def join_scores(
         covered = np.isfinite(values).mean() if len(ids) else 0.0
         if covered >= min_coverage:
             if covered < 1.0:
-                logger.warning(
-                    "score column %r covers %.1f%% of %d captions; the rest are skipped",
-                    col,
-                    100 * covered,
-                    len(ids),
-                )
+                logger.warning("score column %r covers %.1f%% of %d captions; the rest are skipped",
+                               col, 100 * covered, len(ids))
             out[col] = values
     return out
 
@@ -82,9 +77,8 @@ def pascal_candidate_ids(pairs: PairSet, seed: int | None = None) -> tuple[list[
     return [f"{i}-1{tail}" for i in pairs.ids], [f"{i}-2{tail}" for i in pairs.ids]
 
 
-def join_pascal_scores(
-    scores: Mapping[str, Mapping[str, float]], pairs: PairSet, seed: int
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def join_pascal_scores(scores: Mapping[str, Mapping[str, float]], pairs: PairSet, seed: int
+                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per column, the (cand1, cand2) scores for ``seed``: seed-tagged ids first, else plain ids."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for tagged in (seed, None):
@@ -98,14 +92,10 @@ def join_pascal_scores(
 # ---------------------------------------------------------------- Flickr8k-Expert
 
 
-def flickr_correlations(
-    data: CaptionSet,
-    scores: Mapping[str, np.ndarray],
-    methods: Sequence[str] = tuple(METHODS),
-    n_boot: int = 0,
-    boot_methods: Sequence[str] = ("kendall_c",),
-    seed: int = 0,
-) -> dict[str, dict[str, Correlation]]:
+def flickr_correlations(data: CaptionSet, scores: Mapping[str, np.ndarray],
+                        methods: Sequence[str] = tuple(METHODS), n_boot: int = 0,
+                        boot_methods: Sequence[str] = ("kendall_c",), seed: int = 0,
+                        ) -> dict[str, dict[str, Correlation]]:
     """Per metric and method, the correlation with every expert judgment (standard protocol).
 
     Bootstrap intervals (``n_boot`` resamples of captions) are computed for ``boot_methods``
@@ -114,10 +104,8 @@ def flickr_correlations(
     out = {}
     for name, values in scores.items():
         x, y, g = expand_judgments(values, data.human)
-        out[name] = {
-            m: correlate(x, y, m, groups=g, n_boot=n_boot if m in boot_methods else 0, seed=seed)
-            for m in methods
-        }
+        out[name] = {m: correlate(x, y, m, groups=g, n_boot=n_boot if m in boot_methods else 0, seed=seed)
+                     for m in methods}
     return out
 
 
@@ -158,14 +146,9 @@ def mean_accuracy(runs: Sequence[PairAccuracy]) -> PairAccuracy:
     return PairAccuracy(per_category=per, mean=float(np.mean(list(per.values()))))
 
 
-def pascal_baselines(
-    pairs: PairSet,
-    metrics: Sequence[str],
-    seeds: Sequence[int] = PASCAL_SEEDS,
-    k: int = PASCAL_NUM_REFS,
-    cache_dir: Path | str | None = None,
-    use_cache: bool = True,
-) -> dict[str, dict[int, PairAccuracy]]:
+def pascal_baselines(pairs: PairSet, metrics: Sequence[str], seeds: Sequence[int] = PASCAL_SEEDS,
+                     k: int = PASCAL_NUM_REFS, cache_dir: Path | str | None = None,
+                     use_cache: bool = True) -> dict[str, dict[int, PairAccuracy]]:
     """Per metric and seed, PASCAL-50S accuracy with ``k`` sampled references per image.
 
     Both candidates of a pair are scored in one call with the same references, so CIDEr's

@@ -47,15 +47,8 @@ def plot_judges(ratings: np.ndarray, names: list[str], report: dict, path: Path)
         np.add.at(table, (np.searchsorted(cats, ratings[ok, i]), np.searchsorted(cats, ratings[ok, j])), 1)
         ax.imshow(table, cmap="Blues", origin="lower")
         for (a, b), v in np.ndenumerate(table):
-            ax.text(
-                b,
-                a,
-                f"{int(v)}",
-                ha="center",
-                va="center",
-                color="white" if v > table.max() / 2 else "black",
-                fontsize=9,
-            )
+            ax.text(b, a, f"{int(v)}", ha="center", va="center",
+                    color="white" if v > table.max() / 2 else "black", fontsize=9)
         ticks = [f"{c:g}" for c in cats]
         ax.set_xticks(range(cats.size), ticks)
         ax.set_yticks(range(cats.size), ticks)
@@ -73,9 +66,8 @@ def plot_judges(ratings: np.ndarray, names: list[str], report: dict, path: Path)
     return path
 
 
-def plot_metric_vs_human(
-    scores: dict[str, np.ndarray], human: np.ndarray, report: dict, path: Path, seed: int = 0
-) -> Path:
+def plot_metric_vs_human(scores: dict[str, np.ndarray], human: np.ndarray, report: dict, path: Path,
+                         seed: int = 0) -> Path:
     """Scatter of each metric against the mean expert score (jittered so the 1-4 grid is visible)."""
     plt = _pyplot()
     names = list(scores)
@@ -92,12 +84,10 @@ def plot_metric_vs_human(
         med = [np.nanmedian(scores[name][mean_h == lv]) for lv in levels]
         ax.plot(levels, med, color="tab:red", lw=1.5, label="median")
         tau = metrics.get(name, {}).get("correlations", {}).get("kendall_c", {}).get("value")
-        ax.set_title(
-            f"{DISPLAY.get(name, name)}" + (f" (tau-c {100 * tau:.1f})" if tau is not None else ""),
-            fontsize=10,
-        )
+        ax.set_title(f"{DISPLAY.get(name, name)}" + (f" (tau-c {100 * tau:.1f})" if tau is not None else ""),
+                     fontsize=10)
         ax.set_xlabel("mean expert score")
-    for ax in axes.ravel()[len(names) :]:
+    for ax in axes.ravel()[len(names):]:
         ax.axis("off")
     fig.suptitle("Flickr8k-Expert: metric versus human")
     fig.tight_layout()
@@ -117,12 +107,8 @@ def plot_pascal(report: dict, path: Path) -> Path:
     x = np.arange(len(groups))
     for k, name in enumerate(names):
         vals = [acc[name]["mean"].get(g) for g in groups]
-        ax.bar(
-            x + (k - (len(names) - 1) / 2) * width,
-            [np.nan if v is None else v for v in vals],
-            width,
-            label=DISPLAY.get(name, name),
-        )
+        ax.bar(x + (k - (len(names) - 1) / 2) * width, [np.nan if v is None else v for v in vals], width,
+               label=DISPLAY.get(name, name))
     ax.axhline(50, color="grey", lw=0.8, ls="--")
     ax.set_xticks(x, groups)
     ax.set_ylim(40, 101)
@@ -140,15 +126,11 @@ def write_plots(report: dict, plot_data: dict, out_dir: Path) -> list[Path]:
     """Every figure the report's data supports, written into ``out_dir``."""
     paths = []
     if plot_data.get("judges") is not None:
-        paths.append(
-            plot_judges(plot_data["judges"], plot_data["judge_names"], report, out_dir / "judges.png")
-        )
+        paths.append(plot_judges(plot_data["judges"], plot_data["judge_names"], report,
+                                 out_dir / "judges.png"))
     if plot_data.get("scores"):
-        paths.append(
-            plot_metric_vs_human(
-                plot_data["scores"], plot_data["human"], report, out_dir / "metric_vs_human.png"
-            )
-        )
+        paths.append(plot_metric_vs_human(plot_data["scores"], plot_data["human"], report,
+                                          out_dir / "metric_vs_human.png"))
     if report.get("pascal50s", {}).get("accuracy"):
         paths.append(plot_pascal(report, out_dir / "pascal50s.png"))
     return paths

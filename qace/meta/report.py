@@ -126,30 +126,25 @@ def _add_column(target: dict, name: str, value: object) -> None:
         target[name] = value
 
 
-def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str]) -> tuple[dict, dict]:
+def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str]
+                    ) -> tuple[dict, dict]:
     data = load_flickr8k_expert(cfg.data_dir, standard=True)
     metrics = _runnable(cfg.metrics, skipped)
     scores = _safe_baselines(
         lambda ms: compute_baselines(data.candidates, data.references, ms, cfg.cache_dir, cfg.use_cache),
-        metrics,
-        skipped,
-    )
+        metrics, skipped)
     for rows in score_rows:
         for col, values in join_scores(rows, data.ids).items():
             _add_column(scores, col, values)
     corr = flickr_correlations(data, scores, n_boot=cfg.n_boot)
-    section: dict = {
-        "n_captions": len(data),
-        "n_pairs": int(np.isfinite(data.human).sum()),
-        "protocol": "standard: 158 own-image candidates dropped; each expert score is a row",
-        "metrics": {},
-    }
+    section: dict = {"n_captions": len(data), "n_pairs": int(np.isfinite(data.human).sum()),
+                     "protocol": "standard: 158 own-image candidates dropped; each expert score is a row",
+                     "metrics": {}}
     for name, by_method in corr.items():
         x = np.repeat(scores[name], data.human.shape[1])
         section["metrics"][name] = {
-            "correlations": {
-                m: {**c.to_dict(), "readings": readings(c.value, "correlation")} for m, c in by_method.items()
-            },
+            "correlations": {m: {**c.to_dict(), "readings": readings(c.value, "correlation")}
+                             for m, c in by_method.items()},
             "gamma": goodman_kruskal_gamma(np.round(x, 6), data.human.reshape(-1)),
         }
     judges = load_flickr8k_expert(cfg.data_dir, standard=False)
@@ -162,7 +157,8 @@ def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
             pair_corr[key] = {m: correlate(h[:, i], h[:, j], m).value for m in ("kendall_b", "spearman")}
     agree["pairwise_correlation"] = pair_corr
     agree["protocol"] = "all 5,822 judged rows, 3 experts, scale 1-4"
-    plot_data = {"scores": scores, "human": data.human, "judges": judges.human, "judge_names": judges.judges}
+    plot_data = {"scores": scores, "human": data.human, "judges": judges.human,
+                 "judge_names": judges.judges}
     return {"flickr8k_expert": section, "flickr8k_judges": agree}, plot_data
 
 
@@ -174,9 +170,7 @@ def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
     metrics = _runnable(chosen, skipped)
     runs = _safe_baselines(
         lambda ms: pascal_baselines(pairs, ms, cfg.seeds, cfg.n_refs, cfg.cache_dir, cfg.use_cache),
-        metrics,
-        skipped,
-    )
+        metrics, skipped)
     extra: dict[str, dict] = {}
     for rows in score_rows:
         for seed in cfg.seeds:
@@ -186,20 +180,12 @@ def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
         _add_column(runs, col, by_seed)
     acc = {}
     for name, by_seed in runs.items():
-        acc[name] = {
-            "mean": mean_accuracy(list(by_seed.values())).to_dict(),
-            "per_seed": {str(s): a.to_dict() for s, a in by_seed.items()},
-        }
-    return {
-        "n_pairs": len(pairs),
-        "seeds": list(cfg.seeds),
-        "n_refs": cfg.n_refs,
-        "protocol": (
-            f"{cfg.n_refs} references sampled per image with numpy default_rng(seed), pair by "
-            "pair, same for both candidates; majority vote; metric ties count 1/2"
-        ),
-        "accuracy": acc,
-    }
+        acc[name] = {"mean": mean_accuracy(list(by_seed.values())).to_dict(),
+                     "per_seed": {str(s): a.to_dict() for s, a in by_seed.items()}}
+    return {"n_pairs": len(pairs), "seeds": list(cfg.seeds), "n_refs": cfg.n_refs,
+            "protocol": (f"{cfg.n_refs} references sampled per image with numpy default_rng(seed), pair by "
+                         "pair, same for both candidates; majority vote; metric ties count 1/2"),
+            "accuracy": acc}
 
 
 def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
@@ -208,18 +194,11 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
     if unknown:
         raise ConfigError(f"unknown data set(s) {sorted(unknown)}; choose flickr8k and/or pascal50s")
     score_rows = [read_score_file(p) for p in cfg.score_files]
-    report: dict = {
-        "qace_version": __version__,
-        "python": platform.python_version(),
-        "config": {
-            "data_dir": str(cfg.data_dir) if cfg.data_dir else None,
-            "metrics": list(cfg.metrics),
-            "score_files": [str(p) for p in cfg.score_files],
-            "seeds": list(cfg.seeds),
-            "n_boot": cfg.n_boot,
-        },
-        "published": PUBLISHED,
-    }
+    report: dict = {"qace_version": __version__, "python": platform.python_version(),
+                    "config": {"data_dir": str(cfg.data_dir) if cfg.data_dir else None,
+                               "metrics": list(cfg.metrics), "score_files": [str(p) for p in cfg.score_files],
+                               "seeds": list(cfg.seeds), "n_boot": cfg.n_boot},
+                    "published": PUBLISHED}
     plot_data: dict = {}
     skipped: dict[str, str] = {}
     if "flickr8k" in cfg.datasets:
@@ -256,16 +235,12 @@ def render_markdown(report: dict) -> str:
     flickr = report.get("flickr8k_expert", {}).get("metrics", {})
     pascal = report.get("pascal50s", {}).get("accuracy", {})
     pub_tau, pub_pas = PUBLISHED["flickr8k_tau_c"], PUBLISHED["pascal50s"]
-    lines += [
-        "## Table 1: correlation with human judgment",
-        "",
-        "Flickr8k-Expert: Kendall tau-c x 100 (published value in parentheses). "
-        "PASCAL-50S: accuracy (%) per category, mean over seeds "
-        f"{report.get('pascal50s', {}).get('seeds', [])}.",
-        "",
-        "| Metric | Flickr8k-Expert tau-c | HC | HI | HM | MM | Mean |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines += ["## Table 1: correlation with human judgment", "",
+              "Flickr8k-Expert: Kendall tau-c x 100 (published value in parentheses). "
+              "PASCAL-50S: accuracy (%) per category, mean over seeds "
+              f"{report.get('pascal50s', {}).get('seeds', [])}.", "",
+              "| Metric | Flickr8k-Expert tau-c | HC | HI | HM | MM | Mean |",
+              "|---|---|---|---|---|---|---|"]
     for name in _row_names(report):
         tau = flickr.get(name, {}).get("correlations", {}).get("kendall_c", {}).get("value")
         cell = _fmt(tau, 100)
@@ -278,38 +253,29 @@ def render_markdown(report: dict) -> str:
             if name in pub_pas and acc:
                 v += f" ({pub_pas[name][c]})"
             cats.append(v)
-        lines.append(
-            f"| {DISPLAY.get(name, name)} | {cell} | " + " | ".join(cats) + f" | {_fmt(acc.get('mean'))} |"
-        )
+        lines.append(f"| {DISPLAY.get(name, name)} | {cell} | " + " | ".join(cats)
+                     + f" | {_fmt(acc.get('mean'))} |")
     for name in report.get("skipped", {}):
         lines.append(f"| {DISPLAY.get(name, name)} | skipped | | | | | |")
     lines.append("")
     if flickr:
-        lines += [
-            "## Flickr8k-Expert: every correlation",
-            "",
-            f"{report['flickr8k_expert']['n_pairs']} (caption, expert) pairs over "
-            f"{report['flickr8k_expert']['n_captions']} captions. p: t-test on the coefficient; "
-            "CI: 95% bootstrap over captions.",
-            "",
-            "| Metric | tau-c [95% CI] | p | tau-b | Spearman | Pearson | gamma | reading (tau-c) |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
+        lines += ["## Flickr8k-Expert: every correlation", "",
+                  f"{report['flickr8k_expert']['n_pairs']} (caption, expert) pairs over "
+                  f"{report['flickr8k_expert']['n_captions']} captions. p: t-test on the coefficient; "
+                  "CI: 95% bootstrap over captions.", "",
+                  "| Metric | tau-c [95% CI] | p | tau-b | Spearman | Pearson | gamma | reading (tau-c) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for name, entry in flickr.items():
             c = entry["correlations"]
             tc = c["kendall_c"]
-            ci = (
-                f" [{_fmt(tc['ci_low'], 1, 3)}, {_fmt(tc['ci_high'], 1, 3)}]"
-                if tc.get("ci_low") is not None
-                else ""
-            )
+            ci = (f" [{_fmt(tc['ci_low'], 1, 3)}, {_fmt(tc['ci_high'], 1, 3)}]"
+                  if tc.get("ci_low") is not None else "")
             p = tc["p_value"]
             lines.append(
                 f"| {DISPLAY.get(name, name)} | {_fmt(tc['value'], 1, 3)}{ci} | "
                 f"{_fmt_p(p)} | "
                 + " | ".join(_fmt(c[m]["value"], 1, 3) for m in ("kendall_b", "spearman", "pearson"))
-                + f" | {_fmt(entry['gamma'], 1, 3)} | {reading_text(tc['value'], 'correlation')} |"
-            )
+                + f" | {_fmt(entry['gamma'], 1, 3)} | {reading_text(tc['value'], 'correlation')} |")
         lines.append("")
     judges = report.get("flickr8k_judges")
     if judges:
@@ -321,62 +287,40 @@ def render_markdown(report: dict) -> str:
         lines.append(f"- PASCAL-50S: {report['pascal50s']['protocol']}.")
     for msg in report.get("skipped", {}).values():
         lines.append(f"- {msg}")
-    lines.append(
-        "- –: not computed for that data set (BERTScore on PASCAL-50S is opt-in: it takes ~4 "
-        "CPU-minutes per seed; add it with --pascal-metrics)."
-    )
+    lines.append("- –: not computed for that data set (BERTScore on PASCAL-50S is opt-in: it takes ~4 "
+                 "CPU-minutes per seed; add it with --pascal-metrics).")
     lines.append("- Scales: KA = Krippendorff (1980), LK = Landis & Koch (1977), R = Rosenthal (1996).")
     return "\n".join(lines) + "\n"
 
 
 def _judges_markdown(judges: dict) -> list[str]:
     fig, pw = judges["figures"], judges["pairwise"]
-    lines = [
-        "## Flickr8k-Expert judges: agreement and covariation",
-        "",
-        f"{judges['n_items']} captions, judges {', '.join(judges['judges'])} ({judges['protocol']}).",
-        "",
-        "| Figure | Value | Reading |",
-        "|---|---|---|",
-    ]
+    lines = ["## Flickr8k-Expert judges: agreement and covariation", "",
+             f"{judges['n_items']} captions, judges {', '.join(judges['judges'])} "
+             f"({judges['protocol']}).", "",
+             "| Figure | Value | Reading |", "|---|---|---|"]
     for k, v in fig.items():
-        lines.append(
-            f"| {k.replace('_', ' ')} | {_fmt(v, 1, 3)} | "
-            f"{reading_text(v, 'proportion' if k == 'percent_agreement' else 'agreement')} |"
-        )
+        lines.append(f"| {k.replace('_', ' ')} | {_fmt(v, 1, 3)} | "
+                     f"{reading_text(v, 'proportion' if k == 'percent_agreement' else 'agreement')} |")
     for k in ("cohen_kappa", "cohen_kappa_linear", "cohen_kappa_quadratic", "gamma"):
         v = pw[k]["mean"]
-        lines.append(
-            f"| {k.replace('_', ' ')} (mean of pairs) | {_fmt(v, 1, 3)} | "
-            f"{reading_text(v, 'correlation' if k == 'gamma' else 'agreement')} |"
-        )
-    lines += [
-        "",
-        "Level agreement (kappa) beside covariation (gamma, tau-b, Spearman), per judge pair:",
-        "",
-        "| Pair | Cohen kappa | linear | quadratic | % agree | gamma | tau-b | Spearman |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+        lines.append(f"| {k.replace('_', ' ')} (mean of pairs) | {_fmt(v, 1, 3)} | "
+                     f"{reading_text(v, 'correlation' if k == 'gamma' else 'agreement')} |")
+    lines += ["", "Level agreement (kappa) beside covariation (gamma, tau-b, Spearman), per judge pair:", "",
+              "| Pair | Cohen kappa | linear | quadratic | % agree | gamma | tau-b | Spearman |",
+              "|---|---|---|---|---|---|---|---|"]
     pc = judges["pairwise_correlation"]
     for pair in pc:
         kappas = ("cohen_kappa", "cohen_kappa_linear", "cohen_kappa_quadratic")
         cells = [_fmt(pw[k][pair], 1, 3) for k in kappas]
-        cells += [
-            _fmt(pw["percent_agreement"][pair], 100),
-            _fmt(pw["gamma"][pair], 1, 3),
-            _fmt(pc[pair]["kendall_b"], 1, 3),
-            _fmt(pc[pair]["spearman"], 1, 3),
-        ]
+        cells += [_fmt(pw["percent_agreement"][pair], 100), _fmt(pw["gamma"][pair], 1, 3),
+                  _fmt(pc[pair]["kendall_b"], 1, 3), _fmt(pc[pair]["spearman"], 1, 3)]
         lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     pub = PUBLISHED["flickr8k_judges"]
-    lines += [
-        "",
-        f"Published (all 5,822 rows): Fleiss' kappa {pub['fleiss_kappa']}, "
-        f"mean gamma {pub['gamma_mean']}. Our mean gamma is "
-        f"{_fmt(pw['gamma']['mean'], 1, 3)}; averaging pair gammas truncated to two decimals "
-        f"gives {_truncated_mean(pw['gamma']):.3f}, which rounds to the published 0.98.",
-        "",
-    ]
+    lines += ["", f"Published (all 5,822 rows): Fleiss' kappa {pub['fleiss_kappa']}, "
+              f"mean gamma {pub['gamma_mean']}. Our mean gamma is "
+              f"{_fmt(pw['gamma']['mean'], 1, 3)}; averaging pair gammas truncated to two decimals "
+              f"gives {_truncated_mean(pw['gamma']):.3f}, which rounds to the published 0.98.", ""]
     return lines
 
 
