@@ -10,7 +10,7 @@ import itertools
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +200,8 @@ class QACE(FileScorer):
         """Results in input order, in chunks of ``chunk_size``; with ``ramp``, input longer than one
         chunk starts with a smaller chunk (`_ramp_sizes`)."""
         size = self.config.chunk_size
+        if self.config.variant == "img":
+            records = map(_with_image_key, records)
         iterator: Iterator[Record | RecordError] = iter(records)
         sizes: Iterator[int] = itertools.repeat(size)
         if ramp:
@@ -278,6 +280,16 @@ def _ramp_sizes(chunk_size: int) -> Iterator[int]:
     """
     yield max(1, chunk_size // 8)
     yield from itertools.repeat(chunk_size)
+
+
+def _with_image_key(record: Record | RecordError) -> Record | RecordError:
+    """A record with an ``image`` file but no ``image_id`` is looked up by the file's stem, the id
+    `qace features extract` gives it."""
+    if isinstance(record, Record) and not record.image_id and record.image:
+        from qace.features.extract import image_key
+
+        return replace(record, image_id=image_key(None, record.image))
+    return record
 
 
 def _record(

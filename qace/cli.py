@@ -99,6 +99,7 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
         help="score on N GPUs of this host (or 'all'): one engine per GPU, "
         "output merged in input order, resumable per shard",
     )
+    _add_detector_args(p, device=False)
     for module in JUDGE_MODULES.values():  # light: a judge's extra loads with its scorer
         try:
             importlib.import_module(module).add_cli_arguments(p)
@@ -114,7 +115,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qg", help="QG model (hub id or directory), overrides --models")
     p.add_argument("--tqa", help="text-QA model (hub id or directory), overrides --models")
     p.add_argument("--vqa", help="Visual-T5 model (directory or state-dict file), overrides --models")
-    p.add_argument("--features", help="region features: directory of per-image .npz files or an HDF5 store")
+    p.add_argument(
+        "--features",
+        help="region features: a directory of per-image .npz files, an HDF5 store (qace's or VL-T5's) or a "
+        "bottom-up-attention .tsv; without it, QACE-Img extracts the records' images (see --detector)",
+    )
     p.add_argument(
         "--precision",
         default="fp32",
@@ -223,13 +228,16 @@ def cmd_score(args: argparse.Namespace) -> int:
     metric = _resolve_metric(args)
     judge = _judge(metric) if metric in JUDGE_MODULES else None
     if judge is None:
-        check_img_features(args.variant, args.features)
     check_output_file(args.output)
-    if args.gpus:  # its devices are checked by resolve_devices
+    if not args.gpus:  # --gpus checks its devices in resolve_devices
+        check_device(args.device)
+    if judge is None:
+        _features_on_demand(args)
+        check_img_features(args.variant, args.features)
+    if args.gpus:
         from qace.scale.cli import cmd_score_sharded
 
         return cmd_score_sharded(args, judge)
-    check_device(args.device)
     scorer = _scorer(args) if judge is None else judge.from_cli(args)
     _warn_if_test_models(scorer)
     summary = scorer.score_file(
@@ -279,6 +287,70 @@ def cmd_features_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_features_extract(args: argparse.Namespace) -> int:
+    from qace.features.extract import extract_features, gather_images
+
+    images = gather_images(args.images)  # arguments and inputs are checked before the detector loads
+    summary = extract_features(images, args.output, **_detector_settings(args))
+    print(summary.line())
+    return 0
+
+
+def _add_detector_args(p: argparse.ArgumentParser, device: bool) -> None:
+    from qace.features import DEFAULT_DETECTOR
+
+    p.add_argument(
+        "--detector",
+        default=DEFAULT_DETECTOR,
+        help="bottom-up-attention Faster R-CNN: hub id or directory with pytorch_model.bin "
+        f"(default {DEFAULT_DETECTOR})",
+    )
+    p.add_argument(
+        "--detector-precision",
+        choices=["fp32", "bf16", "fp16"],
+        help="detector precision (default: bf16 on a GPU, fp32, the exact mode, elsewhere)",
+    )
+    p.add_argument("--detector-batch", type=int, default=8, help="images per detector batch")
+    p.add_argument("--detector-workers", type=int, default=4, help="CPU processes decoding and resizing")
+    if device:
+        p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+        p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _detector_settings(args: argparse.Namespace) -> dict:
+    """`extract_features` keyword arguments from the detector options (the detector is loaded here)."""
+    from qace.features.extract import default_precision, load_detector
+
+    if args.detector_batch < 1 or args.detector_workers < 0:
+        raise QACEError("--detector-batch must be at least 1 and --detector-workers at least 0")
+    return {
+        "detector": load_detector(args.detector, args.device),
+        "detector_name": str(args.detector),
+        "precision": args.detector_precision or default_precision(args.device),
+        "batch_size": args.detector_batch,
+        "workers": args.detector_workers,
+        "progress": not args.no_progress,
+    }
+
+
+def _features_on_demand(args: argparse.Namespace) -> None:
+    """QACE-Img on records with ``image`` paths and no ``--features``: extract their regions into
+    ``<output stem>.features.h5`` beside the output (resumed on a rerun) and score from it."""
+    from qace.features.extract import extract_features, gather_images
+
+    if args.features or args.variant != "img" or args.format not in ("auto", "jsonl", "csv"):
+        return
+    images = gather_images(args.input, records=True, fmt=args.format)
+    if not images:
+        return
+    output = Path(args.output)
+    cache = output.with_name(output.stem + ".features.h5")
+    print(f"extracting region features of {len(images)} images into {cache}", file=sys.stderr)
+    summary = extract_features(images, cache, **_detector_settings(args))
+    print(summary.line(), file=sys.stderr)
+    args.features = str(cache)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``qace`` parser; of the optional commands, only ``command`` (the one being run) is built in
     full, the others are listed (and answer that their extra is missing, if it is)."""
@@ -314,8 +386,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("features", help="region-feature stores")
     fsub = p.add_subparsers(dest="features_command", required=True)
-    pack = fsub.add_parser("pack", help="pack per-image .npz files into one HDF5 store")
-    pack.add_argument("source", help="directory of <image_id>.npz files (or another store)")
+    pack = fsub.add_parser(
+        "pack", help="convert features (npz folder, VL-T5 .h5, BUTD .tsv) to one HDF5 store"
+    )
+    pack.add_argument(
+        "source", help="directory of <image_id>.npz files, a VL-T5 .h5 or a bottom-up-attention .tsv"
+    )
     pack.add_argument("output", help="output .h5 file")
     pack.add_argument(
         "--dtype",
@@ -325,6 +401,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "beyond float16's range (65504)",
     )
     pack.set_defaults(func=cmd_features_pack)
+    extract = fsub.add_parser(
+        "extract", help="extract 36 regions per image from raw images into an HDF5 store"
+    )
+    extract.add_argument("images", help="a folder of images, a list file (a path a line) or a records file")
+    extract.add_argument("-o", "--output", required=True, help="output .h5 store (resumed if it exists)")
+    _add_detector_args(extract, device=True)
+    extract.set_defaults(func=cmd_features_extract)
 
     for name, spec in OPTIONAL_COMMANDS.items():
         try:

@@ -367,7 +367,8 @@ def _given(array: Any) -> Any:
 
 
 def open_feature_store(path: str | Path) -> FeatureStore:
-    """Open features by location: a directory of ``.npz``, an ``.h5``/``.hdf5`` file, or ``random:<seed>``."""
+    """Open features by location: a directory of ``.npz``, an ``.h5``/``.hdf5`` file (qace's store or
+    VL-T5's), a bottom-up-attention ``.tsv`` (`qace.features.formats`), or ``random:<seed>``."""
     text = str(path)
     if text.startswith("random:"):
         try:
@@ -379,8 +380,13 @@ def open_feature_store(path: str | Path) -> FeatureStore:
     path = Path(path)
     if path.is_dir():
         return NpzDirStore(path)
+    from qace.features.formats import open_published  # VL-T5 HDF5 and bottom-up-attention TSV
+
+    published = open_published(path)
+    if published is not None:
+        return published
     if path.suffix.lower() in (".h5", ".hdf5"):
         return HDF5Store(path)
     raise ConfigError(
-        f"cannot open region features at {text!r}: give a directory of .npz files or an .h5 file"
+        f"cannot open region features at {text!r}: give a directory of .npz files, an .h5 file or a .tsv file"
     )

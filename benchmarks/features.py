@@ -1,0 +1,222 @@
+"""Region-feature extraction: the batched pipeline against a one-image-at-a-time loop, in one run.
+
+    python -m benchmarks.features --device cuda            # writes benchmarks/results/features_<gpu>.json
+    python -m benchmarks.features --tiny --out /tmp/features-tiny.json   # CPU smoke run, seconds
+
+Workload: ``--images`` random 640x480 JPEG files (blocky noise, written to a temporary folder first,
+so decoding is part of the work), the full-size detector (`qace.features.detector.DetectorConfig`)
+with random weights (batch-norm scales damped so that 33 random residual blocks keep activations in
+the range of real features). Nothing is compared with real weights.
+
+- ``batched``: `qace.features.extract.extract_features` as ``qace features extract`` runs it: decode
+  and resize in ``--workers`` processes with prefetch, ``--batch-size`` images a detector call,
+  ``--precision`` (bf16 on a GPU by default), a writer thread filling an HDF5 store;
+- ``loop``: the same detector and precision, one image at a time in the main thread (open, resize,
+  detect, write), over ``--loop-images`` images; ``speedup`` and the target compare with this loop;
+- ``loop_fp32`` (when ``--precision`` is not fp32): the same loop in fp32, as the LXMERT demo runs, for
+  reference only.
+
+Untimed: one warm-up batch and one warm-up loop image (cuDNN autotuning, CUDA context). The targets
+(`TARGETS`) are the issue's: at least 100 images/s batched and 10x the loop on one H100 or H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from qace import __version__
+from qace.features import ops
+from qace.features.detector import BottomUpDetector, DetectorConfig, resize_for_detector
+from qace.features.extract import PRECISIONS, ImageItem, RegionWriter, default_precision, extract_features
+
+TARGETS = {"images_per_s": 100.0, "speedup": 10.0}
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def make_images(folder: Path, count: int, size: tuple[int, int], seed: int = 0) -> list[ImageItem]:
+    """``count`` random JPEG files of ``size`` (width, height): 8x8-pixel blocks of noise."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    w, h = size
+    items = []
+    for i in range(count):
+        blocks = rng.integers(0, 255, (h // 8 + 1, w // 8 + 1, 3), dtype=np.uint8)
+        pixels = np.kron(blocks, np.ones((8, 8, 1), np.uint8))[:h, :w]
+        path = folder / f"{i:06d}.jpg"
+        Image.fromarray(pixels).save(path, quality=90)
+        items.append(ImageItem(path.stem, str(path)))
+    return items
+
+
+def random_detector(config: DetectorConfig, device: str, seed: int = 0) -> BottomUpDetector:
+    """The architecture with random weights; each block's last batch-norm scale is damped (0.2) so that
+    residual sums stay bounded, as trained weights keep them."""
+    torch.manual_seed(seed)
+    model = BottomUpDetector(config)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.BatchNorm2d) and name.endswith("conv3.norm"):
+                module.weight.fill_(0.2)
+    return model.placed(device)
+
+
+def loop(model: BottomUpDetector, items: list[ImageItem], out: Path, precision: str, name: str) -> float:
+    """One image at a time: open, resize, detect, write; returns seconds."""
+    from PIL import Image
+
+    dtype = getattr(torch, PRECISIONS[precision])
+    writer = RegionWriter(out, f"{name}|{precision}")
+    start = time.perf_counter()
+    for item in items:
+        with Image.open(item.path) as image:
+            pixels, width, height = resize_for_detector(image, model.config)
+        (found,) = model.detect_resized([pixels], [(width, height)], dtype=dtype)
+        if not isinstance(found, str):
+            writer.add(item.key, found.regions())
+    writer.close()
+    return time.perf_counter() - start
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def gpu_tag(device: str) -> str:
+    if not device.startswith("cuda"):
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    return next((tag for tag in ("h200", "h100", "a100", "l4") if tag in name), name.split()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--precision", choices=sorted(PRECISIONS), help="default: bf16 on a GPU, else fp32")
+    p.add_argument("--images", type=int, default=1024, help="images through the batched pipeline")
+    p.add_argument("--loop-images", type=int, default=48, help="images through the one-at-a-time loop")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--workers", type=int, default=12, help="decode/resize processes")
+    p.add_argument("--tiny", action="store_true", help="tiny detector on small images: a smoke run")
+    p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/features_<gpu>.json)")
+    args = p.parse_args(argv)
+    args.precision = args.precision or default_precision(args.device)
+    config, size = DetectorConfig(), (640, 480)
+    if args.tiny:
+        config, size = DetectorConfig.tiny(), (64, 48)
+        args.images, args.loop_images, args.workers = min(args.images, 12), min(args.loop_images, 4), 0
+        args.batch_size = min(args.batch_size, 4)
+    if args.device.startswith("cuda"):
+        torch.backends.cudnn.benchmark = True
+        if ops.BACKEND != "torchvision":  # the per-region reference RoIPool: keep the run short
+            print("torchvision's kernels do not load: timing the pure-PyTorch operators on few images")
+            args.images, args.loop_images = min(args.images, 64), min(args.loop_images, 8)
+    model = random_detector(config, args.device)
+    name = "random-" + ("tiny" if args.tiny else "full")
+    with tempfile.TemporaryDirectory(prefix="qace-features-bench-") as tmp:
+        folder = Path(tmp)
+        items = make_images(folder, args.images + args.loop_images + args.batch_size + 1, size)
+        warm, batched_items = (
+            items[: args.batch_size + 1],
+            items[args.batch_size + 1 : args.batch_size + 1 + args.images],
+        )
+        loop_items = items[args.batch_size + 1 + args.images :]
+
+        # warm-up, untimed: a batch through the pipeline, an image through the loop
+        settings = {"detector": model, "detector_name": name, "precision": args.precision, "progress": False}
+        extract_features(
+            warm[:-1], folder / "warm.h5", batch_size=args.batch_size, workers=args.workers, **settings
+        )
+        loop(model, warm[-1:], folder / "warm-loop.h5", args.precision, name)
+
+        sync(args.device)
+        summary = extract_features(
+            batched_items, folder / "batched.h5", batch_size=args.batch_size, workers=args.workers, **settings
+        )
+        sync(args.device)
+        loop_s = loop(model, loop_items, folder / "loop.h5", args.precision, name)
+        sync(args.device)
+        fp32_s = None
+        if args.precision != "fp32":  # how the LXMERT demo runs: fp32, one image at a time
+            loop(model, warm[-1:], folder / "warm-fp32.h5", "fp32", name)
+            sync(args.device)
+            fp32_s = loop(model, loop_items, folder / "loop-fp32.h5", "fp32", name)
+            sync(args.device)
+        errors = [json.loads(line) for line in summary.errors_path.open()]
+
+    batched_ips = summary.extracted / summary.seconds
+    loop_ips = len(loop_items) / loop_s
+    speedup = batched_ips / loop_ips
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    try:
+        import torchvision
+
+        tv = torchvision.__version__
+    except Exception:  # noqa: BLE001 (absent, or built for another torch)
+        tv = None
+    result = {
+        "command": "python -m benchmarks.features " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "commit": commit,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
+        "ops_backend": ops.BACKEND,
+        "weights": "random (nothing compared with the real detector)",
+        "detector": asdict(config),
+        "image_size": list(size),
+        "precision": args.precision,
+        "batched": {
+            "images": args.images,
+            "extracted": summary.extracted,
+            "errors": len(errors),
+            "first_errors": errors[:3],
+            "batch_size": args.batch_size,
+            "workers": args.workers,
+            "seconds": round(summary.seconds, 4),
+            "images_per_s": round(batched_ips, 2),
+        },
+        "loop": {"images": len(loop_items), "seconds": round(loop_s, 4), "images_per_s": round(loop_ips, 2)},
+        "loop_fp32": None
+        if fp32_s is None
+        else {
+            "images": len(loop_items),
+            "seconds": round(fp32_s, 4),
+            "images_per_s": round(len(loop_items) / fp32_s, 2),
+            "speedup_of_batched": round(batched_ips * fp32_s / len(loop_items), 2),
+        },
+        "speedup": round(speedup, 2),
+        "targets": {
+            **TARGETS,
+            "met": bool(batched_ips >= TARGETS["images_per_s"] and speedup >= TARGETS["speedup"]),
+        },
+        "versions": {
+            "qace": __version__,
+            "torch": torch.__version__,
+            "torchvision": tv,
+            "python": platform.python_version(),
+        },
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    out = args.out or RESULTS / f"features_{gpu_tag(args.device)}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,539 @@
+"""The bottom-up-attention Faster R-CNN (Anderson et al. 2018) that made the release's region features.
+
+Architecture (`DetectorConfig`'s defaults): a ResNet-101 C4 backbone (Caffe-style stem, stride in the
+1x1 convolutions, frozen batch norm), a region proposal network on res4 (512 hidden channels, 12
+anchors: sizes 64-512 at ratios 0.5, 1, 2), RoIPool 14x14 at 1/16, res5 with stride 1 and dilation 2
+run per region and mean-pooled to 2,048 values, then Visual Genome heads: 1,600 object classes plus
+background (last) and 400 attributes. Module and parameter names are those of the public PyTorch
+conversion ``unc-nlp/frcnn-vg-finetuned`` (the LXMERT demo's ``modeling_frcnn.py``), so its
+``pytorch_model.bin`` loads as it is (`BottomUpDetector.from_pretrained`).
+
+Preprocessing (`resize_for_detector`): RGB to BGR, the shorter side resized to 600 and the longer
+capped at 1,000 (bilinear, on uint8, as the LXMERT demo does), then the BGR pixel mean
+(102.9801, 115.9465, 122.7717) subtracted; no scaling by a standard deviation.
+
+Region selection follows the release's ``generate_tsv.py`` with 36 boxes: the boxes are the RPN
+proposals the features were pooled from; each is scored by class-wise NMS (IoU 0.3, per object
+class, background excluded): its confidence is its highest class probability among the classes
+in which it survives; the 36 most confident are kept, most confident first (ties by proposal
+rank). The release's score threshold (0.2) plays no part when exactly 36 are kept. An image with
+fewer than 36 proposals yields fewer boxes; the release then wrote a shorter row, and Visual-T5
+needs 36, so `detect` reports such an image as an error instead of padding it.
+
+Batching: images of different sizes are zero-padded into one tensor; activations beyond each image's
+own extent are zeroed before every spatial convolution and the proposal network ignores anchors
+there, so an image gets the same regions alone as in any batch (features equal to fp32 rounding).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from qace.errors import ConfigError, ModelNotFoundError
+from qace.features import DEFAULT_DETECTOR
+from qace.features.ops import batched_nms, roi_pool
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_NAME = "pytorch_model.bin"
+CONFIG_NAME = "qace-detector.json"
+PIXEL_MEAN_BGR = (102.9801, 115.9465, 122.7717)
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Sizes and test-time settings; the defaults are the released model's."""
+
+    blocks: tuple[int, int, int, int] = (3, 4, 23, 3)
+    """Bottleneck blocks in res2..res5 (ResNet-101)."""
+    stem_channels: int = 64
+    res2_channels: int = 256
+    """res2's output channels; res3/res4/res5 double them."""
+    bottleneck_divisor: int = 4
+    """A block's inner width is its output channels over this (4 in ResNets)."""
+    rpn_hidden: int = 512
+    anchor_sizes: tuple[int, ...] = (64, 128, 256, 512)
+    anchor_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
+    num_classes: int = 1600
+    num_attrs: int = 400
+    pooler_resolution: int = 14
+    pre_nms_topk: int = 6000
+    post_nms_topk: int = 300
+    rpn_nms: float = 0.7
+    class_nms: float = 0.3
+    num_regions: int = 36
+    min_size: int = 600
+    max_size: int = 1000
+    min_image_side: int = 10
+    """Images with a side shorter than this many pixels are reported, not detected."""
+    pair_budget: int = 8192
+    """(box, class) pairs the class-wise NMS starts from (grown until 36 boxes are decided exactly)."""
+
+    @property
+    def feature_dim(self) -> int:
+        return self.res2_channels * 8
+
+    @classmethod
+    def tiny(cls) -> DetectorConfig:
+        """The same architecture at toy sizes, for tests: one block a stage, narrow, small images."""
+        return cls(
+            blocks=(1, 1, 1, 1),
+            stem_channels=8,
+            bottleneck_divisor=64,  # the real 2,048-d output, narrow inside
+            rpn_hidden=8,
+            anchor_sizes=(16, 32, 64),
+            num_classes=11,
+            num_attrs=5,
+            pooler_resolution=2,
+            pre_nms_topk=400,
+            post_nms_topk=48,
+            min_size=96,
+            max_size=160,
+            pair_budget=64,
+        )
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One image's regions, most confident first: ``boxes`` (36, 4) pixel x1, y1, x2, y2 in the original
+    image, ``features`` (36, D) float32, ``scores`` (36,) and ``classes`` (36,) (object class of the best
+    surviving score), with the original ``width`` and ``height``."""
+
+    boxes: np.ndarray
+    features: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    width: int
+    height: int
+
+    def norm_boxes(self) -> np.ndarray:
+        """``(x1/W, y1/H, x2/W, y2/H, w/W, h/H)`` float32, the layout Visual-T5 reads."""
+        b = self.boxes.astype(np.float64) / np.array([self.width, self.height, self.width, self.height])
+        return np.concatenate([b, b[:, 2:] - b[:, :2]], axis=1).astype(np.float32)
+
+    def regions(self) -> np.ndarray:
+        """The (36, D + 6) float32 model input: features, then normalised boxes."""
+        return np.concatenate([self.features, self.norm_boxes()], axis=1).astype(np.float32)
+
+
+# -- preprocessing -----------------------------------------------------------------------------------
+
+
+class ImageError(ValueError):
+    """An image the detector cannot take (too small, too thin); the message says why."""
+
+
+def resize_for_detector(image: Any, config: DetectorConfig) -> tuple[np.ndarray, int, int]:
+    """A PIL image (any mode: CMYK, grey, palette, alpha are converted to RGB) -> (resized BGR uint8 array
+    HxWx3, original width, original height); `ImageError` when it is too small to detect in."""
+    from PIL import Image
+
+    width, height = image.size
+    scale = config.min_size / min(width, height) if min(width, height) > 0 else 0.0
+    if max(width, height) * scale > config.max_size:
+        scale = config.max_size / max(width, height)
+    new_w, new_h = int(width * scale + 0.5), int(height * scale + 0.5)
+    if min(width, height) < config.min_image_side or min(new_w, new_h) < 32:
+        raise ImageError(
+            f"image is {width}x{height} pixels: too small or too thin for region features (needs "
+            f"{config.min_image_side} pixels a side, and 32 after resizing to {new_w}x{new_h})"
+        )
+    rgb = image.convert("RGB").resize((new_w, new_h), Image.Resampling.BILINEAR)
+    return np.ascontiguousarray(np.asarray(rgb)[:, :, ::-1]), width, height
+
+
+# -- backbone ----------------------------------------------------------------------------------------
+
+
+class Conv2d(nn.Conv2d):
+    """A convolution followed by its frozen batch norm (the checkpoint's ``<conv>.norm.*`` keys)."""
+
+    def __init__(self, *args: Any, norm: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.norm = nn.BatchNorm2d(norm) if norm else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = super().forward(x)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, cout: int, width: int, stride: int, dilation: int = 1) -> None:
+        super().__init__()
+        self.shortcut = Conv2d(cin, cout, 1, stride=stride, bias=False, norm=cout) if cin != cout else None
+        self.conv1 = Conv2d(cin, width, 1, stride=stride, bias=False, norm=width)
+        self.conv2 = Conv2d(width, width, 3, padding=dilation, dilation=dilation, bias=False, norm=width)
+        self.conv3 = Conv2d(width, cout, 1, bias=False, norm=cout)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        out = torch.relu(self.conv1(x))
+        if mask is not None:
+            out = out * mask
+        out = torch.relu(self.conv2(out))
+        out = self.conv3(out)
+        return torch.relu(out + (self.shortcut(x) if self.shortcut is not None else x))
+
+
+class Stage(nn.ModuleList):
+    def __init__(
+        self, cin: int, cout: int, blocks: int, stride: int, divisor: int, dilation: int = 1
+    ) -> None:
+        super().__init__(
+            Bottleneck(cin if i == 0 else cout, cout, cout // divisor, stride if i == 0 else 1, dilation)
+            for i in range(blocks)
+        )
+        self.stride = stride
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:  # type: ignore[override]
+        for block in self:
+            x = block(x, mask)
+        return x
+
+
+class Stem(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = Conv2d(3, channels, 7, stride=2, padding=3, bias=False, norm=channels)
+
+
+class Backbone(nn.Module):
+    """Stem and res2..res4, returning res4 (stride 16)."""
+
+    def __init__(self, c: DetectorConfig) -> None:
+        super().__init__()
+        self.stem = Stem(c.stem_channels)
+        r = c.res2_channels
+        d = c.bottleneck_divisor
+        self.res2 = Stage(c.stem_channels, r, c.blocks[0], 1, d)
+        self.res3 = Stage(r, 2 * r, c.blocks[1], 2, d)
+        self.res4 = Stage(2 * r, 4 * r, c.blocks[2], 2, d)
+
+    def forward(self, x: Tensor, sizes: Tensor) -> tuple[Tensor, Tensor]:
+        """``sizes`` (N, 2) valid (h, w) per image; returns res4 and its valid sizes."""
+        x = torch.relu(self.stem.conv1(x))
+        sizes = (sizes + 1) // 2  # 7x7 stride-2 conv, padding 3
+        x = nn.functional.max_pool2d(x * _mask(x, sizes), kernel_size=3, stride=2, padding=0, ceil_mode=True)
+        sizes = _caffe_pool_size(sizes)
+        for stage in (self.res2, self.res3, self.res4):
+            if stage.stride == 2:
+                sizes = (sizes + 1) // 2  # 1x1 stride-2 convolutions
+            h, w = x.shape[2:]
+            x = stage(
+                x,
+                _mask(
+                    x, sizes, (h + stage.stride - 1) // stage.stride, (w + stage.stride - 1) // stage.stride
+                ),
+            )
+        return x * _mask(x, sizes), sizes
+
+
+def _caffe_pool_size(sizes: Tensor) -> Tensor:
+    """Output extent of the 3x3 stride-2 ceil-mode max pool without padding."""
+    out = torch.div(sizes - 2, 2, rounding_mode="floor") + 1  # ceil((s - 3) / 2) + 1
+    return torch.where((out - 1) * 2 >= sizes, out - 1, out)
+
+
+def _mask(x: Tensor, sizes: Tensor, height: int | None = None, width: int | None = None) -> Tensor:
+    """(N, 1, H, W) ones inside each image's valid (h, w) and zeros in the padding, in ``x``'s dtype,
+    for ``x``'s spatial size or the one given."""
+    h = x.shape[-2] if height is None else height
+    w = x.shape[-1] if width is None else width
+    rows = torch.arange(h, device=x.device)[None, :] < sizes[:, :1]
+    cols = torch.arange(w, device=x.device)[None, :] < sizes[:, 1:]
+    return (rows[:, :, None] & cols[:, None, :])[:, None].to(x.dtype)
+
+
+# -- proposals ---------------------------------------------------------------------------------------
+
+
+class AnchorGenerator(nn.Module):
+    def __init__(self, c: DetectorConfig) -> None:
+        super().__init__()
+        anchors = []
+        for size in c.anchor_sizes:
+            for ratio in c.anchor_ratios:
+                w = math.sqrt(size**2 / ratio)
+                h = ratio * w
+                anchors.append([-w / 2, -h / 2, w / 2, h / 2])
+        self.cell_anchors = nn.ParameterList([nn.Parameter(torch.tensor(anchors), requires_grad=False)])
+
+    def grid(self, height: int, width: int, stride: int, device: torch.device) -> Tensor:
+        """(H * W * A, 4) anchors, position-major then anchor, as the RPN's outputs are flattened."""
+        ys = torch.arange(height, device=device, dtype=torch.float32) * stride
+        xs = torch.arange(width, device=device, dtype=torch.float32) * stride
+        sy, sx = torch.meshgrid(ys, xs, indexing="ij")
+        shifts = torch.stack([sx, sy, sx, sy], dim=-1).reshape(-1, 1, 4)
+        return (shifts + self.cell_anchors[0].float().to(device)[None]).reshape(-1, 4)
+
+
+class RPNHead(nn.Module):
+    def __init__(self, cin: int, hidden: int, anchors: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, hidden, 3, padding=1)
+        self.objectness_logits = nn.Conv2d(hidden, anchors, 1)
+        self.anchor_deltas = nn.Conv2d(hidden, anchors * 4, 1)
+
+
+class RPN(nn.Module):
+    def __init__(self, c: DetectorConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.anchor_generator = AnchorGenerator(c)
+        self.rpn_head = RPNHead(4 * c.res2_channels, c.rpn_hidden, len(c.anchor_sizes) * len(c.anchor_ratios))
+
+    def forward(self, res4: Tensor, valid: Tensor, image_sizes: Tensor) -> list[Tensor]:
+        """Per image, up to ``post_nms_topk`` proposals (x1, y1, x2, y2) in resized-image pixels."""
+        c = self.config
+        t = torch.relu(self.rpn_head.conv(res4))
+        n, a = res4.shape[0], self.rpn_head.objectness_logits.out_channels
+        h, w = res4.shape[2:]
+        logits = self.rpn_head.objectness_logits(t).float().permute(0, 2, 3, 1)  # N, H, W, A
+        inside = _mask(res4, valid)[:, 0, :, :, None] > 0
+        logits = logits.masked_fill(~inside, float("-inf")).reshape(n, -1)
+        deltas = self.rpn_head.anchor_deltas(t).float().reshape(n, a, 4, h, w).permute(0, 3, 4, 1, 2)
+        anchors = self.anchor_generator.grid(h, w, 16, res4.device)
+        out = []
+        for i in range(n):
+            count = int(valid[i, 0] * valid[i, 1]) * a
+            top = torch.topk(logits[i], min(c.pre_nms_topk, count)).indices
+            scores = logits[i][top]
+            boxes = apply_deltas(deltas[i].reshape(-1, 4)[top], anchors[top])
+            boxes = clip_boxes(boxes, image_sizes[i])
+            ok = ((boxes[:, 2] - boxes[:, 0]) > 0) & ((boxes[:, 3] - boxes[:, 1]) > 0)
+            boxes, scores = boxes[ok], scores[ok]
+            keep = batched_nms(boxes, scores, torch.zeros_like(scores, dtype=torch.long), c.rpn_nms)
+            out.append(boxes[keep[: c.post_nms_topk]])
+        return out
+
+
+def apply_deltas(deltas: Tensor, boxes: Tensor, clamp: float = math.log(1000.0 / 16)) -> Tensor:
+    """Box2BoxTransform with unit weights: shift centres by (dx, dy) sizes, scale sizes by exp(dw, dh)."""
+    widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    cx, cy = boxes[:, 0] + 0.5 * widths, boxes[:, 1] + 0.5 * heights
+    px, py = deltas[:, 0] * widths + cx, deltas[:, 1] * heights + cy
+    pw = torch.exp(deltas[:, 2].clamp(max=clamp)) * widths
+    ph = torch.exp(deltas[:, 3].clamp(max=clamp)) * heights
+    return torch.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], dim=1)
+
+
+def clip_boxes(boxes: Tensor, size: Tensor) -> Tensor:
+    """Clip (x1, y1, x2, y2) to [0, w] x [0, h] for ``size`` = (h, w)."""
+    h, w = float(size[0]), float(size[1])
+    return torch.stack(
+        [boxes[:, 0].clamp(0, w), boxes[:, 1].clamp(0, h), boxes[:, 2].clamp(0, w), boxes[:, 3].clamp(0, h)],
+        dim=1,
+    )
+
+
+# -- region heads ------------------------------------------------------------------------------------
+
+
+class BoxPredictor(nn.Module):
+    """Object classes (background last), per-class box deltas, and attributes fed the best class."""
+
+    def __init__(self, dim: int, classes: int, attrs: int) -> None:
+        super().__init__()
+        self.cls_score = nn.Linear(dim, classes + 1)
+        self.bbox_pred = nn.Linear(dim, classes * 4)
+        self.cls_embedding = nn.Embedding(classes + 1, dim // 8)
+        self.fc_attr = nn.Linear(dim + dim // 8, dim // 4)
+        self.attr_score = nn.Linear(dim // 4, attrs + 1)
+
+
+class ROIHeads(nn.Module):
+    def __init__(self, c: DetectorConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.res5 = Stage(
+            4 * c.res2_channels, 8 * c.res2_channels, c.blocks[3], 1, c.bottleneck_divisor, dilation=2
+        )
+        self.box_predictor = BoxPredictor(8 * c.res2_channels, c.num_classes, c.num_attrs)
+
+    def forward(self, res4: Tensor, proposals: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """Pooled res5 features (K, D) and object logits (K, classes + 1) of all images' proposals."""
+        rois = torch.cat(
+            [torch.cat([torch.full_like(p[:, :1], i), p], dim=1) for i, p in enumerate(proposals)], dim=0
+        )
+        x = roi_pool(res4.float(), rois.float(), self.config.pooler_resolution, 1.0 / 16)
+        pooled = self.res5(x, None).mean(dim=(2, 3))
+        return pooled, self.box_predictor.cls_score(pooled)
+
+
+def select_regions(boxes: Tensor, probs: Tensor, c: DetectorConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """Class-wise NMS confidences, then the ``num_regions`` most confident: (indices, scores, classes).
+
+    Only the ``pair_budget`` highest (box, class) probabilities are examined first: NMS decides a pair
+    from higher pairs of its class alone, so every confidence above the budget's cut is exact, and
+    the budget grows until ``num_regions`` boxes have one (or every pair is in)."""
+    n, classes = probs.shape
+    flat = probs.reshape(-1)
+    budget = min(c.pair_budget, flat.numel())
+    while True:
+        values, index = torch.topk(flat, budget)
+        box, cls = index // classes, index % classes
+        keep = batched_nms(boxes[box], values, cls, c.class_nms)
+        conf = torch.zeros(n, device=probs.device, dtype=torch.float32)
+        conf.scatter_reduce_(0, box[keep], values[keep].float(), reduce="amax")
+        if int((conf > 0).sum()) >= c.num_regions or budget == flat.numel():
+            break
+        budget = min(budget * 4, flat.numel())
+    order = torch.sort(conf, descending=True, stable=True).indices[: c.num_regions]
+    kept_box, kept_cls, kept_value = box[keep], cls[keep], values[keep].float()
+    best = torch.zeros(n, dtype=torch.long, device=probs.device)
+    is_best = kept_value == conf[kept_box]
+    best[kept_box[is_best]] = kept_cls[is_best]
+    return order, conf[order], best[order]
+
+
+class BottomUpDetector(nn.Module):
+    """The whole detector; ``detect`` maps resized BGR images to `Detection` (or an error string)."""
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or DetectorConfig()
+        self.backbone = Backbone(self.config)
+        self.proposal_generator = RPN(self.config)
+        self.roi_heads = ROIHeads(self.config)
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eval()
+
+    @classmethod
+    def from_pretrained(cls, source: str | Path = DEFAULT_DETECTOR) -> BottomUpDetector:
+        """Load a directory holding ``pytorch_model.bin`` (and, for non-default sizes, ``qace-detector.json``)
+        or a hub id, by the LXMERT demo's key names (old ``gamma``/``beta`` names are renamed)."""
+        path = Path(source)
+        if path.is_dir():
+            weights = path / WEIGHTS_NAME
+            if not weights.is_file():
+                raise ModelNotFoundError(f"detector directory {str(path)!r} has no {WEIGHTS_NAME}")
+            config_file = path / CONFIG_NAME
+        else:
+            try:
+                from huggingface_hub import hf_hub_download
+
+                weights = Path(hf_hub_download(str(source), WEIGHTS_NAME))
+            except Exception as exc:  # noqa: BLE001 (offline, unknown id, no hub client: one message)
+                raise ModelNotFoundError(
+                    f"cannot load the detector {str(source)!r} ({exc}); download "
+                    f"{DEFAULT_DETECTOR}'s {WEIGHTS_NAME} and pass its directory"
+                ) from exc
+            config_file = weights.parent / CONFIG_NAME
+        config = DetectorConfig()
+        if config_file.is_file():
+            fields: dict[str, Any] = {
+                k: tuple(v) if isinstance(v, list) else v
+                for k, v in json.loads(config_file.read_text()).items()
+            }
+            try:
+                config = DetectorConfig(**fields)
+            except TypeError as exc:
+                raise ConfigError(f"{config_file}: not a detector configuration ({exc})") from exc
+        model = cls(config)
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        model.load_checkpoint(state, str(weights))
+        return model.eval()
+
+    def load_checkpoint(self, state: dict[str, Tensor], where: str) -> None:
+        """Load a state dict by name; a missing or extra weight is an error naming it."""
+        renamed = {k.replace("gamma", "weight").replace("beta", "bias"): v for k, v in state.items()}
+        own = self.state_dict()
+        missing = [k for k in own if k not in renamed and not k.endswith("num_batches_tracked")]
+        unexpected = [k for k in renamed if k not in own]
+        wrong = [k for k in own if k in renamed and tuple(renamed[k].shape) != tuple(own[k].shape)]
+        if missing or unexpected or wrong:
+            raise ConfigError(
+                f"{where} does not fit the detector: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+                f"wrong shape {wrong[:5]} (of {len(missing)}, {len(unexpected)}, {len(wrong)})"
+            )
+        self.load_state_dict(renamed, strict=False)
+
+    def placed(self, device: str) -> BottomUpDetector:
+        """This model on ``device`` in eval mode, channels-last on a GPU (faster convolutions there)."""
+        model = self.to(device).eval()
+        if device.startswith("cuda"):
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        return model
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write ``pytorch_model.bin`` and ``qace-detector.json`` (used for the tiny test detector)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), directory / WEIGHTS_NAME)
+        (directory / CONFIG_NAME).write_text(json.dumps(asdict(self.config)))
+        return directory
+
+    @torch.no_grad()
+    def detect_resized(
+        self,
+        images: Sequence[np.ndarray | Tensor],
+        originals: list[tuple[int, int]],
+        dtype: torch.dtype = torch.float32,
+    ) -> list[Detection | str]:
+        """Regions of resized BGR uint8 images (`resize_for_detector`) with their original (width, height).
+
+        ``dtype`` float32 is the exact mode; bfloat16/float16 run the convolutions and heads under
+        autocast (features computed in that precision, returned as float32; RoIPool, box decoding, class
+        probabilities and NMS in float32)."""
+        c = self.config
+        device = next(self.parameters()).device
+        sizes = torch.tensor([im.shape[:2] for im in images], dtype=torch.long)
+        h, w = (int(v) for v in sizes.max(dim=0).values)
+        batch = torch.zeros((len(images), 3, h, w), device=device)
+        mean = torch.tensor(PIXEL_MEAN_BGR, device=device).view(3, 1, 1)
+        for i, im in enumerate(images):
+            pixels = torch.as_tensor(im).to(device, non_blocking=True).permute(2, 0, 1).float()
+            batch[i, :, : im.shape[0], : im.shape[1]] = pixels - mean
+        if device.type == "cuda":
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+        with autocast:
+            res4, valid = self.backbone(batch, sizes.to(device))
+            proposals = self.proposal_generator(res4, valid, sizes.to(device))
+            pooled, logits = self.roi_heads(res4, proposals)
+        probs = torch.softmax(logits.float(), dim=-1)[:, : c.num_classes]
+        results: list[Detection | str] = []
+        start = 0
+        for i, boxes in enumerate(proposals):
+            end = start + len(boxes)
+            if len(boxes) < c.num_regions:
+                results.append(f"the detector found {len(boxes)} regions, fewer than {c.num_regions}")
+                start = end
+                continue
+            order, scores, classes = select_regions(boxes, probs[start:end], c)
+            width, height = originals[i]
+            scale = torch.tensor([width / images[i].shape[1], height / images[i].shape[0]] * 2, device=device)
+            results.append(
+                Detection(
+                    boxes=(boxes[order] * scale).cpu().numpy().astype(np.float32),
+                    features=pooled[start:end][order].float().cpu().numpy(),
+                    scores=scores.cpu().numpy(),
+                    classes=classes.cpu().numpy(),
+                    width=width,
+                    height=height,
+                )
+            )
+            start = end
+        return results
+
+
+def make_test_detector(directory: str | Path, seed: int = 0) -> Path:
+    """Write a random-weight detector of the real architecture at `DetectorConfig.tiny` sizes."""
+    torch.manual_seed(seed)
+    model = BottomUpDetector(DetectorConfig.tiny())
+    with torch.no_grad():
+        for m in model.modules():  # batch-norm statistics that keep activations in a sane range
+            if isinstance(m, nn.BatchNorm2d) and m.running_var is not None and m.running_mean is not None:
+                m.running_var.uniform_(0.5, 2.0)
+                m.running_mean.normal_(0, 0.1)
+    return model.save_pretrained(directory)

@@ -1,0 +1,298 @@
+"""``qace features extract``: raw images -> 36 regions per image in qace's HDF5 store.
+
+Images come from a folder (its image files, recursively, in sorted order), a list file (one path a
+line, relative paths against the list's folder) or a records file (``.jsonl``/``.csv``/``.json``:
+each record's ``image`` field). An image's id in the store is the record's ``image_id`` when it has
+one, else its file stem (`image_key`), which is what QACE-Img looks up (`qace.features.formats`
+matches ids such as ``COCO_val2014_000000391895`` and ``391895`` to each other).
+
+The work is a pipeline: CPU workers decode and resize images ahead of the GPU (a ``DataLoader`` with
+prefetch), the detector runs on whole batches, and a writer thread appends results to the store, so
+decoding, detection and writing overlap. The store is the same layout `qace.data.features.HDF5Store`
+reads, written in place and resumable: a rerun skips the ids already there. Images that cannot be
+used (unreadable, too small, fewer than 36 regions) are listed with the reason in
+``<store>.errors.jsonl`` (rewritten each run) and nothing else is lost; CMYK, grey, palette and
+alpha images are converted to RGB.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qace.data.features import HDF5_LAYOUT, REGION_SHAPE, validate
+from qace.errors import ConfigError, FeatureError, InputError
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+RECORD_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".tsv", ".json")
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class ImageItem:
+    """One image to extract: its id in the store and its file."""
+
+    key: str
+    path: str
+
+
+@dataclass(frozen=True)
+class ExtractSummary:
+    extracted: int
+    skipped: int
+    errors: int
+    seconds: float
+    errors_path: Path
+
+    def line(self) -> str:
+        rate = self.extracted / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"extracted {self.extracted} images ({rate:.1f}/s), {self.skipped} already in the store, "
+            f"{self.errors} could not be used" + (f" (see {self.errors_path})" if self.errors else "")
+        )
+
+
+def image_key(image_id: str | None, path: str) -> str:
+    """The store id of an image: its record's ``image_id`` if given, else its file stem."""
+    return image_id if image_id else Path(path).stem
+
+
+def gather_images(source: str | Path, *, records: bool = False, fmt: str = "auto") -> list[ImageItem]:
+    """The images named by a folder, a list file or a records file (see the module docstring); with
+    ``records`` the file is read as records whatever its extension, in format ``fmt``."""
+    source = Path(source)
+    if source.is_dir():
+        paths = sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        items = [ImageItem(p.stem, str(p)) for p in paths]
+    elif not source.is_file():
+        raise InputError(f"{str(source)!r} is neither a folder of images nor a list or records file")
+    elif records or source.suffix.lower() in RECORD_SUFFIXES:
+        from qace.data.records import Record, read_records
+
+        items = [
+            ImageItem(image_key(r.image_id, r.image), r.image)
+            for r in read_records(source, fmt=fmt)
+            if isinstance(r, Record) and r.image
+        ]
+    else:
+        lines = source.read_text(encoding="utf-8").splitlines()
+        items = [
+            ImageItem(Path(line.strip()).stem, str(source.parent / Path(line.strip()).expanduser()))
+            for line in lines
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    unique: dict[str, ImageItem] = {}
+    for item in items:
+        other = unique.setdefault(item.key, item)
+        if other.path != item.path:
+            raise InputError(
+                f"image id {item.key!r} names two files, {other.path!r} and {item.path!r}; "
+                "give them distinct image_id values (or file names)"
+            )
+    return list(unique.values())
+
+
+class RegionWriter:
+    """Appends (id, (36, 2054)) rows to a qace HDF5 store, creating or resuming it.
+
+    ``detector`` (the extraction settings) is kept in the file; resuming with other settings is an
+    error, since one store must not mix two detectors' features.
+    """
+
+    def __init__(self, path: str | Path, detector: str, dtype: Any = np.float16) -> None:
+        import h5py
+
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self._file = h5py.File(self.path, "a")
+        f = self._file
+        if "features" not in f:
+            f.create_dataset(
+                "features",
+                shape=(0, *REGION_SHAPE),
+                maxshape=(None, *REGION_SHAPE),
+                dtype=self.dtype,
+                chunks=(1, *REGION_SHAPE),
+                compression="gzip",
+                compression_opts=1,
+                shuffle=True,
+            )
+            f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"))
+            f.attrs["layout"], f.attrs["detector"] = HDF5_LAYOUT, detector
+        elif (stored := f.attrs.get("detector")) != detector:
+            self._file.close()
+            raise ConfigError(
+                f"{str(self.path)!r} holds features of {stored!r}, not {detector!r}; "
+                "write to another file or extract with the same detector settings"
+            )
+        rows = min(len(f["ids"]), len(f["features"]))  # a run killed between the two writes
+        f["ids"].resize(rows, axis=0)
+        f["features"].resize(rows, axis=0)
+        self.ids: set[str] = set(f["ids"].asstr()[:])
+
+    def add(self, key: str, regions: np.ndarray) -> None:
+        stored = regions.astype(self.dtype)
+        if not np.isfinite(stored).all():
+            raise FeatureError(f"image {key!r}: region features overflow {self.dtype.name}")
+        row = len(self.ids)
+        self._file["features"].resize(row + 1, axis=0)
+        self._file["features"][row] = stored
+        self._file["ids"].resize(row + 1, axis=0)
+        self._file["ids"][row] = key
+        self.ids.add(key)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _Decoded:
+    """What a decode worker hands over: the resized image, or why there is none."""
+
+    def __init__(self, item: ImageItem, config: Any) -> None:
+        import torch
+        from PIL import Image
+
+        from qace.features.detector import ImageError, resize_for_detector
+
+        self.item = item
+        self.pixels: Any = None  # a uint8 tensor: DataLoader workers hand tensors over in shared memory
+        self.size = (0, 0)
+        self.error: str | None = None
+        try:
+            with Image.open(item.path) as image:
+                image.load()
+                pixels, width, height = resize_for_detector(image, config)
+                self.pixels, self.size = torch.from_numpy(pixels), (width, height)
+        except ImageError as exc:
+            self.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 (PIL raises many types for a bad file: report them all)
+            self.error = f"unreadable image ({type(exc).__name__}: {exc})"
+
+
+class _Images:
+    """A map-style dataset decoding one image per index (runs in the DataLoader's workers)."""
+
+    def __init__(self, items: list[ImageItem], config: Any) -> None:
+        self.items, self.config = items, config
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> _Decoded:
+        return _Decoded(self.items[index], self.config)
+
+
+def _batches(items: list[ImageItem], config: Any, batch_size: int, workers: int) -> Iterable[list[_Decoded]]:
+    from torch.utils.data import DataLoader
+
+    return DataLoader(
+        _Images(items, config),  # type: ignore[arg-type]
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=list,
+        prefetch_factor=4 if workers else None,
+        persistent_workers=False,
+    )
+
+
+def extract_features(
+    images: Iterable[ImageItem],
+    out_path: str | Path,
+    detector: Any,
+    *,
+    detector_name: str,
+    precision: str = "fp32",
+    batch_size: int = 8,
+    workers: int = 0,
+    progress: bool = True,
+) -> ExtractSummary:
+    """Extract the images not yet in ``out_path`` into it; see the module docstring."""
+    import torch
+    from tqdm.auto import tqdm
+
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
+    if batch_size < 1 or workers < 0:
+        raise ConfigError(f"batch size must be at least 1 and workers at least 0 ({batch_size}, {workers})")
+    dtype = getattr(torch, PRECISIONS[precision])
+    out_path = Path(out_path)
+    errors_path = out_path.with_name(out_path.stem + ".errors.jsonl")
+    writer = RegionWriter(out_path, f"{detector_name}|{precision}")
+    items = list(images)
+    todo = [item for item in items if item.key not in writer.ids]
+    errors: list[dict[str, str]] = []
+    pending: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue(maxsize=64)
+    written = 0
+
+    def write() -> None:
+        nonlocal written
+        while (job := pending.get()) is not None:
+            key, regions = job
+            try:
+                writer.add(key, validate(key, regions, "the detector's output"))
+                written += 1
+            except FeatureError as exc:
+                errors.append({"image_id": key, "reason": exc.reason})
+        writer.flush()
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=write, name="qace-feature-writer", daemon=True)
+    thread.start()
+    bar = tqdm(total=len(todo), desc="extracting features", unit="image", disable=not progress)
+    try:
+        for batch in _batches(todo, detector.config, batch_size, workers):
+            usable = [d for d in batch if d.pixels is not None]
+            errors.extend(
+                {"image_id": d.item.key, "path": d.item.path, "reason": d.error or ""}
+                for d in batch
+                if d.pixels is None
+            )
+            if usable:
+                found = detector.detect_resized(
+                    [d.pixels for d in usable], [d.size for d in usable], dtype=dtype
+                )
+                for decoded, result in zip(usable, found, strict=True):
+                    if isinstance(result, str):
+                        errors.append(
+                            {"image_id": decoded.item.key, "path": decoded.item.path, "reason": result}
+                        )
+                    else:
+                        pending.put((decoded.item.key, result.regions()))
+            bar.update(len(batch))
+    finally:
+        pending.put(None)
+        thread.join()
+        bar.close()
+        writer.close()
+    with errors_path.open("w", encoding="utf-8") as f:
+        for entry in errors:
+            f.write(json.dumps(entry) + "\n")
+    return ExtractSummary(
+        written, len(items) - len(todo), len(errors), time.perf_counter() - start, errors_path
+    )
+
+
+def load_detector(source: str, device: str) -> Any:
+    """The detector from a hub id or directory, placed on ``device`` (`BottomUpDetector.placed`)."""
+    from qace.features.detector import BottomUpDetector
+
+    return BottomUpDetector.from_pretrained(source).placed(device)
+
+
+def default_precision(device: str) -> str:
+    """bf16 on a GPU (the backbone's convolutions; boxes and NMS stay fp32), fp32 elsewhere."""
+    return "bf16" if device.startswith("cuda") else "fp32"

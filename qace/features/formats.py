@@ -1,0 +1,274 @@
+"""Published region-feature files read in place: VL-T5's HDF5 and the bottom-up-attention TSV.
+
+Both hold pixel boxes ``(x1, y1, x2, y2)`` and the image size; Visual-T5 consumes
+``norm_boxes``: ``(x1/W, y1/H, x2/W, y2/H, w/W, h/H)`` after the 2,048 pooled features, the layout of
+the release's ``norm_bb``. An image whose boxes fall outside ``[0, 1]`` once normalised (width and
+height swapped, or a wrong size) raises `FeatureError`, as does any image with other than 36 boxes.
+
+Image ids are matched by `canonical_id`: first exactly as stored, then in canonical form, so that
+a COCO id ``391895``, ``"000000391895"``, ``COCO_val2014_000000391895`` and a file name or path
+``.../COCO_val2014_000000391895.jpg`` all find the same image, and a Flickr ``1000092795.jpg`` finds
+``1000092795``. Two stored ids with one canonical form (say the same number in two COCO splits)
+are reachable only by their exact names.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from qace.data.features import FEATURE_DIM, NUM_BOXES, combine, validate
+from qace.errors import ConfigError, FeatureError
+
+log = logging.getLogger(__name__)
+
+_COCO_NAME = re.compile(r"^COCO_[A-Za-z]+\d{4}_(\d+)$")
+BOX_SLACK = 1e-3
+"""How far past the image edge (as a fraction of its size) a normalised box may reach."""
+INDEX_SUFFIX = ".qace-index.json"
+INDEX_VERSION = 1
+TSV_FIELDS = {
+    6: ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features"),
+    10: (
+        "img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
+        "num_boxes", "boxes", "features",
+    ),
+}  # fmt: skip
+"""Column layouts by count: the original release's ``generate_tsv.py`` and LXMERT's re-extraction.
+Neither writes a header row; arrays are base64 of little-endian float32 (int64 for ids)."""
+
+
+def canonical_id(image_id: object) -> str:
+    """The form ids are matched in: a path's file stem, COCO names and zero-padded numbers as the bare
+    integer (``COCO_val2014_000000391895`` -> ``391895``), anything else as written."""
+    text = os.path.basename(str(image_id).strip().replace("\\", "/"))
+    stem, ext = os.path.splitext(text)
+    if ext.lower() in (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".npz"):
+        text = stem
+    match = _COCO_NAME.match(text)
+    if match:
+        text = match.group(1)
+    return str(int(text)) if text.isdigit() else text
+
+
+def norm_boxes(image_id: str, boxes: np.ndarray, width: float, height: float, where: str) -> np.ndarray:
+    """Pixel ``(x1, y1, x2, y2)`` boxes -> ``(x1/W, y1/H, x2/W, y2/H, w/W, h/H)`` float32, checked to lie
+    in the image."""
+    boxes = np.asarray(boxes, dtype=np.float64)
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise FeatureError(f"image {image_id!r} in {where}: boxes have shape {boxes.shape}, expected (N, 4)")
+    if not (width > 0 and height > 0):
+        raise FeatureError(f"image {image_id!r} in {where}: image size {width}x{height} is not positive")
+    scaled = boxes / np.array([width, height, width, height])
+    out = np.concatenate([scaled, scaled[:, 2:] - scaled[:, :2]], axis=1)
+    inside = np.all((out[:, :4] >= -BOX_SLACK) & (out[:, :4] <= 1 + BOX_SLACK), axis=1)
+    bad = ~(inside & np.all(out[:, 4:] >= 0, axis=1))
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise FeatureError(
+            f"image {image_id!r} in {where}: box {row} {boxes[row].tolist()} lies outside the "
+            f"{width}x{height} image (are width and height swapped?)"
+        )
+    return out.astype(np.float32)
+
+
+def regions(
+    image_id: str, features: np.ndarray, boxes: np.ndarray, width: float, height: float, where: str
+) -> np.ndarray:
+    """The validated (36, 2054) model input from pooled features and pixel boxes."""
+    features = np.asarray(features)
+    if features.ndim != 2 or features.shape[0] != NUM_BOXES or len(boxes) != NUM_BOXES:
+        raise FeatureError(
+            f"image {image_id!r} in {where}: {features.shape[0] if features.ndim else 0} regions, but "
+            f"Visual-T5 needs exactly {NUM_BOXES} (use a 36-box release such as trainval_36, or "
+            "extract with `qace features extract`)"
+        )
+    norm = norm_boxes(image_id, boxes, width, height, where)
+    return validate(image_id, combine(image_id, features.astype(np.float32), norm, where), where)
+
+
+class IdIndex:
+    """Stored ids, looked up exactly first and then by `canonical_id`."""
+
+    def __init__(self, stored: list[str], where: str) -> None:
+        self.where = where
+        self.stored = stored
+        self._exact = set(stored)
+        canon: dict[str, str | None] = {}
+        for key in stored:
+            c = canonical_id(key)
+            canon[c] = key if c not in canon else None  # None: ambiguous, exact names only
+        self._canon = {c: k for c, k in canon.items() if k is not None}
+
+    def find(self, image_id: object) -> str | None:
+        text = str(image_id)
+        if text in self._exact:
+            return text
+        return self._canon.get(canonical_id(text))
+
+    def missing(self, image_id: object) -> FeatureError:
+        examples = ", ".join(repr(k) for k in self.stored[:3])
+        return FeatureError(
+            f"no region features for image {str(image_id)!r} (matched as {canonical_id(image_id)!r}) in "
+            f"{self.where}; its ids look like {examples or 'nothing: it is empty'}"
+        )
+
+
+class VLT5HDF5Store:
+    """VL-T5's feature files (``COCO_val2014_obj36.h5``, ``flickr30k_obj36.h5``): one group per image id
+    with ``features`` (36, 2048), ``boxes`` (36, 4) pixel x1, y1, x2, y2, ``img_h`` and ``img_w``.
+    Other members (class and attribute ids and confidences) are not read."""
+
+    def __init__(self, path: str | Path) -> None:
+        import h5py
+
+        self.path = Path(path)
+        try:
+            self._file = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise ConfigError(f"cannot open {str(self.path)!r} as HDF5: {exc}") from exc
+        self.signature = f"vlt5-h5:{self.path.name}:{len(self._file)} images"
+        self._ids = IdIndex(list(self._file.keys()), self.signature)
+
+    @staticmethod
+    def recognises(path: Path) -> bool:
+        """Whether ``path`` is an HDF5 file in VL-T5's layout (groups holding ``features`` and ``boxes``)."""
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                first = next(iter(f.values()), None)
+                return isinstance(first, h5py.Group) and {"features", "boxes", "img_h", "img_w"} <= set(first)
+        except OSError:
+            return False
+
+    def __contains__(self, image_id: object) -> bool:
+        return self._ids.find(image_id) is not None
+
+    def ids(self) -> list[str]:
+        return list(self._ids.stored)
+
+    def get(self, image_id: str) -> np.ndarray:
+        key = self._ids.find(image_id)
+        if key is None:
+            raise self._ids.missing(image_id)
+        group = self._file[key]
+        where = f"{self.signature} group {key!r}"
+        try:
+            features, boxes = group["features"][()], group["boxes"][()]
+            height, width = float(group["img_h"][()]), float(group["img_w"][()])
+        except KeyError as exc:
+            raise FeatureError(f"image {image_id!r}: {where} lacks {exc}") from exc
+        return regions(image_id, features, boxes, width, height, where)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class BUTDTSVStore:
+    """A bottom-up-attention TSV (``trainval_36.tsv`` and the like), read in place by byte offset.
+
+    The first open scans the file once for each line's image id and byte offset and writes them to a
+    sidecar ``<file>.qace-index.json`` (or keeps them in memory if the folder is read-only); later
+    opens read the sidecar, which is rebuilt when the file's size or modification time changes.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ConfigError(f"feature file {str(self.path)!r} does not exist")
+        offsets = load_or_build_index(self.path)
+        self._offsets = offsets
+        self.signature = f"butd-tsv:{self.path.name}:{len(offsets)} images"
+        self._ids = IdIndex(list(offsets), self.signature)
+        self._file: IO[bytes] | None = None
+
+    def __contains__(self, image_id: object) -> bool:
+        return self._ids.find(image_id) is not None
+
+    def ids(self) -> list[str]:
+        return list(self._ids.stored)
+
+    def get(self, image_id: str) -> np.ndarray:
+        key = self._ids.find(image_id)
+        if key is None:
+            raise self._ids.missing(image_id)
+        if self._file is None:
+            self._file = self.path.open("rb")
+        self._file.seek(self._offsets[key])
+        line = self._file.readline()
+        where = f"{self.signature} line of {key!r}"
+        return parse_tsv_line(image_id, line, where)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def parse_tsv_line(image_id: str, line: bytes, where: str) -> np.ndarray:
+    """One TSV line (either layout of `TSV_FIELDS`) -> the validated (36, 2054) model input."""
+    cells = line.rstrip(b"\r\n").split(b"\t")
+    names = TSV_FIELDS.get(len(cells))
+    if names is None:
+        raise FeatureError(f"image {image_id!r} in {where}: {len(cells)} columns, expected 6 or 10")
+    row = dict(zip(names, cells, strict=True))
+    try:
+        count = int(row["num_boxes"])
+        width = float(row["image_w" if "image_w" in row else "img_w"])
+        height = float(row["image_h" if "image_h" in row else "img_h"])
+        boxes = np.frombuffer(base64.b64decode(row["boxes"]), dtype="<f4").reshape(count, 4)
+        features = np.frombuffer(base64.b64decode(row["features"]), dtype="<f4").reshape(count, -1)
+    except ValueError as exc:
+        raise FeatureError(f"image {image_id!r} in {where}: unreadable row ({exc})") from exc
+    if features.shape[1] != FEATURE_DIM:
+        raise FeatureError(f"image {image_id!r} in {where}: features are {features.shape[1]}-d, not 2048")
+    return regions(image_id, features, boxes, width, height, where)
+
+
+def load_or_build_index(path: Path) -> dict[str, int]:
+    """Image id -> byte offset of its line, from the sidecar if it matches the file, else by one scan."""
+    sidecar = path.with_name(path.name + INDEX_SUFFIX)
+    stat = path.stat()
+    stamp = {"version": INDEX_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    try:
+        data = json.loads(sidecar.read_text())
+        if {k: data.get(k) for k in stamp} == stamp:
+            return {str(k): int(v) for k, v in data["offsets"].items()}
+        log.info("%s changed since it was indexed; re-indexing", path)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    offsets: dict[str, int] = {}
+    position = 0
+    with path.open("rb") as f:
+        for line in f:
+            key = line.split(b"\t", 1)[0].decode("utf-8", errors="replace").strip()
+            if key in offsets:
+                raise ConfigError(f"{str(path)!r}: image id {key!r} appears twice")
+            if key:
+                offsets[key] = position
+            position += len(line)
+    try:
+        tmp = sidecar.with_name(sidecar.name + ".tmp")
+        tmp.write_text(json.dumps({**stamp, "offsets": offsets}))
+        os.replace(tmp, sidecar)
+    except OSError as exc:
+        log.warning("cannot write the index %s (%s); it is kept in memory for this run", sidecar, exc)
+    return offsets
+
+
+def open_published(path: Path):  # noqa: ANN201
+    """A store for a published feature file, or None when ``path`` is not one: ``.tsv`` files, and
+    ``.h5``/``.hdf5`` files in VL-T5's layout."""
+    suffix = path.suffix.lower()
+    if suffix == ".tsv":
+        return BUTDTSVStore(path)
+    if suffix in (".h5", ".hdf5") and path.is_file() and VLT5HDF5Store.recognises(path):
+        return VLT5HDF5Store(path)
+    return None

@@ -1,0 +1,107 @@
+"""The detector's two box operators: `roi_pool` and `batched_nms`.
+
+torchvision's compiled kernels are used when they load (``pip install 'qace[features]'`` with a
+torchvision built for the installed torch); otherwise exact pure-PyTorch versions of the same
+definitions run, slower, so that the detector works wherever torch does. `BACKEND` says which.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def _torchvision_ops():  # noqa: ANN202
+    try:
+        from torchvision.ops import batched_nms, roi_pool
+
+        # a torchvision built for another torch imports, then fails on its first kernel call
+        roi_pool(torch.zeros(1, 1, 2, 2), torch.zeros(1, 5), (1, 1), 1.0)
+        batched_nms(torch.zeros(1, 4), torch.zeros(1), torch.zeros(1, dtype=torch.long), 0.5)
+    except (ImportError, RuntimeError, OSError):
+        return None
+    return roi_pool, batched_nms
+
+
+_TV = _torchvision_ops()
+BACKEND = "torchvision" if _TV is not None else "torch"
+
+
+def roi_pool(features: Tensor, rois: Tensor, output_size: int, spatial_scale: float) -> Tensor:
+    """Caffe's RoIPool (max over each bin; an empty bin gives 0): ``rois`` is (K, 5) of
+    ``(batch index, x1, y1, x2, y2)`` in input pixels; returns (K, C, output_size, output_size)."""
+    if _TV is not None:
+        return _TV[0](features, rois, (output_size, output_size), spatial_scale)
+    return roi_pool_reference(features, rois, output_size, spatial_scale)
+
+
+def roi_pool_reference(features: Tensor, rois: Tensor, output_size: int, spatial_scale: float) -> Tensor:
+    """`roi_pool` in plain PyTorch, one region at a time (a masked max over its bins), with torchvision's
+    arithmetic (float32 bin sizes, C ``round``) so that both put every bin edge on the same pixel."""
+    _, channels, height, width = features.shape
+    out = features.new_zeros((len(rois), channels, output_size, output_size))
+    f32, size = np.float32, np.float32(output_size)
+    steps = np.arange(output_size + 1, dtype=np.float32)
+    for k, roi in enumerate(rois.float().cpu().numpy()):
+        b, (x0, y0, x1, y1) = int(roi[0]), (int(np.floor(v * f32(spatial_scale) + f32(0.5))) for v in roi[1:])
+        rows = _bins(steps * (f32(max(y1 - y0 + 1, 1)) / size), y0, height)
+        cols = _bins(steps * (f32(max(x1 - x0 + 1, 1)) / size), x0, width)
+        if rows is None or cols is None:
+            continue  # every bin empty: zeros
+        (r0, r1, row_in), (c0, c1, col_in) = rows, cols
+        crop = features[b, :, r0:r1, c0:c1]
+        row_in, col_in = row_in.to(crop.device), col_in.to(crop.device)
+        low = torch.finfo(crop.dtype).min
+        per_col = crop[:, :, None, :].masked_fill(~col_in[None, None], low).amax(dim=3)  # C, h, P
+        pooled = per_col[:, None].masked_fill(~row_in[None, :, :, None], low).amax(dim=2)  # C, P, P
+        empty = ~(row_in.any(1)[:, None] & col_in.any(1)[None, :])
+        out[k] = pooled.masked_fill(empty[None], 0)
+    return out
+
+
+def _bins(points: np.ndarray, start: int, limit: int) -> tuple[int, int, Tensor] | None:
+    """The span [first, last) the bins cover and each bin's membership mask (P, last - first), from the
+    scaled bin boundaries shifted to the region and clipped; None when all bins are empty."""
+    low = np.clip(np.floor(points[:-1]).astype(np.int64) + start, 0, limit)
+    high = np.clip(np.ceil(points[1:]).astype(np.int64) + start, 0, limit)
+    first, last = int(low.min()), int(high.max())
+    if last <= first:
+        return None
+    span = np.arange(first, last)
+    member = (span[None, :] >= low[:, None]) & (span[None, :] < high[:, None])
+    return first, last, torch.from_numpy(member)
+
+
+def batched_nms(boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float) -> Tensor:
+    """Greedy NMS within each group (boxes of different groups never suppress each other); returns the
+    kept indices by decreasing score."""
+    if _TV is not None:
+        return _TV[1](boxes.float(), scores.float(), groups, iou_threshold)
+    return batched_nms_reference(boxes, scores, groups, iou_threshold)
+
+
+def batched_nms_reference(boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float) -> Tensor:
+    """`batched_nms` in plain PyTorch, vectorised: greedy NMS keeps box i exactly when no kept box
+    ranked before it overlaps it, so iterating that rule from "keep all" fixes one more box in rank
+    order per step and stops at the greedy result (in practice after a few steps)."""
+    if boxes.numel() == 0:
+        return torch.empty(0, dtype=torch.long, device=boxes.device)
+    order = torch.sort(scores.float(), descending=True, stable=True).indices
+    b = boxes.float()[order]
+    area = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+    lt = torch.maximum(b[:, None, :2], b[None, :, :2])
+    rb = torch.minimum(b[:, None, 2:], b[None, :, 2:])
+    inter = (rb - lt).clamp(min=0).prod(dim=2)
+    iou = inter / (area[:, None] + area[None, :] - inter)
+    g = groups[order]
+    n = len(b)
+    suppresses = (iou > iou_threshold) & (g[:, None] == g[None, :])
+    suppresses &= torch.ones(n, n, dtype=torch.bool, device=b.device).triu(diagonal=1)  # earlier -> later
+    keep = torch.ones(n, dtype=torch.bool, device=b.device)
+    for _ in range(n):
+        new = ~(suppresses & keep[:, None]).any(dim=0)
+        if torch.equal(new, keep):
+            break
+        keep = new
+    return order[keep]

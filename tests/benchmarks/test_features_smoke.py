@@ -1,0 +1,24 @@
+"""``benchmarks/features.py --tiny``: both paths run on the CPU and report completely (numbers unchecked)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import features
+
+pytest.importorskip("PIL")
+
+
+def test_tiny_features_benchmark_writes_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "features.json"
+    features.main(["--tiny", "--images", "2", "--loop-images", "1", "--batch-size", "2", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("python -m benchmarks.features --tiny")
+    assert report["batched"]["extracted"] == 2 and report["batched"]["errors"] == 0
+    assert report["loop"]["images"] == 1 and report["loop"]["images_per_s"] > 0
+    assert report["speedup"] > 0 and report["precision"] == "fp32"  # the CPU default
+    assert report["weights"].startswith("random") and report["ops_backend"] in ("torchvision", "torch")
+    assert set(report["versions"]) == {"qace", "torch", "torchvision", "python"}
