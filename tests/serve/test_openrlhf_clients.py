@@ -135,8 +135,8 @@ def test_openrlhf_0_11_single_turn_executor_gets_qace_rewards(reward: QACEReward
 
 
 def test_openrlhf_0_8_request_api_wrapper_and_batch_update(reward: QACEReward, url: str) -> None:
-    """0.8: ``remote_rm_utils.request_api_wrapper`` posts a whole rollout batch; ``update_samples_with_rewards``
-    (``torch.cat`` of every response field) must take the answer."""
+    """0.8: ``remote_rm_utils.request_api_wrapper`` posts a whole rollout batch, and
+    ``update_samples_with_rewards`` (``torch.cat`` of every response field) must take the answer."""
     import torch
 
     n = 300  # more than the old per-request limit of 256
@@ -169,7 +169,8 @@ def test_openrlhf_0_8_during_warm_up_is_held_not_refused(reward: QACEReward) -> 
         data = {"query": [PROMPT + CAPTIONS[0]], "prompts": [PROMPT], "labels": [REFS]}
         answer = request_api_wrapper(f"{base}/t/{TOKEN}/get_reward", data, try_max_times=1)
         timer.join()
-    assert done.is_set() and answer["rewards"] == pytest.approx(reward([CAPTIONS[0]], references=[REFS]).tolist())
+    want = reward([CAPTIONS[0]], references=[REFS]).tolist()
+    assert done.is_set() and answer["rewards"] == pytest.approx(want, abs=1e-6)
 
 
 def test_openrlhf_without_the_path_token_is_refused(url: str) -> None:
