@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from qace import __version__
 from qace.errors import BackendUnavailableError, QACEError
+from qace.progress import add_output_options, configure, summary
 
 if TYPE_CHECKING:
     from qace.data.run import Summary
@@ -130,10 +131,10 @@ def _warn_if_test_models(scorer: object) -> None:
     if not getattr(scorer, "uses_test_models", False):
         return
     hint = getattr(scorer, "real_model_hint", None)
-    if hint is None:
-        print(TEST_MODEL_WARNING, file=sys.stderr)
+    if hint is None:  # logged, so that it is a JSON record with --log-format json
+        log.warning(TEST_MODEL_WARNING)
     else:
-        print(JUDGE_TEST_MODEL_WARNING.format(metric=scorer.score_key, hint=hint), file=sys.stderr)  # type: ignore[attr-defined]
+        log.warning(JUDGE_TEST_MODEL_WARNING.format(metric=scorer.score_key, hint=hint))  # type: ignore[attr-defined]
 
 
 class _Given(argparse.Action):
@@ -191,11 +192,13 @@ def cmd_score(args: argparse.Namespace) -> int:
     return _report(scorer.signature, summary, args.output)
 
 
-def _report(signature: str, summary: Summary, output: str) -> int:
-    print(f"signature: {signature}")
-    print(summary.line())
-    if summary.errors:
-        print(f"{summary.errors} record(s) could not be scored; see the .errors.jsonl file next to {output}")
+def _report(signature: str, result: Summary, output: str) -> int:
+    lines = [f"signature: {signature}", result.line()]
+    if result.errors:
+        lines.append(
+            f"{result.errors} record(s) could not be scored; see the .errors.jsonl file next to {output}"
+        )
+    summary("\n".join(lines), signature=signature, output=output, **result.fields())
     return 0
 
 
@@ -270,14 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
             importlib.import_module(module).register(sub)
         except ImportError as exc:  # an optional extra is not installed
             log.debug("commands of %s unavailable: %s", module, exc)
+    add_output_options(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
+    configure(quiet=args.quiet, verbose=args.verbose, log_format=args.log_format)
     try:
         return int(args.func(args) or 0)
     except QACEError as exc:

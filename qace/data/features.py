@@ -249,7 +249,8 @@ def pack_features(
     Inputs are validated first and must stay finite in `dtype` (fp16 overflows above 65504).
     """
     import h5py
-    from tqdm import tqdm
+
+    from qace.progress import track
 
     dtype = np.dtype(dtype)
     if dtype not in (np.float16, np.float32):
@@ -259,7 +260,10 @@ def pack_features(
     pairs, total = _pairs(source)
     seen: set[str] = set()
     try:
-        with h5py.File(tmp, "w") as f:
+        with (
+            h5py.File(tmp, "w") as f,
+            track("packing features", total=total, unit="image", enabled=progress) as bar,
+        ):
             data = f.create_dataset(
                 "features",
                 shape=(0, *REGION_SHAPE),
@@ -272,7 +276,7 @@ def pack_features(
             )
             names = f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"))
             f.attrs["layout"] = HDF5_LAYOUT
-            for image_id, array in tqdm(pairs, total=total, disable=not progress, desc="packing features"):
+            for image_id, array in pairs:
                 if image_id in seen:
                     raise FeatureError(f"image {image_id!r} appears twice in the packing source")
                 seen.add(image_id)
@@ -285,6 +289,7 @@ def pack_features(
                 names.resize(row + 1, axis=0)
                 data[row] = stored
                 names[row] = image_id
+                bar.update(1)
         os.replace(tmp, out_path)
     except BaseException:
         tmp.unlink(missing_ok=True)
