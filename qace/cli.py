@@ -21,6 +21,7 @@ from qace import __version__
 from qace.checks import check_device, check_img_features, check_output_file
 from qace.errors import BackendUnavailableError, QACEError
 from qace.extras import require_extra
+from qace.progress import add_output_options, configure, summary
 
 if TYPE_CHECKING:
     from qace.data.run import Summary
@@ -176,10 +177,10 @@ def _warn_if_test_models(scorer: object) -> None:
     if not getattr(scorer, "uses_test_models", False):
         return
     hint = getattr(scorer, "real_model_hint", None)
-    if hint is None:
-        print(TEST_MODEL_WARNING, file=sys.stderr)
+    if hint is None:  # logged, so that it is a JSON record with --log-format json
+        log.warning(TEST_MODEL_WARNING)
     else:
-        print(JUDGE_TEST_MODEL_WARNING.format(metric=scorer.score_key, hint=hint), file=sys.stderr)  # type: ignore[attr-defined]
+        log.warning(JUDGE_TEST_MODEL_WARNING.format(metric=scorer.score_key, hint=hint))  # type: ignore[attr-defined]
 
 
 class _Given(argparse.Action):
@@ -227,7 +228,6 @@ def judge_demo_scorer(metric: str, *, device: str, download: bool):  # noqa: ANN
 def cmd_score(args: argparse.Namespace) -> int:
     metric = _resolve_metric(args)
     judge = _judge(metric) if metric in JUDGE_MODULES else None
-    if judge is None:
     check_output_file(args.output)
     if not args.gpus:  # --gpus checks its devices in resolve_devices
         check_device(args.device)
@@ -246,11 +246,13 @@ def cmd_score(args: argparse.Namespace) -> int:
     return _report(scorer.signature, summary, args.output)
 
 
-def _report(signature: str, summary: Summary, output: str) -> int:
-    print(f"signature: {signature}")
-    print(summary.line())
-    if summary.errors:
-        print(f"{summary.errors} record(s) could not be scored; see the .errors.jsonl file next to {output}")
+def _report(signature: str, result: Summary, output: str) -> int:
+    lines = [f"signature: {signature}", result.line()]
+    if result.errors:
+        lines.append(
+            f"{result.errors} record(s) could not be scored; see the .errors.jsonl file next to {output}"
+        )
+    summary("\n".join(lines), signature=signature, output=output, **result.fields())
     return 0
 
 
@@ -419,6 +421,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             importlib.import_module(spec.module).register(sub)
         else:  # listed only: this run is another command
             sub.add_parser(name, help=spec.help)
+    add_output_options(parser)
     return parser
 
 
@@ -436,8 +439,15 @@ def _add_unavailable(
 
 
 def _command(argv: Sequence[str]) -> str | None:
-    """The command of ``argv``: its first word that is not an option (no top-level option takes a value)."""
-    return next((word for word in argv if not word.startswith("-")), None)
+    """The command of ``argv``: its first word that is neither an option nor the value of
+    ``--log-format`` (the one top-level option that takes a value)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-format":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -446,9 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "accepts_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
+    configure(quiet=args.quiet, verbose=args.verbose, log_format=args.log_format)
     try:
         return int(args.func(args) or 0)
     except QACEError as exc:

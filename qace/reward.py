@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 COMPONENTS = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
 """Result fields a reward can be built from (``qace_max``: best reference, QACE-Ref only)."""
+LOGGED_COMPONENTS = ("qace_f1", "qace_bs", "qace_an")
+"""The parts of QACE a trainer logs next to the reward."""
 
 # trainers stream the policy's raw text; these end markers are not part of the caption
 DEFAULT_STRIP = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>", "<pad>")
@@ -233,18 +235,29 @@ class QACEReward:
         references_column: str = "references",
         component: str | None = None,
         name: str | None = None,
+        log_components: bool = True,
     ) -> Callable[..., list[float]]:
         """A TRL-style ``reward_func(prompts, completions, **columns) -> list[float]``.
 
         TRL passes every extra dataset column as a keyword argument holding one value per
         completion; the image id (QACE-Img) or the references (QACE-Ref) are read from
-        ``image_column`` / ``references_column``. Completions may be plain strings or
-        conversational (a list of ``{"role", "content"}`` messages: the last one is the caption).
+        ``image_column`` / ``references_column`` (a single reference may be a plain string).
+        Completions may be plain strings or conversational (a list of ``{"role", "content"}``
+        messages: the last one is the caption).
+
+        With ``log_components``, the components of `LOGGED_COMPONENTS` come from the same metric pass
+        as the reward and go to the trainer's ``log_metric`` (their means over the valid captions) and
+        ``log_extra`` (one value per completion, ``None`` for invalid captions: the completions table)
+        hooks, when it passes them (TRL's ``GRPOTrainer`` does).
         """
         chosen = component or self.component
 
         def reward_func(
-            prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), **columns: Any
+            prompts: Sequence[Any] | None = None,
+            completions: Sequence[Any] = (),
+            log_metric: Callable[[str, float], None] | None = None,
+            log_extra: Callable[[str, list[Any]], None] | None = None,
+            **columns: Any,
         ) -> list[float]:
             captions = [completion_text(c) for c in completions]
             kwargs: dict[str, Any] = {}
@@ -253,15 +266,32 @@ class QACEReward:
                     raise InputError(
                         f"the dataset has no {references_column!r} column (QACE-Ref needs references)"
                     )
-                kwargs["references"] = list(columns[references_column])
+                kwargs["references"] = [[r] if isinstance(r, str) else r for r in columns[references_column]]
             else:
                 if image_column not in columns:
                     raise InputError(f"the dataset has no {image_column!r} column (QACE-Img needs image ids)")
                 kwargs["image_ids"] = list(columns[image_column])
-            return [r.reward for r in self.score(captions, component=chosen, **kwargs)]
+            results = self.score(captions, component=chosen, **kwargs)
+            if log_components:
+                _log_components(results, log_metric, log_extra)
+            return [r.reward for r in results]
 
         reward_func.__name__ = name or f"qace_{self.variant}_{chosen}"  # TRL logs rewards by this name
         return reward_func
+
+
+def _log_components(
+    results: Sequence[RewardResult],
+    log_metric: Callable[[str, float], None] | None,
+    log_extra: Callable[[str, list[Any]], None] | None,
+) -> None:
+    """Hand the components of ``results`` to a trainer's logging hooks (either may be missing)."""
+    valid = [r for r in results if r.valid]
+    for name in LOGGED_COMPONENTS:
+        if log_metric is not None and valid:
+            log_metric(name, sum(r.scores[name] for r in valid) / len(valid))
+        if log_extra is not None:
+            log_extra(name, [r.scores[name] if r.valid else None for r in results])
 
 
 def caption_problem(caption: Any, max_chars: int | None = None) -> str | None:

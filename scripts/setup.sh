@@ -8,4 +8,9 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[test]'
+# OpenRLHF's reward clients, tested as they ship (tests/serve/test_openrlhf_clients.py): without their
+# dependencies (deepspeed, vLLM, flash-attn), each release in its own folder
+for v in 0.11.2 0.8.11; do
+  [ -d ".venv/openrlhf/$v/openrlhf" ] || .venv/bin/python -m pip install -q --no-deps --target ".venv/openrlhf/$v" "openrlhf==$v"
+done
 echo "qace installed in .venv"

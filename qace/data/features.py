@@ -291,7 +291,8 @@ def pack_features(
     left out of the file, and packing goes on.
     """
     import h5py
-    from tqdm import tqdm
+
+    from qace.progress import track
 
     dtype = np.dtype(dtype)
     if dtype not in (np.float16, np.float32):
@@ -301,7 +302,10 @@ def pack_features(
     pairs, total = _pairs(source)
     seen: set[str] = set()
     try:
-        with h5py.File(tmp, "w") as f:
+        with (
+            h5py.File(tmp, "w") as f,
+            track("packing features", total=total, unit="image", enabled=progress) as bar,
+        ):
             data = f.create_dataset(
                 "features",
                 shape=(0, *REGION_SHAPE),
@@ -314,13 +318,14 @@ def pack_features(
             )
             names = f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"))
             f.attrs["layout"] = HDF5_LAYOUT
-            for image_id, load in tqdm(pairs, total=total, disable=not progress, desc="packing features"):
+            for image_id, load in pairs:
                 try:
                     stored = _packable(image_id, load, dtype, seen)
                 except FeatureError as exc:
                     if errors is None:
                         raise
                     errors.append((image_id, str(exc)))
+                    bar.update(1)
                     continue
                 seen.add(image_id)
                 row = len(seen) - 1
@@ -328,6 +333,7 @@ def pack_features(
                 names.resize(row + 1, axis=0)
                 data[row] = stored
                 names[row] = image_id
+                bar.update(1)
         os.replace(tmp, out_path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +69,9 @@ class FileScorer:
         resume: bool = False,
     ) -> Summary:
         """Score a JSONL/CSV/COCO file into JSONL or Parquet, committing whole chunks (resumable)."""
-        from tqdm.auto import tqdm
-
         from qace.data.output import ResultWriter
         from qace.data.records import read_records
+        from qace.progress import track
 
         start = time.perf_counter()
         scored = errors = skipped = 0
@@ -90,7 +89,9 @@ class FileScorer:
                     else:
                         yield record
 
-            bar = tqdm(desc="scoring", unit="caption", disable=not self.progress)
+            records = count_jsonl_records(input_path, fmt)
+            left = None if records is None else max(records - len(done), 0)
+            bar = track("scoring", total=left, unit="caption", enabled=self.progress)
             for result in self.score_committed(pending()):
                 if isinstance(result, RecordError):
                     writer.add_error(result.id, result.reason)
@@ -104,6 +105,18 @@ class FileScorer:
             bar.close()
         seconds = time.perf_counter() - start
         return Summary(scored, errors, skipped, total / scored if scored else None, seconds, self.score_key)
+
+
+def count_jsonl_records(path: str | Path, fmt: str = "auto") -> int | None:
+    """The number of records of a JSONL input (its non-blank lines; cheap next to scoring them), for a
+    progress bar's ETA; ``None`` for the other formats."""
+    from qace.data.records import detect_format
+
+    path = Path(path)
+    if (fmt if fmt != "auto" else detect_format(path)) != "jsonl":
+        return None
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
 
 
 def list_ids(
@@ -133,6 +146,10 @@ class Summary:
     @property
     def captions_per_second(self) -> float:
         return self.scored / self.seconds if self.seconds > 0 else 0.0
+
+    def fields(self) -> dict[str, Any]:
+        """The summary as plain values (for a JSON summary line)."""
+        return {**asdict(self), "captions_per_second": round(self.captions_per_second, 3)}
 
     def line(self) -> str:
         mean = "n/a" if self.mean is None else f"{self.mean:.4f}"

@@ -22,6 +22,7 @@ from qace.engine.scheduler import Deduped, dedupe, pad_batch, plan_batches
 from qace.engine.tokenize import cut_to, decode
 from qace.engine.uploads import to_device
 from qace.metric.prompts import MAX_NEW_TOKENS
+from qace.progress import bars_shown
 
 
 class Runner(Protocol):
@@ -125,8 +126,10 @@ def _text_batches(
 
 
 def _progress(total: int, desc: str, progress: bool) -> Any:
-    """One bar per stage, counting sequences (shown for long chunks only, as the caller decides)."""
-    return tqdm(total=total, desc=desc, unit="seq", disable=not progress or total < 2, leave=False)
+    """One bar per stage, counting sequences (shown for long chunks only, as the caller decides, and only
+    where bars draw: `qace.progress.bars_shown`)."""
+    shown = progress and total >= 2 and bars_shown()
+    return tqdm(total=total, desc=desc, unit="seq", disable=not shown, leave=False)
 
 
 @contextmanager

@@ -89,6 +89,7 @@ def _targets(model_dir: Path, out_dir: Path) -> list[tuple[Path, Path]]:
 def cmd_export(args: argparse.Namespace) -> int:
     from qace.export.exporter import export_model
     from qace.models.loading import checkpoint_fingerprint
+    from qace.progress import track
 
     model_dir = Path(args.model_dir).expanduser()
     if not model_dir.exists():
@@ -98,7 +99,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.out_dir
         else (model_dir.parent / f"{model_dir.stem}-onnx" if model_dir.is_file() else model_dir / "onnx")
     )
-    for source, out in _targets(model_dir, base_out):
+    targets = _targets(model_dir, base_out)
+    bar = track("exporting", total=len(targets) * len(args.variant), unit="model")
+    for source, out in targets:
         if args.out_dir is None and source != model_dir:
             out = source / "onnx"
         model = _load(source, args.kind)
@@ -119,4 +122,6 @@ def cmd_export(args: argparse.Namespace) -> int:
                 f"identical greedy outputs {report.token_agreement:.0%} of {report.rows} rows, "
                 f"{result.seconds:.1f} s"
             )
+            bar.update(1)
+    bar.close()
     return 0

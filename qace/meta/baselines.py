@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from qace.errors import BackendUnavailableError, ConfigError
+from qace.progress import track
 
 logger = logging.getLogger(__name__)
 
@@ -193,11 +194,14 @@ def compute_baselines(
         else:
             todo.append(m)
     coco = [m for m in todo if m in COCO_METRICS]
-    if coco:
-        gts, res = _tokenize(candidates, references)
-        out.update(_coco_scores(coco, gts, res))
-    if "bertscore" in todo:
-        out["bertscore"] = bertscore_max_f1(candidates, references)
+    with track("baselines", total=len(todo), unit="metric") as bar:
+        if coco:
+            gts, res = _tokenize(candidates, references)
+            out.update(_coco_scores(coco, gts, res))
+            bar.update(len(coco))
+        if "bertscore" in todo:
+            out["bertscore"] = bertscore_max_f1(candidates, references)
+            bar.update(1)
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
         for m in todo:

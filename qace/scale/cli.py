@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from qace.checks import check_img_features
 from qace.config import given_speed_settings
+from qace.progress import summary as say
+
+log = logging.getLogger(__name__)
 
 
 def scorer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -35,14 +39,17 @@ def cmd_score_sharded(args: argparse.Namespace, judge: Any = None, devices: list
         kwargs.pop("device")
         factory = f"{judge.__name__}:{judge.SCORER}"
         key = getattr(judge, judge.SCORER).score_key
-    print(f"scoring {key} on {len(devices)} devices: {', '.join(devices)}")
+    log.info("scoring %s on %d devices: %s", key, len(devices), ", ".join(devices))
     summary = score_file_sharded(
         args.input, args.output, devices=devices, scorer_kwargs=kwargs, scorer_factory=factory,
         score_key=key, references=args.references, fmt=args.format, resume=args.resume,
     )  # fmt: skip
-    print(summary.line())
+    lines = [summary.line()]
     if summary.errors:
-        print(f"{summary.errors} record(s) not scored; see the .errors.jsonl file next to {args.output}")
+        lines.append(
+            f"{summary.errors} record(s) not scored; see the .errors.jsonl file next to {args.output}"
+        )
+    say("\n".join(lines), output=args.output, devices=devices, **summary.fields())
     return 0
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from qace.config import auto_spacy_workers
 from qace.data.run import Summary
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
+from qace.progress import track
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,8 @@ def score_file_sharded(
         )
         for i, device in enumerate(devices)
     ]
-    outcomes = _run_workers(jobs) if not output.exists() else {}
+    with track("scoring", total=bounds[-1][1] if bounds else 0, enabled=not output.exists()) as bar:
+        outcomes = _run_workers(jobs, bar.update) if not output.exists() else {}
     failed = {i: out for i, out in outcomes.items() if "error" in out}
     for i, out in sorted(failed.items()):
         log.error("shard %d on %s failed:\n%s", i, jobs[i].device, out.get("traceback", out["error"]))
@@ -207,8 +209,12 @@ def _plan(
     return bounds
 
 
-def _run_workers(jobs: list[ShardJob]) -> dict[int, dict[str, Any]]:
-    """One spawned process per job; waits for all, so one failure never discards the others' work."""
+def _run_workers(
+    jobs: list[ShardJob], progress: Callable[[int], object] | None = None
+) -> dict[int, dict[str, Any]]:
+    """One spawned process per job; waits for all, so one failure never discards the others' work.
+
+    ``progress`` is called with the number of records the workers got through since its last call."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(job, results), name=f"qace-shard-{job.index}") for job in jobs]
@@ -219,6 +225,10 @@ def _run_workers(jobs: list[ShardJob]) -> dict[int, dict[str, Any]]:
         while len(outcomes) < len(jobs):
             try:
                 index, outcome = results.get(timeout=1.0)
+                if isinstance(outcome, int):  # a worker's progress report
+                    if progress is not None:
+                        progress(outcome)
+                    continue
                 outcomes[index] = outcome
             except queue.Empty:  # check for workers that died without a word
                 for job, proc in zip(jobs, procs, strict=True):
@@ -245,17 +255,35 @@ def shard_settings(
     return kwargs
 
 
+PROGRESS_EVERY_S = 1.0
+"""How often a shard worker reports its progress to the parent."""
+
+
 def _worker(job: ShardJob, results: Any) -> None:
-    """Entry point of a shard process: report a summary dict or an error, never raise."""
+    """Entry point of a shard process: report progress (record counts, at most every `PROGRESS_EVERY_S`),
+    then a summary dict or an error; never raise."""
+    unreported, last = 0, time.monotonic()
+
+    def progress(n: int) -> None:
+        nonlocal unreported, last
+        unreported += n
+        if time.monotonic() - last >= PROGRESS_EVERY_S:
+            results.put((job.index, unreported))
+            unreported, last = 0, time.monotonic()
+
     try:
-        outcome = run_shard(job)
+        outcome = run_shard(job, progress)
     except BaseException as exc:  # noqa: BLE001  (reported to the parent, which raises)
         outcome = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    if unreported:
+        results.put((job.index, unreported))
     results.put((job.index, outcome))
 
 
-def run_shard(job: ShardJob) -> dict[str, Any]:
-    """Score one shard input into its resumable output; returns counts and the signature."""
+def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) -> dict[str, Any]:
+    """Score one shard input into its resumable output; returns counts and the signature. ``progress`` is
+    called with 1 for each record scored, failed or skipped (already done)."""
+    progress = progress or (lambda n: None)
     import torch
 
     from qace.api import QACE
@@ -284,6 +312,7 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
                     obj = json.loads(line)
                     if obj["id"] in done:
                         skipped += 1
+                        progress(1)
                     elif "error" in obj:
                         yield RecordError(obj["id"], obj["error"])
                     else:
@@ -303,6 +332,7 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
             else:
                 writer.add(result)
                 scored += 1
+            progress(1)
     log.info(
         "shard %d on %s: %d scored, %d errors, %d skipped", job.index, job.device, scored, errors, skipped
     )

@@ -1,24 +1,33 @@
 """The reward service's HTTP API (FastAPI): QACE's own endpoint, OpenRLHF's protocol, health, metrics.
 
-Endpoints (all but ``/health`` need ``Authorization: Bearer <token>``):
+Endpoints (all but ``/health`` need ``Authorization: Bearer <token>``, or the token in the path where a
+route offers it):
 
 - ``POST /v1/reward``: ``{"request_id", "items": [{"id", "caption", "references" | "image_id"}],
   "component"?}`` -> ``{"request_id", "signature", "component", "results": [{"id", "reward",
   "valid", "reason", "scores"}]}``; ids are echoed so a client can check every reward's owner.
-- ``POST /get_reward``: OpenRLHF's remote reward protocol, ``{"query", "prompts", "labels"}`` ->
-  ``{"rewards", "scores", "extra_logs"}``. The caption is the query minus its prompt; each label
-  carries the context: an image id (QACE-Img), or references as a list, a JSON list string, a
-  single string, or ``{"references": [...]}`` / ``{"image_id": ...}``.
+- ``POST /get_reward`` and ``POST /t/<token>/get_reward``: OpenRLHF's remote reward protocol,
+  ``{"query", "prompts", "labels"}`` -> ``{"rewards", "scores"[, "extra_logs"]}``. OpenRLHF's clients
+  send no header, so the second form carries the token in the URL they are given. The caption is the
+  query minus its prompt (a query that does not start with its prompt is scored whole, counted in
+  ``/metrics`` and logged); each label carries the context: an image id (QACE-Img), or references as a
+  list, a JSON list string, a single string, or ``{"references": [...]}`` / ``{"image_id": ...}``.
+  ``extra_logs`` (the components) holds one number per name and comes only with one-query requests
+  (OpenRLHF 0.11 sends one query per request and makes a tensor of each value; 0.8 sends a batch and
+  can only ``torch.cat`` tensors, which JSON cannot carry, so a list there crashes it).
 - ``GET /health``: liveness and queue depth (503 ``warming_up`` while the engine warms up, then 200);
   ``GET /metrics``: Prometheus text.
 
-Refusals are explicit, never a hang: 401 (token), 413 (body or item count too large), 400/422
-(malformed input), 429 (queue full) and 503 (warming up, stopping, or waited past the timeout), the
-last two with ``Retry-After``.
+Refusals are explicit, never a hang: 401 (token), 413 (body or item count too large, naming the flag
+that raises the limit), 400/422 (malformed input), 429 (queue full) and 503 (stopping, or waited past the
+timeout), the last two with ``Retry-After``. Reward requests that arrive during the warm-up are held until
+it ends (OpenRLHF retries a 503 only five times a second apart), within the same timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -47,12 +56,13 @@ class ServeSettings:
     """Items per engine call."""
     max_wait_ms: float = 5.0
     """How long the first request of a batch waits for company."""
-    max_queue: int = 1024
-    """Items waiting at most; beyond it requests get 429."""
-    max_items: int = 256
-    """Items per request."""
-    max_body_bytes: int = 1 << 20
-    """Request body size limit (413 beyond it)."""
+    max_queue: int = 16384
+    """Items waiting at most; beyond it requests get 429. At least ``max_items``."""
+    max_items: int = 8192
+    """Items per request: OpenRLHF 0.8 sends a whole rollout batch (``rollout_batch_size x
+    n_samples_per_prompt``, e.g. 1024 x 8) in one request."""
+    max_body_bytes: int = 64 << 20
+    """Request body size limit (413 beyond it); ``max_items`` queries with prompts and references fit."""
     max_caption_chars: int = 2000
     """Longer captions are rewarded as invalid (a runaway generation, not a caption)."""
     timeout_s: float = 60.0
@@ -99,14 +109,19 @@ def create_app(
     """The FastAPI app serving ``reward`` (a `qace.reward.QACEReward` or anything with its ``score``).
 
     ``warm_up``: on start, run ``reward.warm_up()`` (`QACEReward.warm_up`) in a thread while the server
-    already answers: ``/health`` says 503 ``warming_up`` and reward requests get 503 with
-    ``Retry-After`` until it is done, so a readiness probe or a retrying client waits instead of
-    failing to connect. A failed warm-up is logged and reported in ``/health``; the engine then
+    already answers: ``/health`` says 503 ``warming_up`` and reward requests are held until it is done
+    (503 with ``Retry-After`` past ``timeout_s``), so neither a readiness probe nor a client that retries
+    only briefly fails. A failed warm-up is logged and reported in ``/health``; the engine then
     captures its graphs when it first needs them.
     """
     check_token(token)
     settings = settings or ServeSettings()
-    counts: dict[str, int] = {}
+    if settings.max_items > settings.max_queue:
+        raise ConfigError(
+            f"--max-items {settings.max_items} exceeds --max-queue {settings.max_queue}: "
+            "a full request could never be queued"
+        )
+    counts: dict[str, int] = {"prompt_mismatch": 0}
 
     def score_items(items: list[Item]) -> list[Any]:
         captions = [item.caption for item in items]
@@ -124,7 +139,7 @@ def create_app(
         retry_after_s=settings.retry_after_s,
     )
 
-    warmed = threading.Event()
+    ready = asyncio.Event()  # set on the event loop once the engine is warm (or without a warm-up)
     warm_up_error: list[str] = []
 
     def warm() -> None:
@@ -135,16 +150,21 @@ def create_app(
         except Exception as exc:  # noqa: BLE001 - reported by /health; scoring still works without it
             warm_up_error.append(f"{type(exc).__name__}: {exc}")
             log.exception("warm-up failed; graphs will be captured when first needed")
-        finally:
-            warmed.set()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await batcher.start()
         if warm_up:
-            threading.Thread(target=warm, name="qace-warm-up", daemon=True).start()
+            loop = asyncio.get_running_loop()
+
+            def warm_then_release() -> None:
+                warm()
+                with contextlib.suppress(RuntimeError):  # the server stopped before the warm-up ended
+                    loop.call_soon_threadsafe(ready.set)
+
+            threading.Thread(target=warm_then_release, name="qace-warm-up", daemon=True).start()
         else:
-            warmed.set()
+            ready.set()
         log.info("reward service ready: %s", reward.signature)
         yield
         await batcher.stop()
@@ -156,12 +176,12 @@ def create_app(
     async def guard(request: Request, call_next: Any) -> Any:
         """Auth and size limits before any body is read; counts every response by status."""
         try:
-            if request.url.path != "/health":
+            if request.url.path != "/health" and not _path_token_ok(request.url.path, token):
                 if not authorized(request.headers.get("authorization", ""), token):
                     raise _HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             length = request.headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-                raise _HTTPError(413, f"request body over {settings.max_body_bytes} bytes")
+                raise _HTTPError(413, _too_big(settings.max_body_bytes))
             response = await call_next(request)
         except _HTTPError as exc:
             response = _error(exc)
@@ -174,20 +194,25 @@ def create_app(
         async for part in request.stream():
             data += part
             if len(data) > settings.max_body_bytes:
-                raise _HTTPError(413, f"request body over {settings.max_body_bytes} bytes")
+                raise _HTTPError(413, _too_big(settings.max_body_bytes))
         try:
             return json.loads(data)
         except ValueError as exc:
             raise _HTTPError(400, f"body is not JSON: {exc}") from exc
 
     async def run(items: list[Item]) -> list[Any]:
-        if not warmed.is_set():
-            retry = {"Retry-After": str(WARM_UP_RETRY_AFTER_S)}
-            raise _HTTPError(
-                503, "the reward engine is warming up (spaCy workers; CUDA graphs on a GPU)", retry
-            )
         if len(items) > settings.max_items:
-            raise _HTTPError(413, f"{len(items)} items in one request; the limit is {settings.max_items}")
+            raise _HTTPError(
+                413, f"{len(items)} items in one request; the limit is {settings.max_items} (--max-items)"
+            )
+        if not ready.is_set():
+            try:  # hold it: OpenRLHF's clients give up after five 503s a second apart
+                await asyncio.wait_for(ready.wait(), settings.timeout_s)
+            except TimeoutError:
+                retry = {"Retry-After": str(WARM_UP_RETRY_AFTER_S)}
+                raise _HTTPError(
+                    503, "the reward engine is still warming up (spaCy workers; CUDA graphs on a GPU)", retry
+                ) from None
         try:
             return await batcher.submit(items)
         except Overloaded as exc:
@@ -221,26 +246,33 @@ def create_app(
         }
 
     @app.post("/get_reward")
+    @app.post(PATH_TOKEN_PREFIX + "{path_token}/get_reward")
     async def get_reward(request: Request) -> Any:
         try:
             payload = await body(request)
-            items = _parse_openrlhf(payload, reward.variant)
+            items, mismatched = _parse_openrlhf(payload, reward.variant)
+            if mismatched:
+                counts["prompt_mismatch"] += len(mismatched)
+                log.warning(
+                    "%d of %d queries do not start with their prompt (first: sample %d); scored whole",
+                    len(mismatched), len(items), mismatched[0],
+                )  # fmt: skip
             results = await run(items)
         except _HTTPError as exc:
             return _error(exc)
         rewards = [r.reward for r in results]
-        logs = {
-            name: [r.scores.get(name, 0.0) for r in results] for name in ("qace_f1", "qace_bs", "qace_an")
-        }
-        logs["qace_valid"] = [1.0 if r.valid else 0.0 for r in results]
-        out: dict[str, Any] = {"rewards": rewards, "scores": rewards, "extra_logs": logs}
+        out: dict[str, Any] = {"rewards": rewards, "scores": rewards}
+        if len(results) == 1:  # see the module docstring: what OpenRLHF 0.11 and 0.8 both accept
+            (r,) = results
+            logs = {name: float(r.scores.get(name, 0.0)) for name in ("qace_f1", "qace_bs", "qace_an")}
+            out["extra_logs"] = {**logs, "qace_valid": 1.0 if r.valid else 0.0}
         if isinstance(payload, dict) and "request_id" in payload:
             out["request_id"] = payload["request_id"]
         return out
 
     @app.get("/health")
     async def health() -> Any:
-        state = "stopped" if not batcher.running else "ok" if warmed.is_set() else "warming_up"
+        state = "stopped" if not batcher.running else "ok" if ready.is_set() else "warming_up"
         payload = {"status": state, "signature": reward.signature, "queued_items": batcher.stats.queued_items}
         if warm_up_error:
             payload["warm_up_error"] = warm_up_error[0]
@@ -249,8 +281,10 @@ def create_app(
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         s = batcher.stats
-        lines = [f'qace_http_responses_total{{code="{code}"}} {n}' for code, n in sorted(counts.items())]
+        codes = sorted((code, n) for code, n in counts.items() if code.isdigit())
+        lines = [f'qace_http_responses_total{{code="{code}"}} {n}' for code, n in codes]
         lines += [
+            f"qace_prompt_mismatch_total {counts['prompt_mismatch']}",
             f"qace_queue_items {s.queued_items}",
             f"qace_queue_limit_items {settings.max_queue}",
             f"qace_batches_total {s.batches}",
@@ -265,6 +299,22 @@ def create_app(
 
     started = time.monotonic()
     return app
+
+
+PATH_TOKEN_PREFIX = "/t/"
+"""Routes under ``/t/<token>/`` take the token from the path, for clients that send no header (OpenRLHF)."""
+
+
+def _path_token_ok(path: str, token: str) -> bool:
+    """Whether ``path`` is ``/t/<token>/...`` with the right token (compared in constant time)."""
+    if not path.startswith(PATH_TOKEN_PREFIX):
+        return False
+    given = path[len(PATH_TOKEN_PREFIX) :].split("/", 1)[0]
+    return secrets.compare_digest(given.encode(), token.encode())
+
+
+def _too_big(limit: int) -> str:
+    return f"request body over {limit} bytes (--max-body-bytes)"
 
 
 def _error(exc: _HTTPError) -> JSONResponse:
@@ -291,7 +341,8 @@ def _parse_v1(payload: Any, variant: str) -> tuple[str, list[str], list[Item], s
     return request_id, ids, items, component
 
 
-def _parse_openrlhf(payload: Any, variant: str) -> list[Item]:
+def _parse_openrlhf(payload: Any, variant: str) -> tuple[list[Item], list[int]]:
+    """The items of an OpenRLHF request, and the samples whose query does not start with its prompt."""
     if not isinstance(payload, dict) or not isinstance(payload.get("query"), list):
         raise _HTTPError(422, 'expected {"query": [...], "prompts": [...], "labels": [...]}')
     queries = payload["query"]
@@ -303,13 +354,16 @@ def _parse_openrlhf(payload: Any, variant: str) -> list[Item]:
         raise _HTTPError(
             422, "labels must be a list as long as query (they carry the references or image id)"
         )
-    items = []
+    items, mismatched = [], []
     for n, (query, prompt, label) in enumerate(zip(queries, prompts, labels, strict=True)):
         caption = query
-        if isinstance(query, str) and isinstance(prompt, str) and prompt and query.startswith(prompt):
-            caption = query[len(prompt) :]
+        if isinstance(query, str) and isinstance(prompt, str) and prompt:
+            if query.startswith(prompt):
+                caption = query[len(prompt) :]
+            else:
+                mismatched.append(n)
         items.append(_item(completion_text(caption), _label_context(label, variant), variant, f"sample {n}"))
-    return items
+    return items, mismatched
 
 
 def _label_context(label: Any, variant: str) -> dict[str, Any]:

@@ -80,6 +80,29 @@ def test_trl_reward_func(reward: QACEReward) -> None:
     assert completion_text("a cat <|im_end|><|endoftext|>") == "a cat"
 
 
+def test_trl_reward_func_takes_a_single_reference_string(reward: QACEReward) -> None:
+    func = reward.trl_reward_func()
+    got = func(prompts=["p"] * 2, completions=["a girl runs", "a dog"], references=REFS[:1] * 2)
+    assert got == pytest.approx(reward(["a girl runs", "a dog"], references=[REFS[:1]] * 2).tolist())
+
+
+def test_trl_reward_func_logs_the_components_from_one_pass(reward: QACEReward, monkeypatch) -> None:
+    calls, metrics, extra = [], {}, {}
+    score_records = reward.scorer.score_records
+    monkeypatch.setattr(reward.scorer, "score_records", lambda r: calls.append(1) or score_records(r))
+    captions = ["a girl runs on the beach", "", "a dog in the snow"]
+    got = reward.trl_reward_func()(
+        prompts=["p"] * 3, completions=captions, references=[REFS] * 3,
+        log_metric=metrics.__setitem__, log_extra=extra.__setitem__,
+    )  # fmt: skip
+    assert len(calls) == 1
+    rows = reward.score(captions, references=[REFS] * 3)
+    assert got == pytest.approx([r.reward for r in rows])
+    for name in ("qace_f1", "qace_bs", "qace_an"):
+        assert extra[name] == [rows[0].scores[name], None, rows[2].scores[name]]
+        assert metrics[name] == pytest.approx((rows[0].scores[name] + rows[2].scores[name]) / 2)
+
+
 def test_scst_advantages(reward: QACEReward) -> None:
     sampled = ["a girl runs on the beach", "", "a dog in the snow", "a child near the sea"]
     greedy = ["a girl on the beach", "a dog"]

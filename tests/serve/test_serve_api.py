@@ -123,9 +123,9 @@ def test_rewards_ids_echoed_and_invalid_captions_get_zero(fake, serve) -> None:
 def test_limits(fake, serve) -> None:
     with serve(fake, max_items=3, max_body_bytes=2000) as url:
         too_many = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a"] * 4), headers=AUTH)
-        assert too_many.status_code == 413 and "limit is 3" in too_many.json()["detail"]
+        assert too_many.status_code == 413 and "limit is 3 (--max-items)" in too_many.json()["detail"]
         too_big = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a" * 3000]), headers=AUTH)
-        assert too_big.status_code == 413
+        assert too_big.status_code == 413 and "(--max-body-bytes)" in too_big.json()["detail"]
 
         def chunks():  # no Content-Length: the limit must hold on streamed bodies too
             yield json.dumps(_v1("r", ["a" * 1500])).encode()[:1500]
@@ -170,7 +170,7 @@ def test_micro_batching_merges_concurrent_single_requests(fake, serve) -> None:
 
 def test_back_pressure_429_then_503_with_retry_after(fake, serve) -> None:
     fake.gate.clear()
-    with serve(fake, max_queue=2, timeout_s=1.0, max_wait_ms=1) as url:
+    with serve(fake, max_queue=2, max_items=2, timeout_s=1.0, max_wait_ms=1) as url:
         try:
             with ThreadPoolExecutor(2) as pool:
                 first = pool.submit(
@@ -204,9 +204,53 @@ def test_openrlhf_protocol(fake, serve) -> None:
         }
         got = httpx.post(f"{url}/get_reward", json=body, headers=AUTH).json()
         assert got["rewards"] == [0.05, 0.0, 0.05] and got["scores"] == got["rewards"]
-        assert got["extra_logs"]["qace_valid"] == [1.0, 0.0, 1.0] and got["request_id"] == 17
+        assert "extra_logs" not in got and got["request_id"] == 17  # OpenRLHF 0.8 cannot take lists
+        one = {"query": ["Describe: a dog"], "prompts": ["Describe: "], "labels": [REFS]}
+        logs = httpx.post(f"{url}/get_reward", json=one, headers=AUTH).json()["extra_logs"]
+        assert logs == {"qace_f1": 1.0, "qace_bs": 0.0, "qace_an": 0.0, "qace_valid": 1.0}  # scalars
         short = httpx.post(f"{url}/get_reward", json={"query": ["a"], "labels": []}, headers=AUTH)
         assert short.status_code == 422
+
+
+def test_openrlhf_token_in_the_path(fake, serve) -> None:
+    body = {"query": ["Describe: a dog"], "prompts": ["Describe: "], "labels": [REFS]}
+    with serve(fake) as url:
+        assert httpx.post(f"{url}/t/{TOKEN}/get_reward", json=body).json()["rewards"] == [0.05]
+        assert httpx.post(f"{url}/t/wrong-token/get_reward", json=body).status_code == 401
+        assert httpx.post(f"{url}/t/{TOKEN}x/get_reward", json=body).status_code == 401
+        assert httpx.post(f"{url}/t/{TOKEN}/v1/reward", json=_v1("r", ["a"])).status_code in (401, 404)
+
+
+def test_query_not_starting_with_its_prompt_is_counted(fake, serve, caplog) -> None:
+    body = {"query": ["Describe: a dog", "<s> Describe: a cat"], "prompts": ["Describe: "] * 2}
+    with serve(fake) as url:
+        got = httpx.post(f"{url}/get_reward", json={**body, "labels": [REFS] * 2}, headers=AUTH).json()
+        metrics = httpx.get(f"{url}/metrics", headers=AUTH).text
+    assert got["rewards"] == [0.05, 0.19]  # the second is scored whole, and counted
+    assert "qace_prompt_mismatch_total 1" in metrics
+    assert "1 of 2 queries do not start with their prompt (first: sample 1)" in caplog.text
+
+
+def test_max_items_above_max_queue_is_refused_at_start(fake) -> None:
+    from qace.errors import ConfigError
+    from qace.serve.app import ServeSettings, create_app
+
+    with pytest.raises(ConfigError, match="--max-items 20 exceeds --max-queue 10"):
+        create_app(fake, token=TOKEN, settings=ServeSettings(max_items=20, max_queue=10))
+
+
+def test_default_limits_take_an_openrlhf_rollout_batch(fake, serve) -> None:
+    """OpenRLHF 0.8 sends a whole rollout batch (here 1024 prompts x 8 samples) in one request."""
+    n = 1024 * 8
+    prompt = "Describe the image in one sentence: "
+    body = {
+        "query": [prompt + "a dog runs on the grass next to a small red ball</s>"] * n,
+        "prompts": [prompt] * n,
+        "labels": [json.dumps(["a dog runs on the grass", "a brown dog plays with a ball outside"])] * n,
+    }
+    with serve(fake) as url:
+        got = httpx.post(f"{url}/get_reward", json=body, headers=AUTH, timeout=60)
+    assert got.status_code == 200 and len(got.json()["rewards"]) == n
 
 
 def test_client_retries_busy_server_then_succeeds() -> None:
@@ -374,8 +418,9 @@ def _wait_ready(url: str) -> httpx.Response:
     raise AssertionError("still warming up")
 
 
-def test_requests_wait_for_the_warm_up_with_503_and_retry_after(fake) -> None:
-    """The server answers at once while it warms up: not ready (503), never a refused connection."""
+def test_requests_are_held_during_the_warm_up_then_answered(fake) -> None:
+    """The server answers /health at once while it warms up (503); reward requests wait for the end of the
+    warm-up instead of failing, because OpenRLHF's clients give up after five 503s a second apart."""
     from qace.serve.app import create_app
     from qace.serve.local import serving
 
@@ -383,13 +428,29 @@ def test_requests_wait_for_the_warm_up_with_503_and_retry_after(fake) -> None:
     with serving(create_app(fake, token=TOKEN, warm_up=True), start_timeout_s=10) as url:
         health = httpx.get(f"{url}/health")
         assert health.status_code == 503 and health.json()["status"] == "warming_up"
-        early = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers=AUTH)
-        assert early.status_code == 503 and early.headers["retry-after"] == "5"
-        assert "warming up" in early.json()["detail"] and fake.batches == []
-        done.set()
+        body = {"query": ["Describe: a dog"], "prompts": ["Describe: "], "labels": [REFS]}
+        with ThreadPoolExecutor(1) as pool:
+            early = pool.submit(httpx.post, f"{url}/t/{TOKEN}/get_reward", json=body, timeout=10)
+            time.sleep(0.5)
+            assert not early.done() and fake.batches == []
+            done.set()
+            assert early.result().status_code == 200 and early.result().json()["rewards"] == [0.05]
         assert _wait_ready(url).status_code == 200
-        later = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers=AUTH)
-        assert later.status_code == 200 and later.json()["results"][0]["reward"] == 0.05
+
+
+def test_a_warm_up_longer_than_the_timeout_gets_503_with_retry_after(fake) -> None:
+    from qace.serve.app import ServeSettings, create_app
+    from qace.serve.local import serving
+
+    done = _warming(fake)
+    app = create_app(fake, token=TOKEN, warm_up=True, settings=ServeSettings(timeout_s=0.3))
+    try:
+        with serving(app, start_timeout_s=10) as url:
+            early = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers=AUTH, timeout=10)
+            assert early.status_code == 503 and early.headers["retry-after"] == "5"
+            assert "warming up" in early.json()["detail"] and fake.batches == []
+    finally:
+        done.set()
 
 
 def test_a_failed_warm_up_is_reported_and_the_service_still_scores(fake) -> None:

@@ -1,0 +1,183 @@
+"""OpenRLHF's own remote-reward clients (0.11 and 0.8, as they ship) against ``qace serve`` on loopback.
+
+The two releases are installed with ``pip install --no-deps --target`` (scripts/setup.sh puts them in
+``<venv>/openrlhf/<version>``; ``QACE_OPENRLHF_DIR`` overrides the parent folder). Their packages'
+``__init__`` files import deepspeed, vLLM and Ray actors, which a CPU test host does not have and these
+clients do not use, so the packages are stood in by empty modules (the real folders as their paths): only
+the module files under test and what they import themselves run, and the few heavy modules they import
+by name (vLLM's ``SamplingParams``, the Ray launcher) are stubs that the tested functions never call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qace.reward import QACEReward
+from qace.serve.app import ServeSettings, create_app
+from qace.serve.local import serving
+
+TOKEN = "openrlhf-test-token-0123"
+REFS = ["a girl in a red dress runs on the beach", "a child plays near the sea"]
+PROMPT = "Describe the image: "
+CAPTIONS = ["a girl runs on the beach", "a dog in the snow", ""]
+VERSIONS = {"0.11": "0.11.2", "0.8": "0.8.11"}
+PACKAGES = ("openrlhf", "openrlhf.utils", "openrlhf.models", "openrlhf.trainer", "openrlhf.trainer.ppo_utils",
+            "openrlhf.trainer.ray")  # fmt: skip
+
+
+def _release(version: str) -> Path:
+    parent = Path(os.environ.get("QACE_OPENRLHF_DIR", Path(sys.prefix) / "openrlhf"))
+    folder = parent / VERSIONS[version]
+    if not (folder / "openrlhf").is_dir():
+        pytest.skip(f"OpenRLHF {VERSIONS[version]} is not installed in {folder}; run scripts/setup.sh")
+    return folder
+
+
+@contextmanager
+def openrlhf(version: str) -> Iterator[None]:
+    """Make ``import openrlhf.<module>`` load that release's module files; undo it afterwards."""
+    root = _release(version) / "openrlhf"
+    saved = {k: v for k, v in sys.modules.items() if k.startswith(("openrlhf", "vllm"))}
+    for name in saved:
+        del sys.modules[name]
+    for name in PACKAGES:
+        package = types.ModuleType(name)
+        package.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
+        sys.modules[name] = package
+    stubs = {
+        "vllm": {"SamplingParams": object},  # 0.11's samples_generator: a type annotation's import
+        "openrlhf.trainer.ray.vllm_engine": {"batch_vllm_engine_call": None},
+        "openrlhf.trainer.ray.launcher": {"RayActorGroup": object},  # 0.8's experience_maker
+    }
+    for name, attributes in stubs.items():
+        sys.modules[name] = types.ModuleType(name)
+        vars(sys.modules[name]).update(attributes)
+    try:
+        yield
+    finally:
+        for name in [k for k in sys.modules if k.startswith(("openrlhf", "vllm"))]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@pytest.fixture(scope="module")
+def reward(test_models_dir: Path) -> QACEReward:
+    return QACEReward(models=test_models_dir)
+
+
+@pytest.fixture(scope="module")
+def url(reward: QACEReward) -> Iterator[str]:
+    with serving(create_app(reward, token=TOKEN), start_timeout_s=10) as base:
+        yield f"{base}/t/{TOKEN}/get_reward"
+
+
+class CharTokenizer:
+    """A tokenizer with one token per character: the text OpenRLHF decodes is the text it encoded."""
+
+    def __call__(self, text: str, add_special_tokens: bool, return_tensors: str) -> dict[str, Any]:
+        import torch
+
+        return {"input_ids": torch.tensor([[ord(c) for c in text]])}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return "".join(map(chr, ids))
+
+
+class OneCaptionEngine:
+    """vLLM's ``generate`` answering with a fixed caption."""
+
+    def __init__(self, caption: str) -> None:
+        self.caption = caption
+
+    async def generate(self, prompt_ids: list[int], params: Any, multi_modal_data: Any = None) -> Any:
+        out = types.SimpleNamespace(token_ids=[ord(c) for c in self.caption + "</s>"], finish_reason="stop",
+                                    logprobs=None)  # fmt: skip
+        return types.SimpleNamespace(outputs=[out])
+
+
+def test_openrlhf_0_11_single_turn_executor_gets_qace_rewards(reward: QACEReward, url: str) -> None:
+    """0.11: ``SingleTurnAgentExecutor.execute`` (which calls ``_fetch_rewards_via_http`` and turns any error
+    into ``reward=None``), then its own conversion of the response into an ``Experience``."""
+    want = reward(CAPTIONS, references=[REFS] * len(CAPTIONS)).tolist()
+    with openrlhf("0.11"):
+        from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+        from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+        executor = SingleTurnAgentExecutor(url)
+        params = types.SimpleNamespace(max_tokens=64, logprobs=None)
+
+        async def rollout(caption: str) -> dict[str, Any]:
+            return await executor.execute(PROMPT, json.dumps(REFS), params, 256, CharTokenizer(),
+                                          OneCaptionEngine(caption))  # fmt: skip
+
+        async def rollouts() -> list[dict[str, Any]]:
+            return await asyncio.gather(*(rollout(c) for c in CAPTIONS))
+
+        responses = asyncio.run(rollouts())
+        experiences = [SamplesGenerator._process_response_into_experience(None, r) for r in responses]
+    assert [r["reward"] for r in responses] == [[pytest.approx(w, abs=1e-6)] for w in want]  # a list each
+    for response, experience, value in zip(responses, experiences, want, strict=True):
+        assert experience.rewards.flatten().tolist() == pytest.approx([value], abs=1e-6)
+        assert set(response["extra_logs"]) == {"qace_f1", "qace_bs", "qace_an", "qace_valid"}
+        assert experience.info["qace_f1"].shape == (1,)
+    assert [e.info["qace_valid"].item() for e in experiences] == [1.0, 1.0, 0.0]
+
+
+def test_openrlhf_0_8_request_api_wrapper_and_batch_update(reward: QACEReward, url: str) -> None:
+    """0.8: ``remote_rm_utils.request_api_wrapper`` posts a whole rollout batch, and
+    ``update_samples_with_rewards`` (``torch.cat`` of every response field) must take the answer."""
+    import torch
+
+    n = 300  # more than the old per-request limit of 256
+    captions = [CAPTIONS[i % 3] for i in range(n)]
+    want = reward(captions, references=[REFS] * n).tolist()
+    with openrlhf("0.8"):
+        from openrlhf.trainer.ppo_utils.experience_maker import update_samples_with_rewards
+        from openrlhf.utils.remote_rm_utils import request_api_wrapper
+
+        data = {"query": [PROMPT + c + "</s>" for c in captions], "prompts": [PROMPT] * n,
+                "labels": [json.dumps(REFS)] * n}  # fmt: skip
+        answer = request_api_wrapper(url, data, try_max_times=1)
+        samples = [types.SimpleNamespace(sequences=torch.zeros(100, 4), info={}) for _ in range(n // 100)]
+        update_samples_with_rewards([answer], samples)
+    got = torch.cat([s.rewards for s in samples]).tolist()
+    assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_openrlhf_0_8_during_warm_up_is_held_not_refused(reward: QACEReward) -> None:
+    """A request during the warm-up waits for it: with one try, a 503 would have raised."""
+    done = threading.Event()
+    app = create_app(types.SimpleNamespace(score=reward.score, variant="ref", signature=reward.signature,
+                                           warm_up=lambda: done.wait(10)),
+                     token=TOKEN, warm_up=True, settings=ServeSettings())  # fmt: skip
+    with openrlhf("0.8"), serving(app, start_timeout_s=10) as base:
+        from openrlhf.utils.remote_rm_utils import request_api_wrapper
+
+        timer = threading.Timer(1.5, done.set)
+        timer.start()
+        data = {"query": [PROMPT + CAPTIONS[0]], "prompts": [PROMPT], "labels": [REFS]}
+        answer = request_api_wrapper(f"{base}/t/{TOKEN}/get_reward", data, try_max_times=1)
+        timer.join()
+    want = reward([CAPTIONS[0]], references=[REFS]).tolist()
+    assert done.is_set() and answer["rewards"] == pytest.approx(want, abs=1e-6)
+
+
+def test_openrlhf_without_the_path_token_is_refused(url: str) -> None:
+    """OpenRLHF sends no header: without the token in the URL it gets 401 (and gives up after its retries)."""
+    with openrlhf("0.8"):
+        from openrlhf.utils.remote_rm_utils import request_api_wrapper
+
+        data = {"query": [PROMPT + CAPTIONS[0]], "prompts": [PROMPT], "labels": [REFS]}
+        with pytest.raises(Exception, match="Request error for 1 times"):
+            request_api_wrapper(url.replace(f"/t/{TOKEN}", ""), data, try_max_times=1)
