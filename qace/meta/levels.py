@@ -88,15 +88,17 @@ def permutation_p(x: np.ndarray, y: np.ndarray, method: str, n_perm: int = 10_00
     return float((1 + hits) / (1 + n_perm)), False
 
 
-def _system_means(x: np.ndarray, y: np.ndarray, sys_idx: np.ndarray, n_sys: int) -> tuple[np.ndarray, np.ndarray]:
+def _system_means(x: np.ndarray, y: np.ndarray, sys_idx: np.ndarray, n_sys: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
     counts = np.bincount(sys_idx, minlength=n_sys).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (np.bincount(sys_idx, weights=x, minlength=n_sys) / counts,
                 np.bincount(sys_idx, weights=y, minlength=n_sys) / counts)
 
 
-def system_level(x: np.ndarray, y: np.ndarray, systems: np.ndarray, method: str, groups: np.ndarray | None = None,
-                 n_boot: int = 0, n_perm: int = 10_000, level: float = 0.95, seed: int = 0) -> LevelResult:
+def system_level(x: np.ndarray, y: np.ndarray, systems: np.ndarray, method: str,
+                 groups: np.ndarray | None = None, n_boot: int = 0, n_perm: int = 10_000,
+                 level: float = 0.95, seed: int = 0) -> LevelResult:
     """Correlation of per-system means of ``x`` and ``y`` (rows with either non-finite dropped).
 
     The bootstrap (``n_boot``) resamples items (``groups``) and recomputes the system means.

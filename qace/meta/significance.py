@@ -91,7 +91,8 @@ def _paired_inputs(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, groups: np.nda
         raise InputError(f"groups has {g.size} entries for {a.size} scores")
     ok = np.isfinite(a) & np.isfinite(b) & np.isfinite(h)
     if ok.sum() < 4:
-        raise InputError(f"need at least 4 rows where both metrics and the humans are defined, got {ok.sum()}")
+        raise InputError("need at least 4 rows where both metrics and the humans are defined, "
+                         f"got {ok.sum()}")
     return a[ok], b[ok], h[ok], g[ok]
 
 
@@ -121,7 +122,8 @@ def _standardise(v: np.ndarray) -> np.ndarray:
 
 
 def paired_permutation(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, method: str,
-                       groups: np.ndarray | None = None, n_perm: int = 1000, seed: int = 0) -> tuple[float, float]:
+                       groups: np.ndarray | None = None, n_perm: int = 1000, seed: int = 0
+                       ) -> tuple[float, float]:
     """(delta, p) of a permutation test that swaps the two metrics' scores item by item.
 
     Scores are z-standardised first so the swapped values are on one scale (rank methods are
@@ -155,8 +157,8 @@ def williams_on_units(a: np.ndarray, b: np.ndarray, h: np.ndarray, units: np.nda
                          coefficient(a, b, "pearson")[0], a.size)[1]
 
 
-def compare_metrics(scores: dict[str, np.ndarray], y: np.ndarray, method: str, groups: np.ndarray | None = None,
-                    n_boot: int = 1000, n_perm: int = 0, seed: int = 0,
+def compare_metrics(scores: dict[str, np.ndarray], y: np.ndarray, method: str,
+                    groups: np.ndarray | None = None, n_boot: int = 1000, n_perm: int = 0, seed: int = 0,
                     names: Sequence[str] | None = None, units: np.ndarray | None = None) -> list[Comparison]:
     """Every pair (a, b), a before b in ``names``: bootstrap, permutation and Williams tests.
 
@@ -175,8 +177,11 @@ def compare_metrics(scores: dict[str, np.ndarray], y: np.ndarray, method: str, g
             u = u_all[ok]
             a, b, h, g = _paired_inputs(scores[na], scores[nb], y, groups)
             nan = float("nan")
-            delta, pb, lo, hi = (paired_bootstrap(a, b, h, method, g, n_boot, seed=seed) if n_boot
-                                 else (coefficient(a, h, method)[0] - coefficient(b, h, method)[0], nan, nan, nan))
+            if n_boot:
+                delta, pb, lo, hi = paired_bootstrap(a, b, h, method, g, n_boot, seed=seed)
+            else:
+                delta = coefficient(a, h, method)[0] - coefficient(b, h, method)[0]
+                pb = lo = hi = nan
             pp = paired_permutation(a, b, h, method, g, n_perm, seed)[1] if n_perm else nan
             pw = nan
             if method == "pearson":
