@@ -39,8 +39,9 @@ def test_williams_matches_determinant_form() -> None:
     n = 80
     det = np.linalg.det(r)
     rbar = (r[0, 1] + r[0, 2]) / 2
-    t_ref = (r[0, 1] - r[0, 2]) * np.sqrt((n - 1) * (1 + r[1, 2])
-                                          / (2 * (n - 1) / (n - 3) * det + rbar**2 * (1 - r[1, 2]) ** 3))
+    t_ref = (r[0, 1] - r[0, 2]) * np.sqrt(
+        (n - 1) * (1 + r[1, 2]) / (2 * (n - 1) / (n - 3) * det + rbar**2 * (1 - r[1, 2]) ** 3)
+    )
     t, p = williams_test(r[0, 1], r[0, 2], r[1, 2], n)
     assert t == pytest.approx(t_ref, rel=1e-12)
     assert p == pytest.approx(2 * stats.t.sf(abs(t_ref), n - 3), rel=1e-12)
@@ -69,8 +70,9 @@ def test_paired_bootstrap_is_paired_over_items(paired: tuple) -> None:
     want = stats.kendalltau(good, human)[0] - stats.kendalltau(bad, human)[0]
     assert delta == pytest.approx(want, abs=1e-12)
     # the same draws as each metric's own bootstrap: the difference distribution is theirs
-    d = (bootstrap_values(good, human, "kendall_b", items, 300, seed=4)
-         - bootstrap_values(bad, human, "kendall_b", items, 300, seed=4))
+    d = bootstrap_values(good, human, "kendall_b", items, 300, seed=4) - bootstrap_values(
+        bad, human, "kendall_b", items, 300, seed=4
+    )
     assert (lo, hi) == pytest.approx(tuple(np.quantile(d, [0.025, 0.975])), abs=1e-12)
     assert p == pytest.approx((1 + np.sum(np.abs(d - want) >= abs(want) - 1e-12)) / 301)
     assert 0 < lo and p < 0.01
@@ -92,8 +94,9 @@ def test_compare_metrics_pairs_and_missing(paired: tuple) -> None:
     good, bad, human, items = paired
     third = good.copy()
     third[:5] = np.nan
-    out = compare_metrics({"good": good, "bad": bad, "third": third}, human, "spearman", items,
-                          n_boot=30, n_perm=30)
+    out = compare_metrics(
+        {"good": good, "bad": bad, "third": third}, human, "spearman", items, n_boot=30, n_perm=30
+    )
     assert [(c.a, c.b) for c in out] == [("good", "bad"), ("good", "third"), ("bad", "third")]
     assert out[1].n == good.size - 5 and np.isnan(out[0].p_williams)
     assert out[0].to_dict()["p_bootstrap"] == out[0].p_bootstrap
@@ -109,10 +112,12 @@ def test_exact_permutation_p_against_brute_force_scipy() -> None:
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=6), rng.normal(size=6)
     y[2] = y[4]  # a tie in y
-    for method, fn in (("pearson", lambda a, b: stats.pearsonr(a, b)[0]),
-                       ("spearman", lambda a, b: stats.spearmanr(a, b)[0]),
-                       ("kendall_b", lambda a, b: stats.kendalltau(a, b)[0]),
-                       ("kendall_c", lambda a, b: stats.kendalltau(a, b, variant="c")[0])):
+    for method, fn in (
+        ("pearson", lambda a, b: stats.pearsonr(a, b)[0]),
+        ("spearman", lambda a, b: stats.spearmanr(a, b)[0]),
+        ("kendall_b", lambda a, b: stats.kendalltau(a, b)[0]),
+        ("kendall_c", lambda a, b: stats.kendalltau(a, b, variant="c")[0]),
+    ):
         p, exact = permutation_p(x, y, method)
         assert exact and p == pytest.approx(_brute_permutation_p(x, y, fn), abs=1e-12), method
     # 4 perfectly ordered systems: only the identity and the reversal reach |tau| = 1 -> 2 / 24
@@ -133,8 +138,9 @@ def test_system_level_means_then_correlates() -> None:
     my = [human[systems == s].mean() for s in np.unique(systems)]
     assert res.value == pytest.approx(stats.pearsonr(mx, my)[0], abs=1e-12)
     assert res.n == 5 and "few" in res.note and "exact" in res.p_method
-    assert res.p_value == pytest.approx(_brute_permutation_p(np.array(mx), np.array(my),
-                                                             lambda a, b: stats.pearsonr(a, b)[0]))
+    assert res.p_value == pytest.approx(
+        _brute_permutation_p(np.array(mx), np.array(my), lambda a, b: stats.pearsonr(a, b)[0])
+    )
     assert res.ci_low <= res.value <= res.ci_high
     with pytest.raises(InputError, match="at least 3 systems"):
         system_level(metric, human, np.repeat(["a", "b"], 50), "pearson")
