@@ -182,12 +182,56 @@ def percentile_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float
     return float(lo), float(hi)
 
 
+def _ties(v: np.ndarray) -> tuple[float, int]:
+    """(number of tied pairs, number of distinct values) of ``v``."""
+    counts = np.unique(v, return_counts=True)[1]
+    return float((counts * (counts - 1) / 2).sum()), int(counts.size)
+
+
+def fast_coefficients(x: np.ndarray, y: np.ndarray, methods: Sequence[str]) -> dict[str, float]:
+    """Every coefficient in ``methods`` of the finite pairs, NaN where undefined, with shared work.
+
+    Equal to scipy's values: one ``kendalltau`` call gives tau-b, and tau-c follows from its
+    concordance sum ``S = tau_b sqrt((n0 - n1)(n0 - n2))`` as ``2 S / (n^2 (m - 1) / m)``;
+    Spearman is Pearson's r of the average ranks. For resampling loops.
+    """
+    ok = np.isfinite(x) & np.isfinite(y)
+    xa, ya = x[ok], y[ok]
+    out = dict.fromkeys(methods, float("nan"))
+    if xa.size < 3 or np.all(xa == xa[0]) or np.all(ya == ya[0]):
+        return out
+    if "kendall_b" in out or "kendall_c" in out:
+        tau_b = float(stats.kendalltau(xa, ya).statistic)
+        out["kendall_b"] = tau_b
+        if "kendall_c" in out:
+            n = xa.size
+            n0 = n * (n - 1) / 2
+            (n1, kx), (n2, ky) = _ties(xa), _ties(ya)
+            m = min(kx, ky)
+            out["kendall_c"] = 2 * tau_b * np.sqrt((n0 - n1) * (n0 - n2)) / (n * n * (m - 1) / m)
+    if "spearman" in out:
+        out["spearman"] = float(np.corrcoef(stats.rankdata(xa), stats.rankdata(ya))[0, 1])
+    if "pearson" in out:
+        out["pearson"] = float(np.corrcoef(xa, ya)[0, 1])
+    return {m: float(out[m]) for m in methods}
+
+
+def bootstrap_all(x: np.ndarray, y: np.ndarray, methods: Sequence[str], groups: np.ndarray | None = None,
+                  n_boot: int = 1000, seed: int = 0) -> dict[str, np.ndarray]:
+    """Each method's coefficient on each of ``n_boot`` item resamples (see :func:`resample_rows`)."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown correlation(s) {unknown}; choose from {list(METHODS)}")
+    xa, ya = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    g = np.arange(xa.size) if groups is None else np.asarray(groups).ravel()
+    values = [fast_coefficients(xa[r], ya[r], methods) for r in resample_rows(g, n_boot, seed)]
+    return {m: np.array([v[m] for v in values]) for m in methods}
+
+
 def bootstrap_values(x: np.ndarray, y: np.ndarray, method: str, groups: np.ndarray | None = None,
                      n_boot: int = 1000, seed: int = 0) -> np.ndarray:
     """The coefficient on each of ``n_boot`` item resamples (see :func:`resample_rows`)."""
-    xa, ya = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
-    g = np.arange(xa.size) if groups is None else np.asarray(groups).ravel()
-    return np.array([safe_coefficient(xa[r], ya[r], method) for r in resample_rows(g, n_boot, seed)])
+    return bootstrap_all(x, y, [method], groups, n_boot, seed)[method]
 
 
 def bootstrap_ci(
@@ -215,14 +259,15 @@ def unit_means(x: np.ndarray, y: np.ndarray, units: np.ndarray) -> tuple[np.ndar
 def correlate(
     x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, method: str = "kendall_c",
     groups: np.ndarray | None = None, n_boot: int = 0, level: float = 0.95, seed: int = 0,
-    units: np.ndarray | None = None,
+    units: np.ndarray | None = None, boot: np.ndarray | None = None,
 ) -> Correlation:
     """Coefficient, exact and row p-values, and (``n_boot > 0``) an item-bootstrap interval.
 
     ``groups`` name each row's resampling item (default: the row); ``units`` name each row's
     independent unit for the headline p-value (default: the row; rows of a unit are averaged).
     Non-finite pairs are dropped first, so a metric that failed on a few captions still gets
-    a coefficient over the rest (``n`` says how many pairs were used).
+    a coefficient over the rest (``n`` says how many pairs were used). ``boot``: this method's
+    values from :func:`bootstrap_all` on the same rows, when already computed.
     """
     xa, ya, g, u = _clean(x, y, groups, units)
     r, p_rows = coefficient(xa, ya, method)
@@ -232,7 +277,9 @@ def correlate(
         ux, uy = unit_means(xa, ya, u)
         p = coefficient(ux, uy, method)[1] if n_units >= 3 else float("nan")
     lo = hi = float("nan")
-    if n_boot > 0:
+    if boot is not None:
+        lo, hi = percentile_ci(boot, level)
+    elif n_boot > 0:
         lo, hi = percentile_ci(bootstrap_values(xa, ya, method, g, n_boot, seed), level)
     return Correlation(method=method, value=r, p_value=p, p_value_rows=p_rows, p_value_t=t_test_p(r, xa.size),
                        ci_low=lo, ci_high=hi, n=int(xa.size), n_units=n_units,
@@ -244,9 +291,11 @@ def correlate_all(
     methods: Sequence[str] = tuple(METHODS), groups: np.ndarray | None = None, n_boot: int = 0,
     level: float = 0.95, seed: int = 0, units: np.ndarray | None = None,
 ) -> dict[str, Correlation]:
-    """:func:`correlate` for each method, keyed by method name."""
-    return {m: correlate(x, y, m, groups=groups, n_boot=n_boot, level=level, seed=seed, units=units)
-            for m in methods}
+    """:func:`correlate` for each method, keyed by method name (one bootstrap loop serves all)."""
+    xa, ya, g = _clean(x, y, groups)
+    boots = bootstrap_all(xa, ya, methods, g, n_boot, seed) if n_boot > 0 else {}
+    return {m: correlate(x, y, m, groups=groups, n_boot=n_boot, level=level, seed=seed, units=units,
+                         boot=boots.get(m)) for m in methods}
 
 
 def expand_judgments(metric: np.ndarray, human: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -99,7 +99,7 @@ def _paired_inputs(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, groups: np.nda
 def paired_bootstrap(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, method: str,
                      groups: np.ndarray | None = None, n_boot: int = 1000, level: float = 0.95,
                      seed: int = 0) -> tuple[float, float, float, float]:
-    """(delta, p, ci_low, ci_high) of ``r(a, y) - r(b, y)`` over item resamples.
+    """(delta, p, ci_low, ci_high) of ``r(a, y) - r(b, y)`` over item resamples (same draws for both).
 
     p is two-sided, from the bootstrap distribution shifted to the null (Efron & Tibshirani
     1993, sec. 16.4): ``(1 + #{|d_b - delta| >= |delta|}) / (1 + B)``.
@@ -108,12 +108,20 @@ def paired_bootstrap(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, method: str,
     delta = coefficient(a, h, method)[0] - coefficient(b, h, method)[0]
     d = np.array([safe_coefficient(a[r], h[r], method) - safe_coefficient(b[r], h[r], method)
                   for r in resample_rows(g, n_boot, seed)])
+    return (delta, *bootstrap_difference(delta, d, level))
+
+
+def bootstrap_difference(delta: float, d: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """(p, ci_low, ci_high) from paired bootstrap differences ``d`` of an observed ``delta``.
+
+    ``d[b]`` must come from resample ``b`` for both metrics (same draws); see :func:`paired_bootstrap`.
+    """
     d = d[np.isfinite(d)]
     if d.size == 0:
-        return delta, float("nan"), float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     p = (1 + np.sum(np.abs(d - delta) >= abs(delta) - 1e-12)) / (1 + d.size)
     lo, hi = percentile_ci(d, level)
-    return float(delta), float(min(1.0, p)), lo, hi
+    return float(min(1.0, p)), lo, hi
 
 
 def _standardise(v: np.ndarray) -> np.ndarray:
