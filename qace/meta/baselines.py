@@ -31,7 +31,7 @@ BASELINES = (*COCO_METRICS, "bertscore", "spice")
 DISPLAY = {
     "bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4",
     "rouge_l": "ROUGE-L", "meteor": "METEOR", "cider": "CIDEr", "bertscore": "BERTScore",
-    "spice": "SPICE",
+    "spice": "SPICE", "qace-ref": "QACE-Ref", "qace-img": "QACE-Img",
 }
 SPICE_SKIP_MESSAGE = (
     "SPICE skipped: it needs Stanford CoreNLP models that pycocoevalcap downloads on first use, "

@@ -59,6 +59,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--datasets", nargs="+", default=["flickr8k", "pascal50s"],
                    choices=["flickr8k", "pascal50s"])
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--with-scorers", nargs="+", default=[], choices=["qace-ref", "qace-img"], metavar="S",
+                   help="also score the data sets with these QACE variants (qace-ref, qace-img; cached)")
+    p.add_argument("--models", help="qg/, tqa/, vqa/ folder for --with-scorers (default: the paper's models)")
+    p.add_argument("--features", type=Path,
+                   help="region features of the benchmark images, keyed by image id (needed by qace-img)")
+    p.add_argument("--device", default="cpu", help="torch device for --with-scorers, e.g. cuda")
+    p.add_argument("--limit", type=int, default=None,
+                   help="only this many captions / pairs per data set, spread evenly (quick checks)")
     _add_cache(p)
     p.set_defaults(func=cmd_report)
 
@@ -131,7 +139,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     cfg = ReportConfig(data_dir=args.data_dir, metrics=tuple(args.metrics),
                        pascal_metrics=None if args.pascal_metrics is None else tuple(args.pascal_metrics),
                        score_files=tuple(args.scores), seeds=tuple(args.seeds), n_boot=args.bootstrap,
-                       cache_dir=args.cache_dir, use_cache=not args.no_cache, datasets=tuple(args.datasets))
+                       cache_dir=args.cache_dir, use_cache=not args.no_cache, datasets=tuple(args.datasets),
+                       scorers=tuple(args.with_scorers), models=args.models, features=args.features,
+                       device=args.device, limit=args.limit)
     report, plot_data = build_report(cfg)
     paths = write_report(report, plot_data, args.out, plots=not args.no_plots)
     print(render_markdown(report))

@@ -23,18 +23,29 @@ from qace.errors import ConfigError, QACEError
 from qace.meta.agreement import agreement_report, goodman_kruskal_gamma
 from qace.meta.baselines import COCO_METRICS, DISPLAY, SPICE_SKIP_MESSAGE, compute_baselines
 from qace.meta.correlation import correlate, expand_judgments, format_p, p_out
-from qace.meta.datasets import PASCAL_NUM_REFS, PASCAL_SEEDS, CaptionSet, load_flickr8k_expert, load_pascal50s
+from qace.meta.datasets import (
+    PASCAL_NUM_REFS,
+    PASCAL_SEEDS,
+    CaptionSet,
+    PairSet,
+    load_flickr8k_expert,
+    load_pascal50s,
+    spread,
+)
 from qace.meta.evaluate import (
     CATEGORIES,
+    PairAccuracy,
     flickr_correlations,
     join_pascal_scores,
     join_scores,
     pair_accuracy,
     pascal_baselines,
+    pascal_candidate_ids,
     pascal_summary,
     read_score_file,
 )
 from qace.meta.scales import reading_text, readings
+from qace.meta.scorers import ScorerRun, check_scorers
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +85,16 @@ class ReportConfig:
     use_cache: bool = True
     datasets: tuple[str, ...] = ("flickr8k", "pascal50s")
     """Which benchmarks to run."""
+    scorers: tuple[str, ...] = ()
+    """QACE variants to score the benchmarks with (``qace-ref``, ``qace-img``); rows named after them."""
+    models: str | Path | None = None
+    """Folder with qg/, tqa/, vqa/ for ``scorers`` (None: the paper's models)."""
+    features: Path | None = None
+    """Region-feature store of the benchmark images (needed by ``qace-img``)."""
+    device: str = "cpu"
+    """Torch device of ``scorers``."""
+    limit: int | None = None
+    """Use only this many captions / pairs of each data set, spread evenly (quick checks, tests)."""
 
 
 def _finite(x: float) -> float | None:
@@ -126,13 +147,16 @@ def _add_column(target: dict, name: str, value: object) -> None:
         target[name] = value
 
 
-def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str]
-                    ) -> tuple[dict, dict]:
+def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str],
+                    runs: list[ScorerRun]) -> tuple[dict, dict]:
     data = load_flickr8k_expert(cfg.data_dir, standard=True)
+    data = data.subset(np.isin(np.arange(len(data)), spread(len(data), cfg.limit)))
     metrics = _runnable(cfg.metrics, skipped)
     scores = _safe_baselines(
         lambda ms: compute_baselines(data.candidates, data.references, ms, cfg.cache_dir, cfg.use_cache),
         metrics, skipped)
+    for run in runs:
+        _add_column(scores, run.name, run.score(data.ids, data.candidates, data.references, data.image_ids))
     for rows in score_rows:
         for col, values in join_scores(rows, data.ids).items():
             _add_column(scores, col, values)
@@ -191,8 +215,26 @@ def _flickr_comparisons(data: CaptionSet, scores: dict, corr: dict, boots: dict)
     return out
 
 
-def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str]) -> dict:
+def _pascal_scorer_runs(pairs: PairSet, run: ScorerRun, seeds: tuple[int, ...], k: int
+                        ) -> dict[int, PairAccuracy]:
+    """Accuracy per seed of one scorer; a reference-free scorer is run once for all seeds."""
+    n = len(pairs)
+    out: dict[int, PairAccuracy] = {}
+    ids1, ids2 = pascal_candidate_ids(pairs)
+    for seed in seeds:
+        refs = pairs.sample_references(seed, k)
+        if run.reference_free and out:
+            out[seed] = next(iter(out.values()))
+            continue
+        v = run.score(ids1 + ids2, pairs.cand1 + pairs.cand2, refs + refs, pairs.image_ids + pairs.image_ids)
+        out[seed] = pair_accuracy(pairs, v[:n], v[n:])
+    return out
+
+
+def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str],
+                    scorer_runs: list[ScorerRun]) -> dict:
     pairs = load_pascal50s(cfg.data_dir)
+    pairs = pairs.subset(spread(len(pairs), cfg.limit))
     chosen = cfg.pascal_metrics
     if chosen is None:
         chosen = tuple(m for m in cfg.metrics if m != "bertscore")
@@ -207,6 +249,8 @@ def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
                 extra.setdefault(col, {})[seed] = pair_accuracy(pairs, s1, s2)
     for col, by_seed in extra.items():
         _add_column(runs, col, by_seed)
+    for run in scorer_runs:
+        _add_column(runs, run.name, _pascal_scorer_runs(pairs, run, cfg.seeds, cfg.n_refs))
     acc = {}
     for name, by_seed in runs.items():
         acc[name] = {**pascal_summary(pairs, list(by_seed.values()), n_boot=cfg.n_boot),
@@ -224,20 +268,29 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
     unknown = set(cfg.datasets) - {"flickr8k", "pascal50s"}
     if unknown:
         raise ConfigError(f"unknown data set(s) {sorted(unknown)}; choose flickr8k and/or pascal50s")
+    check_scorers(cfg.scorers, cfg.features)
     score_rows = [read_score_file(p) for p in cfg.score_files]
+    scorer_runs = [ScorerRun(name, models=cfg.models, features=cfg.features, device=cfg.device,
+                             cache_dir=cfg.cache_dir, use_cache=cfg.use_cache) for name in cfg.scorers]
     report: dict = {"qace_version": __version__, "python": platform.python_version(),
                     "config": {"data_dir": str(cfg.data_dir) if cfg.data_dir else None,
                                "metrics": list(cfg.metrics), "score_files": [str(p) for p in cfg.score_files],
-                               "seeds": list(cfg.seeds), "n_boot": cfg.n_boot},
+                               "seeds": list(cfg.seeds), "n_boot": cfg.n_boot, "scorers": list(cfg.scorers),
+                               "limit": cfg.limit},
                     "published": PUBLISHED}
     plot_data: dict = {}
     skipped: dict[str, str] = {}
     if "flickr8k" in cfg.datasets:
-        sections, plot_data = _flickr_section(cfg, score_rows, skipped)
+        sections, plot_data = _flickr_section(cfg, score_rows, skipped, scorer_runs)
         report.update(sections)
     if "pascal50s" in cfg.datasets:
-        report["pascal50s"] = _pascal_section(cfg, score_rows, skipped)
+        report["pascal50s"] = _pascal_section(cfg, score_rows, skipped, scorer_runs)
     report["skipped"] = skipped
+    report["notes"] = [f"{r.name} was scored with qace's TINY TEST MODELS: its numbers mean nothing"
+                       for r in scorer_runs if r.uses_test_models]
+    if cfg.limit is not None:
+        report["notes"].append(f"--limit {cfg.limit}: only that many captions / pairs of each data set, "
+                               "spread evenly; the numbers are not comparable with the published ones")
     return _clean_json(report), plot_data  # type: ignore[return-value]
 
 
@@ -368,7 +421,7 @@ def render_markdown(report: dict) -> str:
         lines.append(f"- Flickr8k-Expert: {report['flickr8k_expert']['protocol']}.")
     if "pascal50s" in report:
         lines.append(f"- PASCAL-50S: {report['pascal50s']['protocol']}.")
-    for msg in report.get("skipped", {}).values():
+    for msg in [*report.get("skipped", {}).values(), *report.get("notes", [])]:
         lines.append(f"- {msg}")
     if "flickr8k_expert" in report and "pascal50s" in report:
         lines.append("- –: not computed for that data set (BERTScore on PASCAL-50S is opt-in: it takes ~4 "
