@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qace.errors import BackendUnavailableError, ConfigError
+from qace.errors import BackendUnavailableError, ConfigError, InputError
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +180,12 @@ def compute_baselines(
     unknown = [m for m in metrics if m not in BASELINES]
     if unknown:
         raise ConfigError(f"unknown baseline metric(s) {unknown}; choose from {list(BASELINES)}")
+    if len(candidates) != len(references):
+        raise InputError(f"{len(candidates)} candidates but {len(references)} reference lists")
+    for i, refs in enumerate(references):
+        if not any(r.strip() for r in refs):
+            raise InputError(f"candidate {i} ({candidates[i][:40]!r}) has no references; reference-based "
+                             "baselines need at least one per candidate")
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     out: dict[str, np.ndarray] = {}
     todo = []
