@@ -99,6 +99,15 @@ def plot_metric_vs_human(scores: dict[str, np.ndarray], human: np.ndarray, repor
 
 
 def plot_pascal(report: dict, path: Path) -> Path:
+    """Write :func:`pascal_figure` to ``path``."""
+    plt = _pyplot()
+    fig = pascal_figure(report)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def pascal_figure(report: dict):  # noqa: ANN201 - a matplotlib Figure
     """Grouped bars: accuracy per PASCAL-50S category and the mean, one bar per metric.
 
     Error bars are the 95% bootstrap interval over pairs (when the report has one), else the
@@ -133,9 +142,7 @@ def plot_pascal(report: dict, path: Path) -> Path:
                  fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def plot_study_scatter(scores: dict[str, np.ndarray], human: dict[str, np.ndarray], study: dict, path: Path,
