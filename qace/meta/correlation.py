@@ -182,35 +182,65 @@ def percentile_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float
     return float(lo), float(hi)
 
 
-def _ties(v: np.ndarray) -> tuple[float, int]:
-    """(number of tied pairs, number of distinct values) of ``v``."""
-    counts = np.unique(v, return_counts=True)[1]
-    return float((counts * (counts - 1) / 2).sum()), int(counts.size)
+#: Up to this many distinct values in one variable, Kendall's S is counted level pair by level pair.
+_FEW_LEVELS = 16
+
+
+def _kendall_s(x: np.ndarray, y: np.ndarray, levels: tuple[np.ndarray, np.ndarray],
+               other_levels: tuple[np.ndarray, np.ndarray]) -> float | None:
+    """Kendall's ``S`` (concordant minus discordant pairs) when ``y`` or ``x`` has few levels, else None.
+
+    ``levels``/``other_levels``: (inverse, counts) of ``np.unique`` of ``y``/``x``. For levels
+    ``a < b`` of the few-level variable, a pair across them is concordant when the other
+    variable is larger at ``b``: ``S = sum over a < b of #(u_a < u_b) - #(u_a > u_b)``, counted
+    with binary searches in the sorted values of the other variable.
+    """
+    for (inv, counts), other in ((levels, x), (other_levels, y)):
+        if counts.size <= _FEW_LEVELS:
+            order = np.argsort(inv, kind="stable")
+            bounds = np.concatenate([[0], np.cumsum(counts)])
+            groups = [np.sort(other[order[bounds[k]:bounds[k + 1]]]) for k in range(counts.size)]
+            s = 0
+            for a in range(counts.size):
+                lo = groups[a]
+                for b in range(a + 1, counts.size):
+                    hi = groups[b]
+                    s += int(np.searchsorted(lo, hi, "left").sum())
+                    s -= int((lo.size - np.searchsorted(lo, hi, "right")).sum())
+            return float(s)
+    return None
 
 
 def fast_coefficients(x: np.ndarray, y: np.ndarray, methods: Sequence[str]) -> dict[str, float]:
     """Every coefficient in ``methods`` of the finite pairs, NaN where undefined, with shared work.
 
-    Equal to scipy's values: one ``kendalltau`` call gives tau-b, and tau-c follows from its
-    concordance sum ``S = tau_b sqrt((n0 - n1)(n0 - n2))`` as ``2 S / (n^2 (m - 1) / m)``;
-    Spearman is Pearson's r of the average ranks. For resampling loops.
+    Equal to scipy's values: Kendall's ``S`` is counted once (by level pairs when one variable
+    has few levels, as ratings do; else from scipy's tau-b), and tau-b and tau-c follow as
+    ``S / sqrt((n0 - n1)(n0 - n2))`` and ``2 S / (n^2 (m - 1) / m)``; Spearman is Pearson's r
+    of the average ranks. One ``np.unique`` per variable serves ties, ranks and levels. For
+    resampling loops.
     """
     ok = np.isfinite(x) & np.isfinite(y)
     xa, ya = x[ok], y[ok]
     out = dict.fromkeys(methods, float("nan"))
     if xa.size < 3 or np.all(xa == xa[0]) or np.all(ya == ya[0]):
         return out
+    ux = np.unique(xa, return_inverse=True, return_counts=True)[1:]
+    uy = np.unique(ya, return_inverse=True, return_counts=True)[1:]
     if "kendall_b" in out or "kendall_c" in out:
-        tau_b = float(stats.kendalltau(xa, ya).statistic)
-        out["kendall_b"] = tau_b
-        if "kendall_c" in out:
-            n = xa.size
-            n0 = n * (n - 1) / 2
-            (n1, kx), (n2, ky) = _ties(xa), _ties(ya)
-            m = min(kx, ky)
-            out["kendall_c"] = 2 * tau_b * np.sqrt((n0 - n1) * (n0 - n2)) / (n * n * (m - 1) / m)
+        n = xa.size
+        n0 = n * (n - 1) / 2
+        n1, n2 = ((c * (c - 1) / 2).sum() for _, c in (ux, uy))
+        norm_b = np.sqrt((n0 - n1) * (n0 - n2))
+        s = _kendall_s(xa, ya, uy, ux)
+        if s is None:
+            s = float(stats.kendalltau(xa, ya).statistic) * norm_b
+        out["kendall_b"] = s / norm_b
+        m = min(ux[1].size, uy[1].size)
+        out["kendall_c"] = 2 * s / (n * n * (m - 1) / m)
     if "spearman" in out:
-        out["spearman"] = float(np.corrcoef(stats.rankdata(xa), stats.rankdata(ya))[0, 1])
+        rx, ry = ((np.cumsum(c) - (c - 1) / 2.0)[inv] for inv, c in (ux, uy))
+        out["spearman"] = float(np.corrcoef(rx, ry)[0, 1])
     if "pearson" in out:
         out["pearson"] = float(np.corrcoef(xa, ya)[0, 1])
     return {m: float(out[m]) for m in methods}

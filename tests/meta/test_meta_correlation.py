@@ -92,12 +92,16 @@ def test_fast_coefficients_equal_scipy(xy: tuple[np.ndarray, np.ndarray]) -> Non
     from qace.meta.correlation import METHODS, fast_coefficients
 
     x, y = xy
-    x = np.round(x, 1)  # ties in both variables, as in a resample with repeated rows
-    got = fast_coefficients(x, y, list(METHODS))
-    assert got["kendall_c"] == pytest.approx(stats.kendalltau(x, y, variant="c")[0], abs=1e-12)
-    assert got["kendall_b"] == pytest.approx(stats.kendalltau(x, y, variant="b")[0], abs=1e-12)
-    assert got["spearman"] == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-12)
-    assert got["pearson"] == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-12)
+    rng = np.random.default_rng(8)
+    cases = [(np.round(x, 1), y),  # ties in both; y has 5 levels (counted by level pairs)
+             (x, np.round(x + rng.normal(size=x.size), 1)),  # many levels on both sides: scipy's S
+             (y, x)]  # the few-level variable first
+    for a, b in cases:
+        got = fast_coefficients(a, b, list(METHODS))
+        assert got["kendall_c"] == pytest.approx(stats.kendalltau(a, b, variant="c")[0], abs=1e-12)
+        assert got["kendall_b"] == pytest.approx(stats.kendalltau(a, b, variant="b")[0], abs=1e-12)
+        assert got["spearman"] == pytest.approx(stats.spearmanr(a, b)[0], abs=1e-12)
+        assert got["pearson"] == pytest.approx(stats.pearsonr(a, b)[0], abs=1e-12)
     assert np.isnan(fast_coefficients(np.ones(5), np.arange(5.0), ["pearson"])["pearson"])
 
 
