@@ -252,9 +252,9 @@ def cmd_correlate(args: argparse.Namespace) -> int:
     if args.judge_cols:
         notes.append(f"criterion 'human' pools the judges {', '.join(args.judge_cols)}: one row per "
                      "judgment; p-values average a caption's judgments first")
-    study = correlate_study(scores, human, items, systems, methods=args.methods, headline=args.headline,
-                            n_boot=args.bootstrap, n_perm=args.permutations, seed=args.seed)
-    study = _clean_json({**study, "notes": notes, "file": str(args.file)})
+    raw = correlate_study(scores, human, items, systems, methods=args.methods, headline=args.headline,
+                          n_boot=args.bootstrap, n_perm=args.permutations, seed=args.seed)
+    study: dict = _clean_json({**raw, "notes": notes, "file": str(args.file)})  # type: ignore[assignment]
     markdown = render_markdown(study, title=f"Correlation with human judgment: {args.file.name}", notes=notes)
     args.out.mkdir(parents=True, exist_ok=True)
     payload = json.dumps(study, indent=2) + "\n"

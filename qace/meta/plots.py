@@ -16,6 +16,7 @@ import numpy as np
 
 from qace.errors import BackendUnavailableError
 from qace.meta.baselines import DISPLAY
+from qace.meta.correlation import DISPLAY as DISPLAY_METHOD
 from qace.meta.evaluate import CATEGORIES
 
 logger = logging.getLogger(__name__)
@@ -179,7 +180,8 @@ def plot_forest(study: dict, path: Path) -> Path:
     height = 0.5 + 0.45 * len(names) * len(methods)
     fig, axes = plt.subplots(1, len(crits), figsize=(4.2 * len(crits), height), squeeze=False, sharex=True)
     for ax, crit in zip(axes[0], crits, strict=True):
-        ylabels, y = [], 0
+        ylabels: list[str] = []
+        y = 0.0
         for name in names:
             for k, m in enumerate(methods):
                 e = study["segment"][crit][name][m]
@@ -196,8 +198,10 @@ def plot_forest(study: dict, path: Path) -> Path:
         ax.axvline(0, color="grey", lw=0.8, ls="--")
         ax.set_title(f"{crit}: correlation [95% CI]", fontsize=10)
         ax.set_xlabel("coefficient")
-    axes[0, 0].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, [DISPLAY_METHOD.get(lb, lb) for lb in labels], fontsize=8, loc="upper center",
+               ncol=len(methods), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
