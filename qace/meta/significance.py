@@ -24,6 +24,7 @@ from scipy import stats
 
 from qace.errors import ConfigError, InputError
 from qace.meta.correlation import (
+    bootstrap_all,
     coefficient,
     p_out,
     percentile_ci,
@@ -177,23 +178,29 @@ def compare_metrics(scores: dict[str, np.ndarray], y: np.ndarray, method: str,
     if n_boot < 0 or n_perm < 0:
         raise ConfigError("resample counts must be >= 0")
     order = list(names) if names is not None else list(scores)
+    y_arr = np.asarray(y, dtype=float)
+    u_all = np.arange(y_arr.size) if units is None else np.asarray(units)
+    g_all = np.arange(y_arr.size) if groups is None else np.asarray(groups)
+    masks = {n: np.isfinite(np.asarray(scores[n], dtype=float)) & np.isfinite(y_arr) for n in order}
+    # Metrics defined on the same rows share one bootstrap each: same draws, so differences are paired.
+    shared = n_boot > 0 and all(np.array_equal(masks[n], masks[order[0]]) for n in order)
+    boots = ({n: bootstrap_all(np.asarray(scores[n], dtype=float)[masks[n]], y_arr[masks[n]], [method],
+                               g_all[masks[n]], n_boot, seed)[method] for n in order} if shared else {})
     out = []
+    nan = float("nan")
     for i, na in enumerate(order):
         for nb in order[i + 1:]:
-            u_all = np.arange(len(y)) if units is None else np.asarray(units)
-            ok = np.isfinite(scores[na]) & np.isfinite(scores[nb]) & np.isfinite(y)
+            ok = masks[na] & masks[nb]
             u = u_all[ok]
             a, b, h, g = _paired_inputs(scores[na], scores[nb], y, groups)
-            nan = float("nan")
-            if n_boot:
+            delta = coefficient(a, h, method)[0] - coefficient(b, h, method)[0]
+            pb = lo = hi = nan
+            if shared:
+                pb, lo, hi = bootstrap_difference(delta, boots[na] - boots[nb])
+            elif n_boot:
                 delta, pb, lo, hi = paired_bootstrap(a, b, h, method, g, n_boot, seed=seed)
-            else:
-                delta = coefficient(a, h, method)[0] - coefficient(b, h, method)[0]
-                pb = lo = hi = nan
             pp = paired_permutation(a, b, h, method, g, n_perm, seed)[1] if n_perm else nan
-            pw = nan
-            if method == "pearson":
-                pw = williams_on_units(a, b, h, u)
+            pw = williams_on_units(a, b, h, u) if method == "pearson" else nan
             out.append(Comparison(a=na, b=nb, method=method, delta=delta, p_bootstrap=pb, ci_low=lo,
                                   ci_high=hi, p_permutation=pp, p_williams=pw, n=int(a.size),
                                   n_items=int(np.unique(g).size), n_boot=n_boot, n_perm=n_perm))

@@ -76,6 +76,11 @@ def test_paired_bootstrap_is_paired_over_items(paired: tuple) -> None:
     assert (lo, hi) == pytest.approx(tuple(np.quantile(d, [0.025, 0.975])), abs=1e-12)
     assert p == pytest.approx((1 + np.sum(np.abs(d - want) >= abs(want) - 1e-12)) / 301)
     assert 0 < lo and p < 0.01
+    # compare_metrics reuses one bootstrap per metric when all are defined on the same rows: same answer
+    (cmp,) = compare_metrics({"good": good, "bad": bad}, human, "kendall_b", items, n_boot=300, seed=4)
+    assert (cmp.delta, cmp.p_bootstrap, cmp.ci_low, cmp.ci_high) == pytest.approx(
+        (delta, p, lo, hi), abs=1e-12
+    )
     same = paired_bootstrap(good, good, human, "spearman", items, n_boot=50)
     assert same[0] == 0 and same[1] == 1.0
 
