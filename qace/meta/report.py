@@ -255,11 +255,12 @@ def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
     for name, by_seed in runs.items():
         acc[name] = {**pascal_summary(pairs, list(by_seed.values()), n_boot=cfg.n_boot),
                      "per_seed": {str(s): a.to_dict() for s, a in by_seed.items()}}
+    spread_text = f"sd over the {len(cfg.seeds)} seeds; " if len(cfg.seeds) > 1 else "one seed, no sd; "
     return {"n_pairs": len(pairs), "seeds": list(cfg.seeds), "n_refs": cfg.n_refs,
             "protocol": (f"{cfg.n_refs} references sampled per image with numpy default_rng(seed), pair by "
                          "pair, same for both candidates; majority vote; metric ties count 1/2"),
-            "intervals": (f"sd over the {len(cfg.seeds)} seeds; 95% bootstrap CI resampling pairs within "
-                          f"each category ({cfg.n_boot} resamples), pair credit averaged over seeds"),
+            "intervals": (spread_text + "95% bootstrap CI resampling pairs within each category "
+                          f"({cfg.n_boot} resamples), pair credit averaged over seeds"),
             "accuracy": acc}
 
 
