@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qace.errors import BackendUnavailableError, ConfigError
+from qace.errors import BackendUnavailableError, ConfigError, InputError
 from qace.progress import track
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ BASELINES = (*COCO_METRICS, "bertscore", "spice")
 DISPLAY = {
     "bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4",
     "rouge_l": "ROUGE-L", "meteor": "METEOR", "cider": "CIDEr", "bertscore": "BERTScore",
-    "spice": "SPICE",
+    "spice": "SPICE", "qace-ref": "QACE-Ref", "qace-img": "QACE-Img",
 }
 SPICE_SKIP_MESSAGE = (
     "SPICE skipped: it needs Stanford CoreNLP models that pycocoevalcap downloads on first use, "
@@ -181,6 +181,12 @@ def compute_baselines(
     unknown = [m for m in metrics if m not in BASELINES]
     if unknown:
         raise ConfigError(f"unknown baseline metric(s) {unknown}; choose from {list(BASELINES)}")
+    if len(candidates) != len(references):
+        raise InputError(f"{len(candidates)} candidates but {len(references)} reference lists")
+    for i, refs in enumerate(references):
+        if not any(r.strip() for r in refs):
+            raise InputError(f"candidate {i} ({candidates[i][:40]!r}) has no references; reference-based "
+                             "baselines need at least one per candidate")
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     out: dict[str, np.ndarray] = {}
     todo = []

@@ -39,6 +39,15 @@ def default_data_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
+def spread(n: int, limit: int | None) -> np.ndarray:
+    """``limit`` indices spread evenly over ``range(n)`` (all of them when ``limit`` is None or >= n)."""
+    if limit is None or limit >= n:
+        return np.arange(n)
+    if limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {limit}")
+    return np.unique(np.linspace(0, n - 1, limit).round().astype(int))
+
+
 @dataclass
 class CaptionSet:
     """Captions with absolute human scores: one row per candidate caption.
@@ -100,6 +109,15 @@ class PairSet:
     def majority(self) -> np.ndarray:
         """+1 where most voters preferred ``cand1``, -1 for ``cand2``, 0 on an even split."""
         return np.sign(np.array([v.sum() for v in self.votes], dtype=float))
+
+    def subset(self, idx: Sequence[int] | np.ndarray) -> PairSet:
+        """The pairs at positions ``idx``, keeping their ids (so export ids still join)."""
+        ix = [int(i) for i in idx]
+        return PairSet(name=self.name, ids=[self.ids[i] for i in ix],
+                       image_ids=[self.image_ids[i] for i in ix], cand1=[self.cand1[i] for i in ix],
+                       cand2=[self.cand2[i] for i in ix],
+                       references=[self.references[i] for i in ix], votes=[self.votes[i] for i in ix],
+                       categories=[self.categories[i] for i in ix], sources=self.sources[ix])
 
     def sample_references(self, seed: int, k: int = PASCAL_NUM_REFS) -> list[list[str]]:
         """``k`` references per pair, the same for both candidates, reproducible from ``seed``.

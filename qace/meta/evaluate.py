@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from qace.errors import InputError
 from qace.meta.baselines import compute_baselines
-from qace.meta.correlation import METHODS, Correlation, correlate, expand_judgments
+from qace.meta.correlation import METHODS, Correlation, bootstrap_all, correlate, expand_judgments
 from qace.meta.datasets import PASCAL_CATEGORIES, PASCAL_NUM_REFS, PASCAL_SEEDS, CaptionSet, PairSet
 
 logger = logging.getLogger(__name__)
@@ -94,17 +94,27 @@ def join_pascal_scores(scores: Mapping[str, Mapping[str, float]], pairs: PairSet
 
 def flickr_correlations(data: CaptionSet, scores: Mapping[str, np.ndarray],
                         methods: Sequence[str] = tuple(METHODS), n_boot: int = 0,
-                        boot_methods: Sequence[str] = ("kendall_c",), seed: int = 0,
+                        boot_methods: Sequence[str] = tuple(METHODS), seed: int = 0,
+                        keep_boot: dict[str, dict[str, np.ndarray]] | None = None,
                         ) -> dict[str, dict[str, Correlation]]:
     """Per metric and method, the correlation with every expert judgment (standard protocol).
 
-    Bootstrap intervals (``n_boot`` resamples of captions) are computed for ``boot_methods``
-    only, since each resample costs a full Kendall computation.
+    The coefficient pools every (caption, expert) row, as the published tables do. The p-value
+    counts captions, not rows (a caption's judgments are averaged first: 5,664 units, not
+    16,992); bootstrap intervals (``n_boot``, for ``boot_methods``) resample images with all
+    of their captions and judgments; every metric sees the same draws, so ``keep_boot``
+    (filled with each metric's bootstrap values when given) serves paired comparisons.
     """
+    images = np.unique(np.asarray(data.image_ids), return_inverse=True)[1]
+    booted = [m for m in methods if m in boot_methods] if n_boot > 0 else []
     out = {}
     for name, values in scores.items():
-        x, y, g = expand_judgments(values, data.human)
-        out[name] = {m: correlate(x, y, m, groups=g, n_boot=n_boot if m in boot_methods else 0, seed=seed)
+        x, y, caption = expand_judgments(values, data.human)
+        boots = bootstrap_all(x, y, booted, images[caption], n_boot, seed) if booted else {}
+        if keep_boot is not None:
+            keep_boot[name] = boots
+        out[name] = {m: correlate(x, y, m, groups=images[caption], units=caption,
+                                  n_boot=n_boot if m in boots else 0, seed=seed, boot=boots.get(m))
                      for m in methods}
     return out
 
@@ -114,10 +124,15 @@ def flickr_correlations(data: CaptionSet, scores: Mapping[str, np.ndarray],
 
 @dataclass(frozen=True)
 class PairAccuracy:
-    """Accuracy (in %) of one metric per PASCAL-50S category, and their mean."""
+    """Accuracy (in %) of one metric per PASCAL-50S category, and their mean.
+
+    ``credit`` holds each pair's credit (1 right, 0 wrong, 0.5 metric tie, NaN unusable), from
+    which :func:`pascal_summary` bootstraps intervals; it is not part of :meth:`to_dict`.
+    """
 
     per_category: dict[str, float]
     mean: float
+    credit: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         return {**self.per_category, "mean": self.mean}
@@ -137,7 +152,37 @@ def pair_accuracy(pairs: PairSet, score1: np.ndarray, score2: np.ndarray) -> Pai
     for c in CATEGORIES:
         sel = usable & (cats == c)
         per[c] = float(100.0 * right[sel].mean()) if sel.any() else math.nan
-    return PairAccuracy(per_category=per, mean=float(np.nanmean(list(per.values()))))
+    return PairAccuracy(per_category=per, mean=float(np.nanmean(list(per.values()))),
+                        credit=np.where(usable, right, np.nan))
+
+
+def pascal_summary(pairs: PairSet, runs: Sequence[PairAccuracy], n_boot: int = 1000, level: float = 0.95,
+                   seed: int = 0) -> dict:
+    """Mean over seeds, sd over seeds (ddof 1) and a bootstrap interval, per category and overall.
+
+    The interval resamples pairs within each category (stratified, so every category keeps its
+    size), averaging each pair's credit over the seeds first; the overall mean is the mean of
+    the four category accuracies in each resample. ``n_boot = 0`` gives no interval.
+    """
+    mean = mean_accuracy(runs).to_dict()
+    ddof = 1 if len(runs) > 1 else 0
+    sd = {c: float(np.std([r.per_category[c] for r in runs], ddof=ddof)) for c in CATEGORIES}
+    sd["mean"] = float(np.std([r.mean for r in runs], ddof=ddof))
+    out: dict = {"mean": mean, "sd": sd, "n_seeds": len(runs)}
+    if n_boot <= 0 or any(r.credit is None for r in runs):
+        return out
+    credit = np.nanmean(np.stack([r.credit for r in runs]), axis=0)  # type: ignore[misc]
+    cats = np.asarray(pairs.categories)
+    rng = np.random.default_rng(seed)
+    boots = {}
+    for c in CATEGORIES:
+        vals = credit[(cats == c) & np.isfinite(credit)]
+        boots[c] = (100.0 * vals[rng.integers(0, vals.size, (n_boot, vals.size))].mean(axis=1)
+                    if vals.size else np.full(n_boot, np.nan))
+    boots["mean"] = np.nanmean(np.stack([boots[c] for c in CATEGORIES]), axis=0)
+    alpha = (1.0 - level) / 2.0
+    out["ci"] = {k: [float(v) for v in np.nanquantile(b, [alpha, 1.0 - alpha])] for k, b in boots.items()}
+    return out
 
 
 def mean_accuracy(runs: Sequence[PairAccuracy]) -> PairAccuracy:

@@ -22,19 +22,30 @@ from qace import __version__
 from qace.errors import ConfigError, QACEError
 from qace.meta.agreement import agreement_report, goodman_kruskal_gamma
 from qace.meta.baselines import COCO_METRICS, DISPLAY, SPICE_SKIP_MESSAGE, compute_baselines
-from qace.meta.correlation import correlate
-from qace.meta.datasets import PASCAL_NUM_REFS, PASCAL_SEEDS, load_flickr8k_expert, load_pascal50s
+from qace.meta.correlation import correlate, expand_judgments, format_p, p_out
+from qace.meta.datasets import (
+    PASCAL_NUM_REFS,
+    PASCAL_SEEDS,
+    CaptionSet,
+    PairSet,
+    load_flickr8k_expert,
+    load_pascal50s,
+    spread,
+)
 from qace.meta.evaluate import (
     CATEGORIES,
+    PairAccuracy,
     flickr_correlations,
     join_pascal_scores,
     join_scores,
-    mean_accuracy,
     pair_accuracy,
     pascal_baselines,
+    pascal_candidate_ids,
+    pascal_summary,
     read_score_file,
 )
 from qace.meta.scales import reading_text, readings
+from qace.meta.scorers import ScorerRun, check_scorers
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +85,16 @@ class ReportConfig:
     use_cache: bool = True
     datasets: tuple[str, ...] = ("flickr8k", "pascal50s")
     """Which benchmarks to run."""
+    scorers: tuple[str, ...] = ()
+    """QACE variants to score the benchmarks with (``qace-ref``, ``qace-img``); rows named after them."""
+    models: str | Path | None = None
+    """Folder with qg/, tqa/, vqa/ for ``scorers`` (None: the paper's models)."""
+    features: Path | None = None
+    """Region-feature store of the benchmark images (needed by ``qace-img``)."""
+    device: str = "cpu"
+    """Torch device of ``scorers``."""
+    limit: int | None = None
+    """Use only this many captions / pairs of each data set, spread evenly (quick checks, tests)."""
 
 
 def _finite(x: float) -> float | None:
@@ -126,19 +147,27 @@ def _add_column(target: dict, name: str, value: object) -> None:
         target[name] = value
 
 
-def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str]
-                    ) -> tuple[dict, dict]:
+def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str],
+                    runs: list[ScorerRun]) -> tuple[dict, dict]:
     data = load_flickr8k_expert(cfg.data_dir, standard=True)
+    data = data.subset(np.isin(np.arange(len(data)), spread(len(data), cfg.limit)))
     metrics = _runnable(cfg.metrics, skipped)
     scores = _safe_baselines(
         lambda ms: compute_baselines(data.candidates, data.references, ms, cfg.cache_dir, cfg.use_cache),
         metrics, skipped)
+    for run in runs:
+        _add_column(scores, run.name, run.score(data.ids, data.candidates, data.references, data.image_ids))
     for rows in score_rows:
         for col, values in join_scores(rows, data.ids).items():
             _add_column(scores, col, values)
-    corr = flickr_correlations(data, scores, n_boot=cfg.n_boot)
+    boots: dict[str, dict[str, np.ndarray]] = {}
+    corr = flickr_correlations(data, scores, n_boot=cfg.n_boot, keep_boot=boots)
     section: dict = {"n_captions": len(data), "n_pairs": int(np.isfinite(data.human).sum()),
+                     "n_images": len(set(data.image_ids)),
                      "protocol": "standard: 158 own-image candidates dropped; each expert score is a row",
+                     "p_values": "scipy's test on captions (a caption's 3 expert scores averaged), not on "
+                                 "the 16,992 rows, which are not independent",
+                     "intervals": f"95% percentile bootstrap, {cfg.n_boot} resamples of images",
                      "metrics": {}}
     for name, by_method in corr.items():
         x = np.repeat(scores[name], data.human.shape[1])
@@ -147,6 +176,7 @@ def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
                              for m, c in by_method.items()},
             "gamma": goodman_kruskal_gamma(np.round(x, 6), data.human.reshape(-1)),
         }
+    section["comparisons"] = _flickr_comparisons(data, scores, corr, boots)
     judges = load_flickr8k_expert(cfg.data_dir, standard=False)
     agree = agreement_report(judges.human, judges.judges).to_dict()
     pair_corr = {}
@@ -162,8 +192,49 @@ def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
     return {"flickr8k_expert": section, "flickr8k_judges": agree}, plot_data
 
 
-def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str]) -> dict:
+def _flickr_comparisons(data: CaptionSet, scores: dict, corr: dict, boots: dict) -> list[dict]:
+    """Every pair of metrics: tau-c difference with its paired image-bootstrap p and CI, and
+    Williams' test on the Pearson r of the caption means (5,664 captions)."""
+    from qace.meta.significance import bootstrap_difference, williams_on_units
+
+    names = list(scores)
+    x_rows, y, caption = {}, None, None
+    for n in names:
+        x_rows[n], y, caption = expand_judgments(scores[n], data.human)
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            delta = corr[a]["kendall_c"].value - corr[b]["kendall_c"].value
+            p = lo = hi = math.nan
+            if "kendall_c" in boots.get(a, {}) and "kendall_c" in boots.get(b, {}):
+                p, lo, hi = bootstrap_difference(delta, boots[a]["kendall_c"] - boots[b]["kendall_c"])
+            ok = np.isfinite(x_rows[a]) & np.isfinite(x_rows[b])
+            williams = williams_on_units(x_rows[a][ok], x_rows[b][ok], y[ok], caption[ok])  # type: ignore[index]
+            out.append({"a": a, "b": b, "method": "kendall_c", "delta": delta, "p_bootstrap": p_out(p),
+                        "ci_low": lo, "ci_high": hi, "p_williams_pearson": p_out(williams)})
+    return out
+
+
+def _pascal_scorer_runs(pairs: PairSet, run: ScorerRun, seeds: tuple[int, ...], k: int
+                        ) -> dict[int, PairAccuracy]:
+    """Accuracy per seed of one scorer; a reference-free scorer is run once for all seeds."""
+    n = len(pairs)
+    out: dict[int, PairAccuracy] = {}
+    ids1, ids2 = pascal_candidate_ids(pairs)
+    for seed in seeds:
+        refs = pairs.sample_references(seed, k)
+        if run.reference_free and out:
+            out[seed] = next(iter(out.values()))
+            continue
+        v = run.score(ids1 + ids2, pairs.cand1 + pairs.cand2, refs + refs, pairs.image_ids + pairs.image_ids)
+        out[seed] = pair_accuracy(pairs, v[:n], v[n:])
+    return out
+
+
+def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str],
+                    scorer_runs: list[ScorerRun]) -> dict:
     pairs = load_pascal50s(cfg.data_dir)
+    pairs = pairs.subset(spread(len(pairs), cfg.limit))
     chosen = cfg.pascal_metrics
     if chosen is None:
         chosen = tuple(m for m in cfg.metrics if m != "bertscore")
@@ -178,13 +249,18 @@ def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
                 extra.setdefault(col, {})[seed] = pair_accuracy(pairs, s1, s2)
     for col, by_seed in extra.items():
         _add_column(runs, col, by_seed)
+    for run in scorer_runs:
+        _add_column(runs, run.name, _pascal_scorer_runs(pairs, run, cfg.seeds, cfg.n_refs))
     acc = {}
     for name, by_seed in runs.items():
-        acc[name] = {"mean": mean_accuracy(list(by_seed.values())).to_dict(),
+        acc[name] = {**pascal_summary(pairs, list(by_seed.values()), n_boot=cfg.n_boot),
                      "per_seed": {str(s): a.to_dict() for s, a in by_seed.items()}}
+    spread_text = f"sd over the {len(cfg.seeds)} seeds; " if len(cfg.seeds) > 1 else "one seed, no sd; "
     return {"n_pairs": len(pairs), "seeds": list(cfg.seeds), "n_refs": cfg.n_refs,
             "protocol": (f"{cfg.n_refs} references sampled per image with numpy default_rng(seed), pair by "
                          "pair, same for both candidates; majority vote; metric ties count 1/2"),
+            "intervals": (spread_text + "95% bootstrap CI resampling pairs within each category "
+                          f"({cfg.n_boot} resamples), pair credit averaged over seeds"),
             "accuracy": acc}
 
 
@@ -193,32 +269,34 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
     unknown = set(cfg.datasets) - {"flickr8k", "pascal50s"}
     if unknown:
         raise ConfigError(f"unknown data set(s) {sorted(unknown)}; choose flickr8k and/or pascal50s")
+    check_scorers(cfg.scorers, cfg.features)
     score_rows = [read_score_file(p) for p in cfg.score_files]
+    scorer_runs = [ScorerRun(name, models=cfg.models, features=cfg.features, device=cfg.device,
+                             cache_dir=cfg.cache_dir, use_cache=cfg.use_cache) for name in cfg.scorers]
     report: dict = {"qace_version": __version__, "python": platform.python_version(),
                     "config": {"data_dir": str(cfg.data_dir) if cfg.data_dir else None,
                                "metrics": list(cfg.metrics), "score_files": [str(p) for p in cfg.score_files],
-                               "seeds": list(cfg.seeds), "n_boot": cfg.n_boot},
+                               "seeds": list(cfg.seeds), "n_boot": cfg.n_boot, "scorers": list(cfg.scorers),
+                               "limit": cfg.limit},
                     "published": PUBLISHED}
     plot_data: dict = {}
     skipped: dict[str, str] = {}
     if "flickr8k" in cfg.datasets:
-        sections, plot_data = _flickr_section(cfg, score_rows, skipped)
+        sections, plot_data = _flickr_section(cfg, score_rows, skipped, scorer_runs)
         report.update(sections)
     if "pascal50s" in cfg.datasets:
-        report["pascal50s"] = _pascal_section(cfg, score_rows, skipped)
+        report["pascal50s"] = _pascal_section(cfg, score_rows, skipped, scorer_runs)
     report["skipped"] = skipped
+    report["notes"] = [f"{r.name} was scored with qace's TINY TEST MODELS: its numbers mean nothing"
+                       for r in scorer_runs if r.uses_test_models]
+    if cfg.limit is not None:
+        report["notes"].append(f"--limit {cfg.limit}: only that many captions / pairs of each data set, "
+                               "spread evenly; the numbers are not comparable with the published ones")
     return _clean_json(report), plot_data  # type: ignore[return-value]
 
 
 def _fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
     return "–" if x is None else f"{x * scale:.{digits}f}"
-
-
-def _fmt_p(p: float | None) -> str:
-    """p-values below double precision underflow to 0: say so instead of printing 0."""
-    if p is None:
-        return "–"
-    return "<1e-300" if p < 1e-300 else f"{p:.1e}"
 
 
 def _row_names(report: dict) -> list[str]:
@@ -229,54 +307,113 @@ def _row_names(report: dict) -> list[str]:
     return names
 
 
-def render_markdown(report: dict) -> str:
-    """The report as Markdown: Table 1, full correlations, judge agreement, notes."""
-    lines = ["# QACE meta-evaluation report", ""]
+def _pm(acc: dict, key: str) -> str:
+    """``mean ± sd`` of one PASCAL-50S cell (the sd over seeds, when there are several)."""
+    v, sd = acc.get("mean", {}).get(key), acc.get("sd", {}).get(key)
+    if v is None:
+        return "–"
+    return f"{v:.1f} ± {sd:.1f}" if sd is not None and acc.get("n_seeds", 1) > 1 else f"{v:.1f}"
+
+
+def _table1(report: dict) -> list[str]:
+    """Table 1 with the columns of the data sets the report has (no empty columns)."""
     flickr = report.get("flickr8k_expert", {}).get("metrics", {})
     pascal = report.get("pascal50s", {}).get("accuracy", {})
+    has_f, has_p = "flickr8k_expert" in report, "pascal50s" in report
     pub_tau, pub_pas = PUBLISHED["flickr8k_tau_c"], PUBLISHED["pascal50s"]
-    lines += ["## Table 1: correlation with human judgment", "",
-              "Flickr8k-Expert: Kendall tau-c x 100 (published value in parentheses). "
-              "PASCAL-50S: accuracy (%) per category, mean over seeds "
-              f"{report.get('pascal50s', {}).get('seeds', [])}.", "",
-              "| Metric | Flickr8k-Expert tau-c | HC | HI | HM | MM | Mean |",
-              "|---|---|---|---|---|---|---|"]
+    head, intro = ["Metric"], []
+    if has_f:
+        head.append("Flickr8k-Expert tau-c")
+        intro.append("Flickr8k-Expert: Kendall tau-c x 100 (published value in parentheses).")
+    if has_p:
+        head += [*CATEGORIES, "Mean"]
+        intro.append("PASCAL-50S: accuracy (%) per category, mean ± sd over seeds "
+                     f"{report['pascal50s'].get('seeds', [])} (published value in parentheses; "
+                     "95% CIs below).")
+    lines = ["## Table 1: correlation with human judgment", "", " ".join(intro), "",
+             "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name in _row_names(report):
-        tau = flickr.get(name, {}).get("correlations", {}).get("kendall_c", {}).get("value")
-        cell = _fmt(tau, 100)
-        if name in pub_tau and tau is not None:
-            cell += f" ({pub_tau[name]})"
-        acc = pascal.get(name, {}).get("mean", {})
-        cats = []
-        for c in CATEGORIES:
-            v = _fmt(acc.get(c))
-            if name in pub_pas and acc:
-                v += f" ({pub_pas[name][c]})"
-            cats.append(v)
-        lines.append(f"| {DISPLAY.get(name, name)} | {cell} | " + " | ".join(cats)
-                     + f" | {_fmt(acc.get('mean'))} |")
+        cells = [DISPLAY.get(name, name)]
+        if has_f:
+            tau = flickr.get(name, {}).get("correlations", {}).get("kendall_c", {}).get("value")
+            cell = _fmt(tau, 100)
+            if name in pub_tau and tau is not None:
+                cell += f" ({pub_tau[name]})"
+            cells.append(cell)
+        if has_p:
+            acc = pascal.get(name, {})
+            for c in CATEGORIES:
+                v = _pm(acc, c)
+                if name in pub_pas and acc:
+                    v += f" ({pub_pas[name][c]})"
+                cells.append(v)
+            cells.append(_pm(acc, "mean"))
+        lines.append("| " + " | ".join(cells) + " |")
     for name in report.get("skipped", {}):
-        lines.append(f"| {DISPLAY.get(name, name)} | skipped | | | | | |")
+        lines.append(f"| {DISPLAY.get(name, name)} | skipped |" + " |" * (len(head) - 2))
+    return [*lines, ""]
+
+
+def _flickr_details(section: dict) -> list[str]:
+    lines = ["## Flickr8k-Expert: every correlation", "",
+             f"{section['n_pairs']} (caption, expert) pairs over {section['n_captions']} captions of "
+             f"{section.get('n_images', '?')} images. p: {section.get('p_values', '')}; "
+             f"CI: {section.get('intervals', '')}.", "",
+             "| Metric | tau-c [95% CI] | p | tau-b [95% CI] | Spearman [95% CI] | Pearson [95% CI] | gamma "
+             "| reading (tau-c) |", "|---|---|---|---|---|---|---|---|"]
+
+    def with_ci(c: dict) -> str:
+        ci = (f" [{_fmt(c['ci_low'], 1, 3)}, {_fmt(c['ci_high'], 1, 3)}]"
+              if c.get("ci_low") is not None else "")
+        return f"{_fmt(c['value'], 1, 3)}{ci}"
+
+    for name, entry in section["metrics"].items():
+        c = entry["correlations"]
+        lines.append(f"| {DISPLAY.get(name, name)} | {with_ci(c['kendall_c'])} | "
+                     f"{format_p(c['kendall_c']['p_value'])} | "
+                     + " | ".join(with_ci(c[m]) for m in ("kendall_b", "spearman", "pearson"))
+                     + f" | {_fmt(entry['gamma'], 1, 3)} | "
+                     f"{reading_text(c['kendall_c']['value'], 'correlation')} |")
     lines.append("")
-    if flickr:
-        lines += ["## Flickr8k-Expert: every correlation", "",
-                  f"{report['flickr8k_expert']['n_pairs']} (caption, expert) pairs over "
-                  f"{report['flickr8k_expert']['n_captions']} captions. p: t-test on the coefficient; "
-                  "CI: 95% bootstrap over captions.", "",
-                  "| Metric | tau-c [95% CI] | p | tau-b | Spearman | Pearson | gamma | reading (tau-c) |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for name, entry in flickr.items():
-            c = entry["correlations"]
-            tc = c["kendall_c"]
-            ci = (f" [{_fmt(tc['ci_low'], 1, 3)}, {_fmt(tc['ci_high'], 1, 3)}]"
-                  if tc.get("ci_low") is not None else "")
-            p = tc["p_value"]
-            lines.append(
-                f"| {DISPLAY.get(name, name)} | {_fmt(tc['value'], 1, 3)}{ci} | "
-                f"{_fmt_p(p)} | "
-                + " | ".join(_fmt(c[m]["value"], 1, 3) for m in ("kendall_b", "spearman", "pearson"))
-                + f" | {_fmt(entry['gamma'], 1, 3)} | {reading_text(tc['value'], 'correlation')} |")
+    comps = section.get("comparisons", [])
+    if comps:
+        lines += ["### Is metric A better than metric B? (Flickr8k-Expert)", "",
+                  "delta tau-c = tau-c(A) - tau-c(B) with the paired bootstrap over images (same draws for "
+                  "both metrics); Williams (1959) on Pearson r of the caption means.", "",
+                  "| A | B | delta tau-c [95% CI] | p bootstrap | p Williams (Pearson) |",
+                  "|---|---|---|---|---|"]
+        for cmp in comps:
+            ci = (f" [{_fmt(cmp['ci_low'], 1, 3)}, {_fmt(cmp['ci_high'], 1, 3)}]"
+                  if cmp.get("ci_low") is not None else "")
+            lines.append(f"| {DISPLAY.get(cmp['a'], cmp['a'])} | {DISPLAY.get(cmp['b'], cmp['b'])} | "
+                         f"{_fmt(cmp['delta'], 1, 3)}{ci} | {format_p(cmp['p_bootstrap'])} | "
+                         f"{format_p(cmp['p_williams_pearson'])} |")
         lines.append("")
+    return lines
+
+
+def _pascal_details(section: dict) -> list[str]:
+    acc = section["accuracy"]
+    if not any(a.get("ci") for a in acc.values()):
+        return []
+    groups = [*CATEGORIES, "mean"]
+    lines = ["## PASCAL-50S: 95% confidence intervals", "", f"{section.get('intervals', '')}.", "",
+             "| Metric | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+    for name, a in acc.items():
+        ci = a.get("ci", {})
+        cells = [f"[{ci[g][0]:.1f}, {ci[g][1]:.1f}]" if ci.get(g) and None not in ci[g] else "–"
+                 for g in groups]
+        lines.append(f"| {DISPLAY.get(name, name)} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def render_markdown(report: dict) -> str:
+    """The report as Markdown: Table 1, full correlations and tests, CIs, judge agreement, notes."""
+    lines = ["# QACE meta-evaluation report", "", *_table1(report)]
+    if report.get("flickr8k_expert", {}).get("metrics"):
+        lines += _flickr_details(report["flickr8k_expert"])
+    if report.get("pascal50s", {}).get("accuracy"):
+        lines += _pascal_details(report["pascal50s"])
     judges = report.get("flickr8k_judges")
     if judges:
         lines += _judges_markdown(judges)
@@ -285,11 +422,15 @@ def render_markdown(report: dict) -> str:
         lines.append(f"- Flickr8k-Expert: {report['flickr8k_expert']['protocol']}.")
     if "pascal50s" in report:
         lines.append(f"- PASCAL-50S: {report['pascal50s']['protocol']}.")
-    for msg in report.get("skipped", {}).values():
+    for msg in [*report.get("skipped", {}).values(), *report.get("notes", [])]:
         lines.append(f"- {msg}")
-    lines.append("- –: not computed for that data set (BERTScore on PASCAL-50S is opt-in: it takes ~4 "
-                 "CPU-minutes per seed; add it with --pascal-metrics).")
-    lines.append("- Scales: KA = Krippendorff (1980), LK = Landis & Koch (1977), R = Rosenthal (1996).")
+    if "flickr8k_expert" in report and "pascal50s" in report:
+        lines.append("- –: not computed for that data set (BERTScore on PASCAL-50S is opt-in: it takes ~4 "
+                     "CPU-minutes per seed; add it with --pascal-metrics).")
+    lines.append("- Readings: agreement figures (kappa, alpha) on Krippendorff (1980, KA) and Landis & "
+                 "Koch (1977, LK); correlations (tau, rho, r, gamma) only on Rosenthal's (1996) "
+                 "effect-size bands.")
+    lines.append("- p-values below 1e-300 are written <1e-300 here and in report.json.")
     return "\n".join(lines) + "\n"
 
 

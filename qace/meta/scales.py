@@ -1,15 +1,18 @@
 """Verbal readings of agreement and correlation figures on the scales people cite.
 
 A bare 0.52 means little to a reader; "moderate (Landis-Koch), unreliable (Krippendorff)" says
-what it licenses. The three scales disagree on purpose: Landis and Koch (1977) grade kappa
-generously for exploratory work, Krippendorff (1980) sets the bar for drawing conclusions from
-the data, and Rosenthal (1996) grades effect sizes such as correlations. Percent agreement is
-not chance-corrected, so no scale is applied to it.
+what it licenses. Each scale is applied only to the statistics it was written for: Landis and
+Koch (1977) and Krippendorff (1980) grade chance-corrected *agreement* (kappa, alpha) and
+nothing else; a metric-human correlation or a gamma is an association, not agreement, and is
+read only as a correlation on Rosenthal's (1996) effect-size bands for r, with the source
+named. Percent agreement is not chance-corrected, so no scale is applied to it.
 """
 
 from __future__ import annotations
 
 import math
+
+from qace.errors import ConfigError
 
 #: (lower bound, label) from the top down; a value takes the first label whose bound it reaches.
 #: Landis-Koch bands are printed as 0.00-0.20, 0.21-0.40, ...: read as "above 0.20" etc.
@@ -51,19 +54,23 @@ def rosenthal_1996(value: float) -> str:
 def readings(value: float, kind: str = "agreement") -> dict[str, str]:
     """Readings of ``value`` on every scale that applies to its ``kind``.
 
-    Agreement and correlation figures are read on Krippendorff's and Landis-Koch's scales
-    (people use both for either); correlations also on Rosenthal's. Proportions get none.
+    Agreement figures (kappa, alpha) are read on Krippendorff's and Landis-Koch's scales;
+    correlations (tau, rho, r, gamma) only on Rosenthal's effect-size bands; proportions on none.
     """
+    if kind not in KINDS:
+        raise ConfigError(f"unknown figure kind {kind!r}; choose from {KINDS}")
     if kind == "proportion":
         return {}
-    out = {"krippendorff_1980": krippendorff_1980(value), "landis_koch_1977": landis_koch(value)}
     if kind == "correlation":
-        out["rosenthal_1996"] = rosenthal_1996(value)
-    return out
+        return {"rosenthal_1996": rosenthal_1996(value)}
+    return {"krippendorff_1980": krippendorff_1980(value), "landis_koch_1977": landis_koch(value)}
 
 
 def reading_text(value: float, kind: str = "agreement") -> str:
-    """Short form for tables: ``"KA: unreliable; LK: moderate; R: large"``."""
-    short = {"krippendorff_1980": "KA", "landis_koch_1977": "LK", "rosenthal_1996": "R"}
+    """Short form for tables: ``"KA: unreliable; LK: moderate"`` (agreement) or
+    ``"large correlation (Rosenthal 1996)"`` (correlation)."""
+    if kind == "correlation":
+        return f"{rosenthal_1996(value)} correlation (Rosenthal 1996)"
+    short = {"krippendorff_1980": "KA", "landis_koch_1977": "LK"}
     r = readings(value, kind)
     return "; ".join(f"{short[k]}: {v}" for k, v in r.items()) if r else "not chance-corrected"

@@ -124,7 +124,9 @@ def test_pairwise_and_report(random_ratings: np.ndarray) -> None:
     assert pw["mean"] == pytest.approx(np.mean([pw["a-b"], pw["a-c"], pw["b-c"]]))
     rep = agreement_report(random_ratings, ["a", "b", "c"]).to_dict()
     assert rep["figures"]["fleiss_kappa"] == pytest.approx(fleiss_kappa(random_ratings))
-    assert rep["readings"]["gamma_mean"]["rosenthal_1996"]
+    # gamma is an association, not agreement: no Krippendorff or Landis-Koch band on it
+    assert set(rep["readings"]["gamma_mean"]) == {"rosenthal_1996"}
+    assert set(rep["readings"]["fleiss_kappa"]) == {"krippendorff_1980", "landis_koch_1977"}
     assert rep["readings"]["percent_agreement"] == {}
 
 
@@ -147,4 +149,9 @@ def test_scales() -> None:
     assert rosenthal_1996(-0.55) == "large" and rosenthal_1996(0.05) == "very small"
     assert "rosenthal_1996" not in readings(0.5, "agreement")
     assert reading_text(0.9, "proportion") == "not chance-corrected"
-    assert reading_text(0.43, "correlation") == "KA: unreliable; LK: moderate; R: medium"
+    # agreement scales never read a correlation (a metric's tau-c of 0.439 is not "unreliable")
+    assert readings(0.439, "correlation") == {"rosenthal_1996": "medium"}
+    assert reading_text(0.43, "correlation") == "medium correlation (Rosenthal 1996)"
+    assert reading_text(0.43, "agreement") == "KA: unreliable; LK: moderate"
+    with pytest.raises(ConfigError):
+        readings(0.5, "effect")

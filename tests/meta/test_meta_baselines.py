@@ -62,3 +62,13 @@ def test_bertscore_takes_best_reference(monkeypatch: pytest.MonkeyPatch) -> None
     for i, cand in enumerate(CANDS):
         want = matcher.score([cand] * len(REFS[i]), REFS[i]).max()
         assert got[i] == pytest.approx(want, abs=1e-6)
+
+
+def test_candidate_without_references_is_named(tmp_path: Path) -> None:
+    # Once a bare KeyError 'r0' from deep inside the tokenizer; now an error naming the caption.
+    from qace.errors import InputError
+
+    with pytest.raises(InputError, match="candidate 1 .* has no references"):
+        compute_baselines(CANDS, [REFS[0], []], ["bleu4"], cache_dir=tmp_path)
+    with pytest.raises(InputError, match="2 candidates but 1 reference lists"):
+        compute_baselines(CANDS, REFS[:1], ["bleu4"], cache_dir=tmp_path)

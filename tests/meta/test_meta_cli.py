@@ -75,10 +75,11 @@ def test_agreement_and_correlate_on_user_file(tmp_path: Path, capsys: pytest.Cap
     assert set(agree["figures"]) >= {"fleiss_kappa", "krippendorff_alpha_ordinal", "percent_agreement"}
     assert out_png.stat().st_size > 0
     corr_json = tmp_path / "corr.json"
-    assert main(["correlate", str(path), "--human", "a", "b", "c", "--bootstrap", "50",
+    assert main(["correlate", str(path), "--human", "a", "b", "c", "--metric-cols", "mymetric",
+                 "--bootstrap", "50", "--permutations", "0", "--no-plots", "--out", str(tmp_path / "corr"),
                  "--json", str(corr_json)]) == 0
     corr = json.loads(corr_json.read_text())
-    assert corr["mymetric"]["kendall_c"]["value"] > 0.3
+    assert corr["segment"]["human"]["mymetric"]["kendall_c"]["value"] > 0.3
     printed = capsys.readouterr().out
     assert "fleiss_kappa" in printed and "mymetric" in printed
     assert main(["agreement", str(path)]) == 2  # no --judges: a clear error, not a traceback

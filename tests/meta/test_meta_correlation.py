@@ -86,3 +86,35 @@ def test_non_finite_pairs_dropped_and_errors() -> None:
         correlate([1, 2, 3], [1, 2])
     with pytest.raises(ConfigError):
         correlate([1, 2, 3], [1, 2, 3], "kendall_z")
+
+
+def test_fast_coefficients_equal_scipy(xy: tuple[np.ndarray, np.ndarray]) -> None:
+    from qace.meta.correlation import METHODS, fast_coefficients
+
+    x, y = xy
+    rng = np.random.default_rng(8)
+    cases = [(np.round(x, 1), y),  # ties in both; y has 5 levels (counted by level pairs)
+             (x, np.round(x + rng.normal(size=x.size), 1)),  # many levels on both sides: scipy's S
+             (y, x)]  # the few-level variable first
+    for a, b in cases:
+        got = fast_coefficients(a, b, list(METHODS))
+        assert got["kendall_c"] == pytest.approx(stats.kendalltau(a, b, variant="c")[0], abs=1e-12)
+        assert got["kendall_b"] == pytest.approx(stats.kendalltau(a, b, variant="b")[0], abs=1e-12)
+        assert got["spearman"] == pytest.approx(stats.spearmanr(a, b)[0], abs=1e-12)
+        assert got["pearson"] == pytest.approx(stats.pearsonr(a, b)[0], abs=1e-12)
+    assert np.isnan(fast_coefficients(np.ones(5), np.arange(5.0), ["pearson"])["pearson"])
+
+
+def test_bootstrap_ci_for_every_method_resamples_items() -> None:
+    # correlate_all: one bootstrap loop, an interval for each of tau-c, tau-b, Spearman and Pearson
+    rng = np.random.default_rng(4)
+    metric = rng.normal(size=120)
+    human = np.clip(np.round(metric[:, None] + rng.normal(size=(120, 3))), -2, 2)
+    x, y, caption = expand_judgments(metric, human)
+    images = caption // 4
+    got = correlate_all(x, y, groups=images, units=caption, n_boot=200, seed=1)
+    for m, c in got.items():
+        assert c.ci_low < c.value < c.ci_high, m
+        assert c.n_items == 30 and c.n_units == 120 and c.n == 360
+        lo, hi = bootstrap_ci(x, y, m, groups=images, n_boot=200, seed=1)
+        assert (c.ci_low, c.ci_high) == pytest.approx((lo, hi), abs=1e-12)

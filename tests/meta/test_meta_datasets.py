@@ -117,3 +117,61 @@ def test_default_data_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert default_data_dir() == tmp_path
     monkeypatch.delenv("QACE_SHARED_DATA")
     assert default_data_dir().parts[-2:] == ("shared", "data")
+
+
+def _toy_runs(pairs: PairSet, n_seeds: int = 3) -> list:
+    rng = np.random.default_rng(0)
+    n = len(pairs)
+    return [pair_accuracy(pairs, rng.normal(size=n), rng.normal(size=n)) for _ in range(n_seeds)]
+
+
+def test_pascal_summary_sd_over_seeds_and_stratified_ci() -> None:
+    import statistics
+
+    from qace.meta.evaluate import CATEGORIES, pascal_summary
+
+    pairs = _pairs(40)
+    runs = _toy_runs(pairs)
+    out = pascal_summary(pairs, runs, n_boot=300)
+    for c in CATEGORIES:
+        assert out["sd"][c] == pytest.approx(statistics.stdev(r.per_category[c] for r in runs))
+        lo, hi = out["ci"][c]
+        assert lo <= out["mean"][c] <= hi and 0 <= lo and hi <= 100
+    assert out["sd"]["mean"] == pytest.approx(statistics.stdev(r.mean for r in runs))
+    # a metric always right leaves nothing to resample: the interval collapses onto 100
+    first = pairs.majority() > 0
+    always = pair_accuracy(pairs, np.where(first, 1.0, 0.0), np.where(first, 0.0, 1.0))
+    assert pascal_summary(pairs, [always], n_boot=50)["ci"]["mean"] == [100.0, 100.0]
+    assert "ci" not in pascal_summary(pairs, runs, n_boot=0)
+
+
+def test_pascal_plot_has_error_bars_and_starts_at_zero() -> None:
+    from qace.meta.evaluate import pascal_summary
+    from qace.meta.plots import pascal_figure
+
+    pairs = _pairs(40)
+    summary = pascal_summary(pairs, _toy_runs(pairs), 100)
+    report = {"pascal50s": {"seeds": [0, 1, 2], "accuracy": {"toy": summary}}}
+    fig = pascal_figure(report)
+    ax = fig.axes[0]
+    assert ax.get_ylim() == (0.0, 100.0)
+    bars = [c for c in ax.containers if hasattr(c, "errorbar")]
+    assert bars and all(c.errorbar is not None for c in bars)
+
+
+def test_table1_has_no_empty_columns_for_one_data_set() -> None:
+    from qace.meta.report import render_markdown
+
+    corr = {"kendall_c": {"value": 0.4, "ci_low": 0.3, "ci_high": 0.5, "p_value": "<1e-300"},
+            "kendall_b": {"value": 0.4}, "spearman": {"value": 0.5}, "pearson": {"value": 0.5}}
+    flickr_only = {"flickr8k_expert": {"n_pairs": 3, "n_captions": 1, "protocol": "x",
+                                       "metrics": {"cider": {"correlations": corr, "gamma": 0.5}}}}
+    md = render_markdown(flickr_only)
+    assert "| Metric | Flickr8k-Expert tau-c |\n" in md and "| CIDEr | 40.0 (43.9) |\n" in md
+    assert "HC" not in md and "<1e-300" in md
+    pascal_only = {"pascal50s": {"seeds": [0, 1], "protocol": "y", "accuracy": {"cider": {
+        "mean": {"HC": 50.0, "HI": 90.0, "HM": 80.0, "MM": 60.0, "mean": 70.0},
+        "sd": {"HC": 1.0, "HI": 0.5, "HM": 0.25, "MM": 2.0, "mean": 0.5}, "n_seeds": 2}}}}
+    md = render_markdown(pascal_only)
+    assert "| Metric | HC | HI | HM | MM | Mean |" in md and "Flickr8k-Expert tau-c" not in md
+    assert "| CIDEr | 50.0 ± 1.0 (53.0) |" in md
