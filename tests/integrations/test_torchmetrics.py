@@ -1,0 +1,131 @@
+"""torchmetrics door: QACEScore collects text, scores once per compute, and syncs over two gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qace.errors import ConfigError, InputError
+from qace.integrations import shared
+from qace.integrations.torchmetrics import QACEScore
+from qace.reward import QACEReward
+
+REPO = Path(__file__).resolve().parents[2]
+CAPTIONS = ["a girl runs on the beach", "a dog in the snow", "", "two men play football in a park"]
+REFS = [
+    ["a girl in a red dress runs on the beach", "a child plays near the sea"],
+    ["a brown dog runs through snow"],
+    ["a cat sleeps on a sofa"],
+    "men are playing soccer on the grass",
+]
+
+
+@pytest.fixture(scope="module")
+def expected(test_models_dir: Path) -> list[dict[str, float]]:
+    reward = QACEReward(models=test_models_dir, progress=False)
+    refs = [[r] if isinstance(r, str) else r for r in REFS]
+    return [r.scores or {"qace": 0.0} for r in reward.score(CAPTIONS, references=refs)]
+
+
+def test_mean_components_and_per_sample(test_models_dir: Path, expected: list[dict[str, float]]) -> None:
+    metric = QACEScore(models=test_models_dir, per_sample=True, components=True)
+    metric.update(CAPTIONS[:2], REFS[:2])
+    metric.update(CAPTIONS[2:], REFS[2:])
+    out = metric.compute()
+    want = [e["qace"] for e in expected]
+    assert out["qace_per_sample"].tolist() == pytest.approx(want, abs=1e-6)
+    assert out["qace"].item() == pytest.approx(sum(want) / 4, abs=1e-6)
+    assert out["qace_f1"].item() == pytest.approx(sum(e.get("qace_f1", 0.0) for e in expected) / 4, abs=1e-6)
+    assert out["qace_an_per_sample"][2].item() == 0.0  # the empty caption
+    plain = QACEScore(models=test_models_dir)
+    plain.update(CAPTIONS, REFS)
+    assert plain.compute().item() == pytest.approx(out["qace"].item(), abs=1e-6)
+
+
+def test_one_engine_per_process(test_models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = []
+    original = QACEReward.__init__
+
+    def counting(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(shared, "_ENGINES", {})
+    monkeypatch.setattr(QACEReward, "__init__", counting)
+    for _ in range(3):  # a fresh metric per epoch, compute per epoch
+        metric = QACEScore(models=test_models_dir)
+        metric.update(CAPTIONS[:1], REFS[:1])
+        metric.compute()
+        metric.reset()
+    assert len(built) == 1
+
+
+def test_unicode_survives_the_byte_states(test_models_dir: Path) -> None:
+    metric = QACEScore(models=test_models_dir)
+    metric.update(["un café près de la tour Eiffel 🗼"], [["a café next to the Eiffel tower"]])
+    from qace.integrations.torchmetrics import _decode
+
+    assert _decode(metric.captions, metric.caption_lengths) == ["un café près de la tour Eiffel 🗼"]
+
+
+def test_bad_arguments_fail_before_models_load(test_models_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="variant"):
+        QACEScore(variant="both")
+    with pytest.raises(ConfigError, match="unknown QACE setting"):
+        QACEScore(modles=test_models_dir)
+    metric = QACEScore(models=test_models_dir)
+    with pytest.raises(InputError, match="2 captions but 1 targets"):
+        metric.update(CAPTIONS[:2], REFS[:1])
+    with pytest.raises(InputError, match="sample 1"):
+        metric.update(CAPTIONS[:2], [REFS[0], []])
+    with pytest.raises(InputError, match="image id"):
+        QACEScore(variant="img", models=test_models_dir).update(["a dog"], [None])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_agree_with_one_process(
+    test_models_dir: Path, expected: list[dict[str, float]], tmp_path: Path
+) -> None:
+    """Rank 0 sees captions 0-2, rank 1 caption 3 then nothing: both get all four scores."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    worker = Path(__file__).with_name("ddp_worker.py")
+    data = tmp_path / "inputs.json"
+    data.write_text(json.dumps({"captions": CAPTIONS, "refs": REFS}))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(worker),
+                str(rank),
+                str(test_models_dir),
+                str(data),
+                str(tmp_path / f"{rank}.json"),
+            ],
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
+    assert [p.wait(timeout=240) for p in procs] == [0, 0]
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    want = [e["qace"] for e in expected]
+    for result in results:
+        assert result["per_sample"] == pytest.approx(want, abs=1e-6)  # rank 0's captions, then rank 1's
+        assert result["mean"] == pytest.approx(sum(want) / 4, abs=1e-6)
+        assert result["scored_here"] == 2  # each rank scored its share, not all four
+        assert result["empty_rank_mean"] == pytest.approx(want[3], abs=1e-6)
