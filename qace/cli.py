@@ -18,7 +18,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("qace")
 
-OPTIONAL_COMMANDS = ("qace.meta.cli", "qace.export.cli", "qace.serve.cli", "qace.scale.cli")
+OPTIONAL_COMMANDS = (
+    "qace.meta.cli",
+    "qace.export.cli",
+    "qace.serve.cli",
+    "qace.scale.cli",
+    "qace.report.cli",
+)
 """Modules whose ``register(subparsers)`` adds commands; each may need an optional extra."""
 
 QACE_METRICS = {"qace-ref": "ref", "qace-img": "img"}
