@@ -21,6 +21,8 @@ from qace.errors import InputError
 SCORE_KEYS = ("qace", "visce2", "regen")
 """The main score of each metric's rows, in the order they are looked for."""
 COMPONENTS = {"qace": ("qace_f1", "qace_bs", "qace_an"), "visce2": ("visce2_expected",), "regen": ()}
+JUDGED_IMAGES = ("visce2", "regen")
+"""Metrics whose rows show the image they judged (from the row, else from ``--input``)."""
 THUMBNAIL_PIXELS = 160
 
 
@@ -95,13 +97,14 @@ def load_system(path: Path, name: str | None = None) -> System:
 
 
 def read_inputs(path: Path) -> dict[str, dict[str, Any]]:
-    """Caption, references and image of each record of a scored input file, by id."""
+    """Caption, references and image file of each record of a scored input file, by id."""
     from qace.data.records import Record, read_records
 
     out: dict[str, dict[str, Any]] = {}
     for record in read_records(path):
         if isinstance(record, Record):
-            out[record.id] = {"caption": record.caption, "references": list(record.references or [])}
+            given = {"caption": record.caption, "references": list(record.references or [])}
+            out[record.id] = {**given, "image": record.image}
     return out
 
 
@@ -143,8 +146,9 @@ def shown_row(system: System, row: dict[str, Any], inputs: dict[str, Any], image
             out[text] = row[text]
     if "regen_samples" in row:
         out["samples"] = [number(v) for v in row["regen_samples"]]
-    if row.get("image") and system.score_key == "regen":
-        out["original"] = thumbnail(row["image"], images)
+    image = row.get("image") or given.get("image")
+    if image and system.score_key in JUDGED_IMAGES:
+        out["original"] = thumbnail(image, images)
     if row.get("generated_images"):
         out["generated"] = [thumbnail(p, images) for p in row["generated_images"] if p]
     return out

@@ -163,6 +163,7 @@ def test_judge_rows_in_chromium(tmp_path: Path) -> None:
     captions.write_text(
         json.dumps({"id": "r1", "caption": "a red square", "image": images[0]}) + "\n"
         + json.dumps({"id": "r2", "caption": "a dog", "image": images[0]}) + "\n"
+        + json.dumps({"id": "v1", "caption": "a girl on a beach", "image": images[2]}) + "\n"
     )  # fmt: skip
     regen_path = tmp_path / "regen.jsonl"
     regen_path.write_text("".join(json.dumps(r) + "\n" for r in regen))
@@ -195,15 +196,14 @@ def test_judge_rows_in_chromium(tmp_path: Path) -> None:
     v_path = tmp_path / "visce2.jsonl"
     v_path.write_text(json.dumps(visce2) + "\n")
     build_report([v_path], tmp_path / "visce2.html", inputs=[captions])
-    result = run_page(
-        tmp_path / "visce2.html",
-        "() => {" + TABLE + "items()[0].click(); return {d: detail().textContent}; }",
+    check = (
+        "items()[0].click(); const d = detail();"
+        " return {d: d.textContent, img: d.querySelectorAll('img').length}"
     )
-    assert (
-        "visual context" in result["d"]
-        and "girl in a red dress" in result["d"]
-        and "Rating: 85" in result["d"]
-    )
+    result = run_page(tmp_path / "visce2.html", "() => {" + TABLE + check + "}")
+    assert "visual context" in result["d"] and "girl in a red dress" in result["d"]
+    assert "Rating: 85" in result["d"] and "a girl on a beach" in result["d"]
+    assert result["img"] == 1  # the judged image, from --input
 
 
 def test_paired_difference() -> None:
@@ -249,3 +249,14 @@ def test_parquet_output_reads_like_jsonl(scored: Path, test_models_dir: Path, tm
             writer.add(row)
     assert read_rows(out) == rows
     shutil.rmtree(tmp_path / "s.parquet.partial", ignore_errors=True)
+
+
+def test_demo_ends_with_the_report(
+    test_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["demo", "--models", str(test_models_dir), "--output-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1] == f"report (open in a browser): {tmp_path / 'example.img.html'}"
+    assert printed[-2] == f"report (open in a browser): {tmp_path / 'example.ref.html'}"
+    html = (tmp_path / "example.ref.html").read_text()
+    assert "A girl in a red dress running on the beach." in html and "QACE-Ref|" in html
