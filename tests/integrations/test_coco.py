@@ -113,3 +113,16 @@ def test_bad_input_names_the_image(scorer: QACEScorer) -> None:
 def test_empty_caption_scores_zero(scorer: QACEScorer) -> None:
     _, scores = scorer.compute_score(GTS, {**RES, 522418: [""]})
     assert scores[1] == 0.0 and scores[0] > 0.0
+
+
+def test_qace_img_reads_res_ids_as_image_ids(test_models_dir: Path) -> None:
+    from qace.data.features import RandomFeatureStore
+
+    features = RandomFeatureStore(seed=0)
+    scorer = QACEScorer(models=test_models_dir, variant="img", features=features)
+    assert scorer.method() == "QACE-Img"
+    _, scores = scorer.compute_score(GTS, RES)
+    ids = list(GTS)
+    engine = QACE(models=test_models_dir, variant="img", features=features, progress=False)
+    rows = engine.score([RES[i][0] for i in ids], image_ids=[str(i) for i in ids])
+    assert scores.tolist() == pytest.approx([r["qace"] for r in rows], abs=1e-6)

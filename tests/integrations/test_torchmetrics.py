@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from qace.errors import ConfigError, InputError
 from qace.integrations import shared
@@ -129,3 +130,60 @@ def test_two_gloo_ranks_agree_with_one_process(
         assert result["mean"] == pytest.approx(sum(want) / 4, abs=1e-6)
         assert result["scored_here"] == 2  # each rank scored its share, not all four
         assert result["empty_rank_mean"] == pytest.approx(want[3], abs=1e-6)
+
+
+def test_lightning_validation_loop_loads_models_once_on_the_module_device(
+    test_models_dir: Path, expected: list[dict[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two validation runs of a LightningModule that logs the metric: one engine, on the module's device."""
+    lightning = pytest.importorskip("lightning")
+    built: list[str] = []
+    original = shared.shared_reward
+
+    def recording(**settings):  # noqa: ANN003, ANN202
+        reward = original(**settings)
+        if id(reward) not in built:
+            built.append(id(reward))
+        return reward
+
+    monkeypatch.setattr(shared, "_ENGINES", {})
+    monkeypatch.setattr("qace.integrations.torchmetrics.shared_reward", recording)
+
+    class Captioner(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.val_qace = QACEScore(models=test_models_dir)
+
+        def validation_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+            captions, refs = batch
+            self.val_qace.update(captions, refs)
+            self.log("val_qace", self.val_qace, on_epoch=True, batch_size=len(captions))
+
+    samples = list(zip(CAPTIONS, REFS, strict=True))
+    loader = torch.utils.data.DataLoader(
+        samples, batch_size=2, collate_fn=lambda b: tuple(map(list, zip(*b, strict=True)))
+    )
+    module = Captioner()
+    trainer = lightning.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    for _ in range(2):
+        (logged,) = trainer.validate(module, dataloaders=loader, verbose=False)
+        assert logged["val_qace"] == pytest.approx(sum(e["qace"] for e in expected) / 4, abs=1e-6)
+    assert len(built) == 1
+    assert shared.shared_reward(models=test_models_dir, device="cpu", variant="ref").device == str(
+        module.device
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the lead's GPU run)")
+def test_models_load_on_the_metric_device_on_a_gpu(
+    test_models_dir: Path, expected: list[dict[str, float]]
+) -> None:
+    metric = QACEScore(models=test_models_dir).to("cuda")
+    metric.update(CAPTIONS, REFS)
+    value = metric.compute()
+    reward = shared.shared_reward(models=test_models_dir, device=str(metric.device), variant="ref")
+    assert reward.device.startswith("cuda") and str(metric.device).startswith("cuda")
+    assert value.item() == pytest.approx(sum(e["qace"] for e in expected) / 4, abs=1e-4)
