@@ -38,7 +38,8 @@ class QACEScore(Metric):
     update order), ``components`` the means (and with ``per_sample`` the values) of F1, BERTScore and
     answerability; either turns the result into a dict with the mean under ``"qace"``.
     ``scorer_kwargs`` are `qace.api.QACE` keyword arguments (``models=DIR``, ``precision="bf16"``, ...),
-    checked here, before any model loads. An empty or non-string caption scores 0.0.
+    checked here, before any model loads; ``metric_kwargs`` go to torchmetrics' ``Metric``
+    (``sync_on_compute``, ``process_group``, ...). An empty or non-string caption scores 0.0.
     """
 
     is_differentiable = False
