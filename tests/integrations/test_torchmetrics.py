@@ -104,6 +104,8 @@ def test_two_gloo_ranks_agree_with_one_process(
         "PYTHONPATH": str(REPO),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
+        "GLOO_SOCKET_IFNAME": "lo",  # loopback: no wait on resolving this host's name
+        "OMP_NUM_THREADS": "1",
     }
     worker = Path(__file__).with_name("ddp_worker.py")
     data = tmp_path / "inputs.json"
