@@ -43,7 +43,7 @@ def run_page(page: Path, check_js: str, screenshot: Path | None = None) -> dict:
     profile = page.parent / ".chromium-profile"
     base = [
         browser(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-        f"--user-data-dir={profile}", "--window-size=1280,1600",
+        f"--user-data-dir={profile}", "--window-size=1280,2400",
     ]  # fmt: skip
     url = checked.resolve().as_uri()
     dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=60, check=True)

@@ -69,7 +69,6 @@ def test_single_report_in_chromium(scored: Path, tmp_path: Path) -> None:
         items()[0].click();
         out.detail = detail() ? detail().textContent : null;
         out.questionRows = detail() ? detail().querySelectorAll("table.questions tr").length : -1;
-        document.getElementById("captions").scrollIntoView();  // the screenshot shows the table
         return out; }""",
         screenshot=shot,
     )
@@ -126,7 +125,6 @@ def test_compare_report_in_chromium(scored: Path, tmp_path: Path) -> None:
         items()[0].click();
         out.detail = detail().textContent;
         out.summary = document.getElementById("paired").textContent;
-        document.getElementById("captions").scrollIntoView();
         out.attack = [...document.querySelectorAll("#table td")].some((td) => td.textContent === ATTACK);
         return out; }""".replace("ATTACK", json.dumps(attack).replace("<", "\\u003c")),
         screenshot=ARTIFACTS / "report-compare.png",
