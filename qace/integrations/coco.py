@@ -27,9 +27,7 @@ import numpy as np
 
 from qace.config import VARIANT_NAMES
 from qace.errors import InputError
-from qace.integrations.shared import check_settings, shared_reward
-
-PARTS = ("qace_f1", "qace_bs", "qace_an")
+from qace.integrations.shared import PARTS, check_settings, shared_reward
 
 
 class QACEScorer:

@@ -22,6 +22,9 @@ from qace.errors import ConfigError
 if TYPE_CHECKING:
     from qace.reward import QACEReward
 
+PARTS = ("qace_f1", "qace_bs", "qace_an")
+"""QACE's three components, as every integration reports them beside ``qace``."""
+
 _ENGINES: dict[tuple[tuple[str, Hashable], ...], QACEReward] = {}
 _LOCK = threading.Lock()
 _MODEL_ARGS = ("models", "qg", "tqa", "vqa", "features")

@@ -24,8 +24,7 @@ import torch
 from torchmetrics import Metric
 
 from qace.errors import InputError
-from qace.integrations.coco import PARTS
-from qace.integrations.shared import check_settings, shared_reward
+from qace.integrations.shared import PARTS, check_settings, shared_reward
 
 _TEXT_STATES = ("captions", "caption_lengths", "contexts", "context_lengths", "context_counts")
 
@@ -71,9 +70,11 @@ class QACEScore(Metric):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
     def update(self, preds: str | Sequence[str], target: Sequence[Any]) -> None:
-        """Collect ``preds`` (captions) and ``target`` (references per caption, or image ids)."""
-        preds = [preds] if isinstance(preds, str) else list(preds)
-        target = [target] if isinstance(target, str) and len(preds) == 1 else list(target)
+        """Collect ``preds`` (captions) and ``target`` (references per caption, or image ids); one caption
+        may be given as a string with its references (a list or one string) or image id."""
+        if isinstance(preds, str):  # one caption: target is its references (or image id)
+            preds, target = [preds], [target]
+        preds, target = list(preds), list(target)
         if len(preds) != len(target):
             raise InputError(f"got {len(preds)} captions but {len(target)} targets; give one per caption")
         contexts: list[str] = []

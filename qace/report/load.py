@@ -115,7 +115,9 @@ def number(value: Any) -> float | None:
     return float(value)
 
 
-def shown_row(system: System, row: dict[str, Any], inputs: dict[str, Any], images: dict[str, str]) -> dict:
+def shown_row(
+    system: System, row: dict[str, Any], inputs: dict[str, Any], images: dict[str, str]
+) -> dict[str, Any]:
     """What the page shows of one row: scores, flags, caption, and the row's evidence."""
     explanation = row.get("explanation") or {}
     given = inputs.get(str(row["id"]), {})

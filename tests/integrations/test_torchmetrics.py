@@ -45,7 +45,8 @@ def test_mean_components_and_per_sample(test_models_dir: Path, expected: list[di
     assert out["qace_f1"].item() == pytest.approx(sum(e.get("qace_f1", 0.0) for e in expected) / 4, abs=1e-6)
     assert out["qace_an_per_sample"][2].item() == 0.0  # the empty caption
     plain = QACEScore(models=test_models_dir)
-    plain.update(CAPTIONS, REFS)
+    plain.update(CAPTIONS[:3], REFS[:3])
+    plain.update(CAPTIONS[3], REFS[3])  # one caption and its one reference, as strings
     assert plain.compute().item() == pytest.approx(out["qace"].item(), abs=1e-6)
 
 

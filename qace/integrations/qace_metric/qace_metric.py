@@ -13,8 +13,7 @@ from typing import Any
 import datasets
 import evaluate
 
-from qace.integrations.coco import PARTS
-from qace.integrations.shared import check_settings, shared_reward
+from qace.integrations.shared import PARTS, check_settings, shared_reward
 
 _DESCRIPTION = """QACE (Lee et al., 2021) asks questions about a caption and compares the answers on the
 caption with the answers on its references (QACE-Ref) or on its image (QACE-Img): token F1, BERTScore
