@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +129,25 @@ def test_qace_img_reads_res_ids_as_image_ids(test_models_dir: Path) -> None:
     engine = QACE(models=test_models_dir, variant="img", features=features, progress=False)
     rows = engine.score([RES[i][0] for i in ids], image_ids=[str(i) for i in ids])
     assert scores.tolist() == pytest.approx([r["qace"] for r in rows], abs=1e-6)
+
+
+def test_example_runs(test_models_dir: Path) -> None:
+    if shutil.which("java") is None:
+        pytest.skip("pycocoevalcap's PTBTokenizer needs Java (install a JRE: apt-get install default-jre)")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(repo / "examples" / "coco_eval.py"), "--models", str(test_models_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("CIDEr: ") for line in lines)
+    qace = [line for line in lines if line.startswith("QACE-Ref: ")]
+    per_image = [
+        float(line.split()[2]) for line in lines if line.startswith(("391895:", "522418:", "184613:"))
+    ]
+    assert len(qace) == 1 and len(per_image) == 3
+    assert float(qace[0].split()[1]) == pytest.approx(sum(per_image) / 3, abs=1e-3)
