@@ -49,7 +49,7 @@ def _rows(path: Path) -> list[dict]:
 
 def test_single_report_in_chromium(scored: Path, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    assert main(["report", str(scored), "-o", str(page)]) == 0
+    assert main(["report", str(scored), "-o", str(page), "--input", str(example_path())]) == 0
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report-single.png"
     result = run_page(
@@ -88,6 +88,8 @@ def test_single_report_in_chromium(scored: Path, tmp_path: Path) -> None:
     assert all(answer in result["detail"] for answer in question["answers_on_context"])
     assert f"F1 {question['f1'][0]:.2f}" in result["detail"]
     assert result["questionRows"] == first["n_questions"] + 1
+    references = {r["id"]: r["references"] for r in _rows(example_path())}[first["id"]]
+    assert all(ref in result["detail"] for ref in references)  # from --input, listed under the answers
     assert shot.stat().st_size > 10_000
     html = page.read_text()
     assert "http://" not in html and "https://" not in html.replace("https://aclanthology", "")
