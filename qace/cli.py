@@ -35,7 +35,7 @@ class OptionalCommand:
 
     module: str
     extra: str
-    """The ``qace[extra]`` that installs what it needs."""
+    """The ``qace[extra]`` that installs what it needs (empty: the core install has it all)."""
     needs: tuple[str, ...]
     """Top-level modules of that extra the command imports."""
     help: str
@@ -59,6 +59,9 @@ OPTIONAL_COMMANDS = {
     ),
     "score-ray": OptionalCommand(
         "qace.scale.cli", "ray", ("ray",), "score Parquet/JSONL on a Ray cluster into a Parquet directory"
+    ),
+    "report": OptionalCommand(
+        "qace.report.cli", "", (), "write a self-contained HTML report of score output (two files: compare)"
     ),
 }
 

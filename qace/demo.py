@@ -94,6 +94,7 @@ def run_demo(
         _print_errors(out)
         print(summary.line())
     print(f"\nfull results with per-question explanations: {output_dir}/")
+    _write_reports([output_dir / f"example.{variant}.jsonl" for variant in scorers])
     return 0
 
 
@@ -120,7 +121,17 @@ def run_judge_demo(output_dir: Path, metric: str, *, device: str = "cpu", downlo
     _print_errors(out, limit=150)
     print(summary.line())
     print(f"\nfull results with explanations: {out}")
+    _write_reports([out])
     return 0
+
+
+def _write_reports(outputs: list[Path]) -> None:
+    """Write each output's HTML report (`qace.report`) next to it and print where it is."""
+    from qace.report.page import build_report
+
+    for out in outputs:
+        report = build_report([out], out.with_suffix(".html"), inputs=[example_path()])
+        print(f"report (open in a browser): {report}")
 
 
 def _example_captions() -> dict[str, str]:

@@ -1,0 +1,67 @@
+"""One QACE engine per process and setting, shared by every integration that asks for it.
+
+Evaluation loops build their metric objects freely (a ``Cider()`` per call, a torchmetrics metric per
+validation epoch); loading the models each time would cost seconds per call. `shared_reward` keeps one
+engine for each distinct set of ``QACE`` keyword arguments and hands out the same one again.
+
+Scores go through `qace.reward.QACEReward`: a caption that cannot be scored (not a string, empty or
+whitespace-only, as a model can generate) scores 0.0, the score of a caption without answer
+candidates, and a missing context (references or image id) raises `qace.errors.InputError` naming
+the sample.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+from qace.config import QACEConfig
+from qace.errors import ConfigError
+
+if TYPE_CHECKING:
+    from qace.reward import QACEReward
+
+PARTS = ("qace_f1", "qace_bs", "qace_an")
+"""QACE's three components, as every integration reports them beside ``qace``."""
+
+_ENGINES: dict[tuple[tuple[str, Hashable], ...], QACEReward] = {}
+_LOCK = threading.Lock()
+_MODEL_ARGS = ("models", "qg", "tqa", "vqa", "features")
+
+
+def check_settings(settings: dict[str, Any]) -> None:
+    """Raise `ConfigError` for settings ``QACE`` would reject, before any model loads."""
+    config_fields = {k: v for k, v in settings.items() if k not in _MODEL_ARGS}
+    unknown = set(config_fields) - set(QACEConfig.__dataclass_fields__)
+    if unknown:
+        valid = sorted({*QACEConfig.__dataclass_fields__, *_MODEL_ARGS} - {"extra"})
+        raise ConfigError(f"unknown QACE setting(s) {sorted(unknown)}; valid: {valid}")
+    QACEConfig(**config_fields)  # validates values (variant, precision, batch sizes, ...)
+
+
+def shared_reward(**settings: Any) -> QACEReward:
+    """The process's `QACEReward` for these ``QACE`` keyword arguments, built on first use.
+
+    Arguments that are not hashable (a feature store object) are told apart by identity. Progress bars
+    are off unless ``progress=True`` is passed.
+    """
+    check_settings(settings)
+    settings.setdefault("progress", False)
+    key = tuple(sorted((name, _hashable(value)) for name, value in settings.items()))
+    with _LOCK:
+        reward = _ENGINES.get(key)
+        if reward is None:
+            from qace.api import QACE
+            from qace.reward import QACEReward
+
+            reward = _ENGINES[key] = QACEReward(QACE(**settings))
+        return reward
+
+
+def _hashable(value: Any) -> Hashable:
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return value
