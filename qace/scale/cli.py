@@ -37,7 +37,7 @@ def cmd_score_sharded(args: argparse.Namespace, judge: Any = None, devices: list
     print(f"scoring {key} on {len(devices)} devices: {', '.join(devices)}")
     summary = score_file_sharded(
         args.input, args.output, devices=devices, scorer_kwargs=kwargs, scorer_factory=factory,
-        score_key=key, references=args.references, fmt=args.format, resume=args.resume,
+        score_key=key, references=args.references, fmt=args.format, resume=args.resume, force=args.force,
     )  # fmt: skip
     print(summary.line())
     if summary.errors:
