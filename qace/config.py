@@ -75,7 +75,13 @@ class QACEConfig:
             raise ConfigError("precision int8 needs the ONNX backend (backend='onnx', --backend onnx)")
         if self.backend not in ("torch", "onnx"):
             raise ConfigError(f"unknown backend {self.backend!r}; choose torch or onnx")
-        for name in ("max_input_tokens", "max_caption_chars", "max_batch_tokens", "max_batch_rows", "chunk_size"):
+        for name in (
+            "max_input_tokens",
+            "max_caption_chars",
+            "max_batch_tokens",
+            "max_batch_rows",
+            "chunk_size",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.spacy_workers < 0:
