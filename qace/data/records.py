@@ -25,6 +25,7 @@ import logging
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -269,8 +270,8 @@ def _csv_quoting(lines: list[str], delimiter: str, columns: int, start: int) -> 
     """Check the quoting of one CSV row's physical ``lines`` (RFC 4180): the problem, else None, and
     the numbers of the lines after the first that look like rows of their own (``columns`` cells)."""
     text = "".join(lines)
-    if '"' not in text:  # no quote, so one line and nothing to check
-        return None, []
+    if len(lines) == 1 and ('"' not in text or _csv_row_pattern(delimiter).fullmatch(text)):
+        return None, []  # the common case, without a character loop
     problem = None
     state = "start"  # start of a field, "plain" field, "quoted" field, "closed" quote
     pos, end = 0, len(text)
@@ -309,6 +310,14 @@ def _csv_quoting(lines: list[str], delimiter: str, columns: int, start: int) -> 
             + (problem or "if that text is one field, remove its line breaks")
         )
     return problem, swallowed if problem is not None else []
+
+
+@lru_cache(maxsize=4)
+def _csv_row_pattern(delimiter: str) -> re.Pattern[str]:
+    """A row of well-quoted fields (RFC 4180): quoted fields double their quotes, others hold none."""
+    d = re.escape(delimiter)
+    cell = rf'(?:"[^"]*(?:""[^"]*)*"|[^"{d}\r\n]*)'
+    return re.compile(rf"{cell}(?:{d}{cell})*(?:\r?\n)?")
 
 
 def _csv_references(row: dict[str, Any], numbered: list[str]) -> Any:

@@ -96,10 +96,16 @@ class FileScorer:
 
 
 def write_results(
-    scorer: FileScorer, items: Iterable[Record | RecordError], writer: Any, *, progress: bool = False
+    scorer: FileScorer,
+    items: Iterable[Record | RecordError],
+    writer: Any,
+    *,
+    progress: bool = False,
+    committed: bool = True,
 ) -> tuple[int, int, int, float | None]:
-    """Score ``items`` (a file's records in input order) with ``scorer.score_committed`` into ``writer``
-    (a `qace.data.output.ResultWriter` logging its input); returns (scored, errors, skipped, mean score).
+    """Score ``items`` (a file's records in input order) with ``scorer.score_committed`` (or, with
+    ``committed=False``, ``scorer.score_records``) into ``writer`` (a `qace.data.output.ResultWriter`
+    logging its input); returns (scored, errors, skipped, mean score).
 
     What an earlier run of the writer's output committed is skipped, after checking that the input
     still holds those same records (`qace.data.fingerprint.InputCheck`; a difference raises
@@ -133,8 +139,9 @@ def write_results(
 
     scored = errors = 0
     total = 0.0
+    score = scorer.score_committed if committed else scorer.score_records
     with tqdm(desc="scoring", unit="caption", disable=not progress) as bar:
-        for result in scorer.score_committed(pending()):
+        for result in score(pending()):
             item, mark = queued.popleft()
             result_id = result.id if isinstance(result, RecordError) else result.get("id")
             if result_id != item.id:

@@ -335,7 +335,9 @@ def run_shard(job: ShardJob) -> dict[str, Any]:
         ) as writer,
         open(job.input, encoding="utf-8") as f,
     ):
-        scored, errors, skipped, _ = write_results(scorer, (_shard_item(line) for line in f), writer)
+        # score_records: benchmarks time a shard by wrapping it (`benchmarks.scaling.forced_scorer`)
+        items = (_shard_item(line) for line in f)
+        scored, errors, skipped, _ = write_results(scorer, items, writer, committed=False)
     log.info(
         "shard %d on %s: %d scored, %d errors, %d skipped", job.index, job.device, scored, errors, skipped
     )

@@ -61,7 +61,8 @@ def test_ray_scores_and_resumes_by_input_position(ray_local, test_models_dir, tm
     )
     for row in want:
         if "error" in row:
-            assert got[row["id"]]["error"] == row["error"] and got[row["id"]]["qace"] is None
+            # the reader rejects it first, naming its line
+            assert got[row["id"]]["error"].endswith(row["error"]) and got[row["id"]]["qace"] is None
         else:
             assert got[row["id"]]["qace"] == pytest.approx(row["qace"], abs=1e-6)
             assert got[row["id"]]["flags"] == row["flags"] and got[row["id"]]["signature"] == row["signature"]

@@ -80,7 +80,7 @@ def test_killed_shard_resumes_and_parquet_merge(
     job = shards.ShardJob(
         1, "cpu", str(work / "input-1.jsonl"), str(work / "shard-1.jsonl"), scorer_kwargs, False
     )
-    real = QACE.score_committed
+    real = QACE.score_records
     produced = []
 
     def dies_after_one_chunk(self, records):  # noqa: ANN001, ANN202
@@ -90,7 +90,7 @@ def test_killed_shard_resumes_and_parquet_merge(
             produced.append(result)
             yield result
 
-    monkeypatch.setattr(QACE, "score_committed", dies_after_one_chunk)
+    monkeypatch.setattr(QACE, "score_records", dies_after_one_chunk)
     with pytest.raises(KeyboardInterrupt):
         shards.run_shard(job)
     monkeypatch.undo()
