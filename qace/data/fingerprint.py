@@ -59,7 +59,6 @@ class InputCheck:
             self._exhausted = True
             return False
         self._count += 1
-        then = InputMark(*then)
         if then != now:
             raise ResumeError(f"{self._changed(then, now)}; {self._advice()}")
         return True
@@ -69,7 +68,6 @@ class InputCheck:
             return
         then = next(self._committed, None)
         if then is not None:
-            then = InputMark(*then)
             raise ResumeError(
                 f"the input ends after {self._count} record(s), but {self._output} already holds "
                 f"more (next: line {then.line}, id {then.id!r}); {self._advice()}"

@@ -14,10 +14,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qace.data.records import Record, RecordError
 from qace.errors import InputError, QACEError
+
+if TYPE_CHECKING:
+    from qace.data.fingerprint import InputMark
+    from qace.data.output import ResultWriter
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +102,7 @@ class FileScorer:
 def write_results(
     scorer: FileScorer,
     items: Iterable[Record | RecordError],
-    writer: Any,
+    writer: ResultWriter,
     *,
     progress: bool = False,
     committed: bool = True,
@@ -118,7 +122,7 @@ def write_results(
 
     check = InputCheck(writer.committed_marks(), str(writer.path))
     done_ids, done_lines = writer.done_ids(), writer.done_lines()
-    queued: deque[tuple[Record | RecordError, Any]] = deque()  # filled by the prefetch thread
+    queued: deque[tuple[Record | RecordError, InputMark]] = deque()  # filled by the prefetch thread
     skipped = 0
 
     def pending() -> Iterator[Record | RecordError]:

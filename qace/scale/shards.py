@@ -250,7 +250,7 @@ def _check_same_input(records: Any, work: Path, shards: int) -> None:
         then = next(planned, None)
         if then is None:
             raise ResumeError(
-                f"the input has more records than when {work} was planned ({count}th); {advice}"
+                f"the input has more records than when {work} was planned (line {item.line} is new); {advice}"
             )
         if _shard_line(item) != then:
             old = json.loads(then)
