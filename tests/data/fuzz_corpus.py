@@ -1,8 +1,9 @@
 """A seeded fuzz corpus: many malformed records of every kind, mixed with a few good ones.
 
 `make_corpus(folder, fmt, seed=...)` writes one input file (``jsonl``, ``csv``, ``coco`` with its
-references file, ``parquet``, or ``img``: JSONL for QACE-Img with a directory of region features)
-and returns a `Corpus` that knows, for every input record, its line (JSONL/CSV: the physical line it
+references file, ``parquet``, ``img``: JSONL for QACE-Img with a directory of region features, or
+``img-h5``: the same with an HDF5 feature store holding one damaged chunk) and returns a
+`Corpus` that knows, for every input record, its line (JSONL/CSV: the physical line it
 starts on; COCO/Parquet: its 1-based number), the id under which it may be scored, and what it must
 become (``scored``, ``error``, or ``either`` for odd but valid records). `check_invariant` then
 asserts the contract of a file run: every input record is scored exactly once or listed as an error
@@ -104,6 +105,8 @@ def make_corpus(folder: Path, fmt: str, *, seed: int = 0, corrupt_files: bool = 
         return _parquet(folder, rng)
     if fmt == "img":
         return _img(folder, rng, corrupt_files=corrupt_files)
+    if fmt == "img-h5":
+        return _img_h5(folder, rng)
     raise ValueError(f"unknown corpus format {fmt!r}")
 
 
@@ -469,3 +472,36 @@ def _corrupt_npz(features: Path, good_f: np.ndarray, good_b: np.ndarray) -> list
         damaged[offset + k] ^= 0x5A  # inside the deflate stream
     (features / "bad-zlib.npz").write_bytes(bytes(damaged))
     return ["truncated", "bad-crc", "bad-zlib"]
+
+
+def _img_h5(folder: Path, rng: random.Random) -> Corpus:
+    """QACE-Img records over an HDF5 store whose ``damaged`` image has a corrupt compressed chunk."""
+    import h5py
+
+    from qace.data.features import pack_features
+
+    gen = np.random.default_rng(1)
+    arrays = [(name, gen.random((36, 2054)).astype(np.float32)) for name in ("good", "damaged", "good-too")]
+    store = folder / "features.h5"
+    pack_features(arrays, store, progress=False)
+    with h5py.File(store, "r") as f:
+        chunk = f["features"].id.get_chunk_info(1)  # the chunk of row 1, "damaged"
+    data = bytearray(store.read_bytes())
+    for k in range(chunk.size // 3, chunk.size // 3 + 64):
+        data[chunk.byte_offset + k] ^= 0x5A
+    store.write_bytes(bytes(data))
+    # image ids: "damaged" (corrupt chunk), "absent" (not in the store), "" (no image_id); None: good
+    entries = _mixed(rng, 3, ["damaged", "absent", ""] * (BAD_PER_CORPUS // 3 + 1))
+    lines, records = [], []
+    for number, image in enumerate(entries, start=1):
+        record = {"id": f"r-{number}", "caption": "a dog on the grass", "image_id": image or "good"}
+        if image == "":
+            del record["image_id"]
+        lines.append(json.dumps(record))
+        good = image is None
+        records.append(
+            Expected(number, record["id"] if good else None, "scored" if good else "error", str(image))
+        )
+    path = folder / "fuzz-img-h5.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return Corpus(path, ["--variant", "img", "--features", str(store)], records)

@@ -48,16 +48,19 @@ def test_every_record_is_scored_once_or_listed(fmt, output, test_models_dir, tmp
     check_invariant(corpus, ids, errors)
 
 
-def test_corrupt_feature_files_are_per_record_errors(test_models_dir, tmp_path, capsys) -> None:
-    """Truncated, bad-CRC and damaged-zlib .npz files cost their records, not the run."""
-    corpus = make_corpus(tmp_path / "in", "img", seed=18, corrupt_files=True)
+@pytest.mark.parametrize("fmt", ["img", "img-h5"])
+def test_corrupt_feature_files_are_per_record_errors(fmt, test_models_dir, tmp_path, capsys) -> None:
+    """Truncated, bad-CRC and damaged-zlib .npz files, and an HDF5 store with a damaged chunk, cost
+    their records, not the run."""
+    corpus = make_corpus(tmp_path / "in", fmt, seed=18, corrupt_files=True)
     ids, errors = score_corpus(corpus, test_models_dir, tmp_path / "out.jsonl", capsys)
     check_invariant(corpus, ids, errors)
-    assert {"truncated", "bad-crc", "bad-zlib"} <= {r.kind.split(": ")[-1] for r in corpus.records}
+    kinds = {r.kind.split(": ")[-1] for r in corpus.records}
+    assert {"truncated", "bad-crc", "bad-zlib"} <= kinds if fmt == "img" else "damaged" in kinds
 
 
 def test_corpus_is_seeded_and_holds_every_kind(tmp_path) -> None:
-    for fmt in ("jsonl", "csv", "coco", "parquet", "img"):
+    for fmt in ("jsonl", "csv", "coco", "parquet", "img", "img-h5"):
         first = make_corpus(tmp_path / "a", fmt, seed=3)
         again = make_corpus(tmp_path / "b", fmt, seed=3)
         assert first.input.read_bytes() == again.input.read_bytes() and first.records == again.records
