@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qace.config import QACEConfig, build_signature, speed_defaults
-from qace.data.records import Record, RecordError, require
+from qace.data.records import Record, RecordError, caption_problem, require
 from qace.data.run import FileScorer, list_ids
 from qace.engine.collector import collector_paused
 from qace.engine.profiling import NO_TIMER
@@ -252,8 +252,8 @@ class QACE(FileScorer):
         """Why ``record`` cannot be scored by this variant, as an error naming it; else None."""
         img = self.config.variant == "img"
         reason = require(record, references=not img, image=img)
-        if reason is None and not record.caption.strip():
-            reason = "empty or whitespace-only caption"
+        if reason is None:
+            reason = caption_problem(record.caption, self.config.max_caption_chars)
         if reason is None and img:
             if self.features is None:
                 raise ConfigError("QACE-Img needs region features: pass features=PATH (or --features PATH)")
@@ -261,7 +261,7 @@ class QACE(FileScorer):
                 self.features.get(record.image_id or "")
             except FeatureError as exc:
                 reason = exc.reason
-        return None if reason is None else RecordError(record.id, reason)
+        return None if reason is None else RecordError(record.id, reason, record.line)
 
 
 def bertscore_precision(config: QACEConfig) -> str:

@@ -95,9 +95,18 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", "-o", required=True, help="output .jsonl or .parquet")
     p.add_argument("--references", help="references file for COCO-style results")
-    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "csv", "coco"], help="input format")
+    p.add_argument(
+        "--format", default="auto", choices=["auto", "jsonl", "csv", "coco", "parquet"], help="input format"
+    )
     _add_model_args(p)
-    p.add_argument("--resume", action="store_true", help="continue a killed run (same settings required)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue a killed run (same settings and input required)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --resume: continue an output that cannot be checked (no input fingerprint or signature)",
+    )
     p.add_argument(
         "--gpus",
         help="score on N GPUs of this host (or 'all'): one engine per GPU, "
@@ -244,7 +253,12 @@ def cmd_score(args: argparse.Namespace) -> int:
     scorer = _scorer(args) if judge is None else judge.from_cli(args)
     _warn_if_test_models(scorer)
     summary = scorer.score_file(
-        args.input, args.output, references=args.references, fmt=args.format, resume=args.resume
+        args.input,
+        args.output,
+        references=args.references,
+        fmt=args.format,
+        resume=args.resume,
+        force=args.force,
     )
     return _report(scorer.signature, summary, args.output)
 

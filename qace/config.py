@@ -48,6 +48,9 @@ class QACEConfig:
     `QACE` on a GPU picks `speed_defaults` for this and the three below unless they are given)."""
     max_input_tokens: int = 512
     """Longer QG/TQA inputs are truncated to this many tokens and flagged ``truncated_input``."""
+    max_caption_chars: int = 100_000
+    """Longer captions are per-record errors, not scored (changes no score): spaCy refuses a text over its
+    ``max_length`` (error E088), and parsing one costs about 1 GB of memory per 100,000 characters."""
     max_batch_tokens: int = 16384
     """Padded tokens per model batch (speed only)."""
     max_batch_rows: int = 256
@@ -72,7 +75,13 @@ class QACEConfig:
             raise ConfigError("precision int8 needs the ONNX backend (backend='onnx', --backend onnx)")
         if self.backend not in ("torch", "onnx"):
             raise ConfigError(f"unknown backend {self.backend!r}; choose torch or onnx")
-        for name in ("max_input_tokens", "max_batch_tokens", "max_batch_rows", "chunk_size"):
+        for name in (
+            "max_input_tokens",
+            "max_caption_chars",
+            "max_batch_tokens",
+            "max_batch_rows",
+            "chunk_size",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.spacy_workers < 0:

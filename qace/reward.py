@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qace.data.records import caption_problem
 from qace.data.run import list_ids
 from qace.errors import ConfigError, InputError
 
@@ -118,9 +119,12 @@ class QACEReward:
     ) -> list[RewardResult]:
         """One `RewardResult` per caption, in order; invalid captions get ``invalid_reward``.
 
-        ``max_chars`` also treats longer captions as invalid (a runaway generation, not a caption).
+        ``max_chars`` also treats longer captions as invalid (a runaway generation, not a caption);
+        captions over the scorer's ``max_caption_chars`` always are.
         """
         component = component or self.component
+        limit = self.scorer.config.max_caption_chars
+        max_chars = limit if max_chars is None else min(max_chars, limit)
         if component not in COMPONENTS:
             raise ConfigError(
                 f"unknown reward component {component!r}; choose one of {', '.join(COMPONENTS)}"
@@ -292,17 +296,6 @@ def _log_components(
             log_metric(name, sum(r.scores[name] for r in valid) / len(valid))
         if log_extra is not None:
             log_extra(name, [r.scores[name] if r.valid else None for r in results])
-
-
-def caption_problem(caption: Any, max_chars: int | None = None) -> str | None:
-    """Why ``caption`` cannot get a real reward (``None`` when it can)."""
-    if not isinstance(caption, str):
-        return f"caption must be a string, got {type(caption).__name__}"
-    if not caption.strip():
-        return "empty or whitespace-only caption"
-    if max_chars is not None and len(caption) > max_chars:
-        return f"caption has {len(caption)} characters; the limit is {max_chars}"
-    return None
 
 
 def completion_text(completion: Any, strip: Sequence[str] = DEFAULT_STRIP) -> Any:

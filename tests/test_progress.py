@@ -31,9 +31,12 @@ def _restore() -> Iterator[None]:
     def own(handlers: list[logging.Handler]) -> list[logging.Handler]:  # pytest swaps its capture per phase
         return [h for h in handlers if not type(h).__module__.startswith("_pytest")]
 
+    settings = progress._settings
+    if settings.handler is not None:  # left by an earlier test's CLI run
+        root.removeHandler(settings.handler)
+        settings.handler = None
     level, handlers = root.level, own(root.handlers)
     yield
-    settings = progress._settings
     settings.mode, settings.log_format, settings.interval_s = "bar", "text", 10.0
     if settings.handler is not None:
         root.removeHandler(settings.handler)

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import logging
 import os
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sized
@@ -102,8 +103,17 @@ def _candidates(image_id: str) -> list[str]:
 
 ZIP_MAGIC = b"PK\x03\x04"
 """How every ``.npz`` (a zip archive of ``.npy`` files) begins."""
-DAMAGED_NPZ = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
-"""What numpy and zipfile raise on a truncated, bad-CRC or badly compressed archive."""
+DAMAGED_NPZ = (
+    OSError,
+    ValueError,
+    EOFError,
+    SyntaxError,
+    tokenize.TokenError,
+    zipfile.BadZipFile,
+    zlib.error,
+)
+"""What numpy and zipfile raise on a truncated, bad-CRC or badly compressed archive (numpy parses an
+array's header with ``ast``, so a damaged header raises SyntaxError or TokenError)."""
 
 
 def read_npz(image_id: str, path: Path) -> tuple[np.ndarray, np.ndarray]:

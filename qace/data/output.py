@@ -5,7 +5,11 @@ Layout while a run is going: a sibling directory ``<path>.partial/`` holds
 - ``manifest.json``: format version, score signature, output format, the committed chunk list
   (name, rows, errors) and total counts;
 - per committed chunk ``NNNNNN.rows.jsonl`` (one JSON line per scored row, exactly the bytes the
-  final JSONL will hold) and, when it has any, ``NNNNNN.errors.jsonl`` (``{"id","reason"}`` lines).
+  final JSONL will hold), when it has any, ``NNNNNN.errors.jsonl`` (``{"id","line","reason"}`` lines;
+  ``id`` is null for a record whose id could not be read, ``line`` is absent outside input files)
+  and, when the caller logs its input (``input_log=True``), ``NNNNNN.input.jsonl``: the
+  `qace.data.fingerprint.InputMark` of every input record of the chunk, which a resumed run
+  compares with its input.
 
 Commit protocol (`flush`): each chunk file is written as ``*.tmp``, fsynced and ``os.replace``d into
 place; only then is the chunk added to the manifest, which is itself written tmp + fsync +
@@ -22,13 +26,15 @@ JSON strings, and their names are listed in the schema metadata key ``qace.json_
 (``qace.signature`` holds the signature). Row groups have a fixed size, independent of chunk
 boundaries, so a resumed run writes the same bytes as an uninterrupted one.
 
-Resume rules: the scorer adds rows in input order and skips `done_ids()`, so a resumed output is
-byte-identical to an uninterrupted run. ``resume=True`` continues an existing partial directory
-(its signature and format must match, else `ResumeError` naming both); with a complete final
-output it reports all its ids as done and rewrites nothing; adding a new row to a complete output
-is refused (`ResumeError`: write to a new path or remove the old output), because reopening a
-finished file in place would break the never-half-written guarantee. ``resume=False`` refuses to
-touch any existing output.
+Resume rules: the scorer adds rows in input order and skips what is done (scored rows by id,
+`done_ids()`; errors by input line, `done_lines()`), so a resumed output is byte-identical to an
+uninterrupted run. ``resume=True`` continues an existing partial directory (its signature and format
+must match, else `ResumeError` naming both; with ``input_log=True`` it must have an input log, unless
+``force=True``); with a complete final output it reports all its ids as done and rewrites nothing (a
+complete output with rows but no signature is refused unless ``force=True``: nothing says how it was
+scored); adding a new row to a complete output is refused (`ResumeError`: write to a new path or
+remove the old output), because reopening a finished file in place would break the
+never-half-written guarantee. ``resume=False`` refuses to touch any existing output.
 """
 
 from __future__ import annotations
@@ -40,9 +46,12 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qace.errors import QACEError, ResumeError
+
+if TYPE_CHECKING:
+    from qace.data.fingerprint import InputMark
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,8 @@ class ResultWriter:
         fmt: str = "auto",
         resume: bool = False,
         chunk_size: int = 256,
+        input_log: bool = False,
+        force: bool = False,
     ) -> None:
         self.path = Path(path)
         self.signature = signature
@@ -71,10 +82,15 @@ class ResultWriter:
         self.chunk_size = chunk_size
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.errors_path = self.path.with_name(self.path.stem + ".errors.jsonl")
+        self.input_log = input_log
+        self.force = force
         self._rows: list[str] = []
         self._errors: list[str] = []
+        self._marks: list[str] = []
         self._seen: set[str] = set()
         self._done: set[str] = set()
+        self._seen_lines: set[int] = set()
+        self._done_lines: set[int] = set()
         self._complete = False
         self._closed = False
         self._manifest: dict[str, Any] = {}
@@ -98,6 +114,7 @@ class ResultWriter:
                 "version": MANIFEST_VERSION,
                 "signature": self.signature,
                 "format": self.fmt,
+                "input_log": self.input_log,
                 "chunks": [],
                 "rows": 0,
                 "errors": 0,
@@ -109,16 +126,23 @@ class ResultWriter:
         try:
             found = _final_signature(self.path, self.fmt)
             self._done = set(_final_ids(self.path, self.fmt))
+            scored = bool(self._done)
             if self.errors_path.exists():
-                self._done.update(_jsonl_ids(self.errors_path))
+                self._load_errors(self.errors_path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ResumeError(
                 f"cannot read existing output {self.path} ({exc}); remove it or pick another path"
             ) from exc
         if found is not None and found != self.signature:
             raise ResumeError(_mismatch(self.path, found, self.signature))
-        if found is None and self._done:
-            log.warning("%s records no signature; cannot verify it matches %s", self.path, self.signature)
+        if found is None and scored:
+            if not self.force:
+                raise ResumeError(
+                    f"{self.path} records no signature, so nothing says it was scored like this run "
+                    f"({self.signature}); remove it, write to a new path, or pass --force (force=True) "
+                    "to accept its rows as they are"
+                )
+            log.warning("%s records no signature; accepted as %s (forced)", self.path, self.signature)
         if self.partial.exists():
             log.info("removing leftover %s of a run that finished", self.partial)
             shutil.rmtree(self.partial)
@@ -141,6 +165,14 @@ class ResultWriter:
             raise ResumeError(
                 f"{self.partial} holds {manifest.get('format')} output but {self.fmt} was requested"
             )
+        if self.input_log and not manifest.get("input_log"):
+            if not self.force:
+                raise ResumeError(
+                    f"{self.partial} has no fingerprint of its input (an older qace wrote it), so this run "
+                    "cannot check that its input is the same; pass --force (force=True) to continue it "
+                    "anyway, or remove it to start over"
+                )
+            log.warning("continuing %s without checking its input (forced)", self.partial)
         try:
             listed = self._check_chunks(manifest)
         except (KeyError, TypeError, ValueError) as exc:
@@ -162,6 +194,8 @@ class ResultWriter:
             names = [f"{chunk['name']}.rows.jsonl"] + (
                 [f"{chunk['name']}.errors.jsonl"] if chunk["errors"] else []
             )
+            if chunk.get("inputs"):
+                names.append(f"{chunk['name']}.input.jsonl")
             for name in names:
                 if not (self.partial / name).is_file():
                     raise ResumeError(
@@ -170,45 +204,95 @@ class ResultWriter:
                 listed.add(name)
             self._done.update(_jsonl_ids(self.partial / names[0]))
             if chunk["errors"]:
-                self._done.update(_jsonl_ids(self.partial / names[1]))
+                self._load_errors(self.partial / names[1])
         return listed
 
+    def _load_errors(self, path: Path) -> None:
+        """Errors with an input line are done by line, others (no line) by id."""
+        with path.open("rb") as f:
+            for text in f:
+                if text.strip():
+                    error = json.loads(text)
+                    if error.get("line") is not None:
+                        self._done_lines.add(int(error["line"]))
+                    else:
+                        self._done.add(str(error["id"]))
+
     def done_ids(self) -> set[str]:
-        """Ids already committed (scored rows and errors) by an earlier run of this output."""
+        """Ids already committed by an earlier run of this output: scored rows, and errors without a line."""
         return set(self._done)
 
-    def add(self, row: dict[str, Any]) -> None:
-        """Queue one scored row (must have a string `id`); commits a chunk every `chunk_size` rows."""
+    def done_lines(self) -> set[int]:
+        """Input lines of the errors an earlier run of this output committed."""
+        return set(self._done_lines)
+
+    def committed_marks(self) -> Iterator[InputMark]:
+        """The input marks an earlier run committed, in input order (none without an input log)."""
+        from qace.data.fingerprint import InputMark
+
+        if self._complete or not self._manifest.get("input_log"):
+            return
+        for chunk in self._manifest["chunks"]:
+            if chunk.get("inputs"):
+                with (self.partial / f"{chunk['name']}.input.jsonl").open("rb") as f:
+                    for text in f:
+                        yield InputMark(*json.loads(text))
+
+    def add(self, row: dict[str, Any], *, mark: InputMark | None = None) -> None:
+        """Queue one scored row (must have a string `id`) and the `mark` of its input record; commits
+        a chunk every `chunk_size` rows."""
         record_id = row.get("id") if isinstance(row, dict) else None
         if not isinstance(record_id, str):
             raise QACEError(f"a result row needs a string 'id', got {record_id!r}")
-        self._claim(record_id)
+        self._claim(record_id, None)
         try:
             line = json.dumps(row, ensure_ascii=False, allow_nan=False, default=_plain)
         except (TypeError, ValueError) as exc:
             self._seen.discard(record_id)
             raise QACEError(f"result row {record_id!r} cannot be written as JSON: {exc}") from exc
         self._rows.append(line + "\n")
+        self._add_mark(mark)
+
+    def add_error(
+        self, id: str | None, reason: str, *, line: int | None = None, mark: InputMark | None = None
+    ) -> None:
+        """Queue a per-record error (``id`` None when it could not be read; ``line`` its input line) and
+        the `mark` of its input record; it counts as done on resume, like a scored row: by ``line``
+        when given, else by ``id``."""
+        if id is None and line is None:
+            raise QACEError(f"an error needs an id or an input line ({reason!r})")
+        self._claim(id, line)
+        entry: dict[str, Any] = {"id": id} if line is None else {"id": id, "line": line}
+        self._errors.append(json.dumps({**entry, "reason": reason}, ensure_ascii=False) + "\n")
+        self._add_mark(mark)
+
+    def _add_mark(self, mark: InputMark | None) -> None:
+        if self.input_log:
+            if mark is None:
+                raise QACEError(f"{self.path} logs its input: every row and error needs its input mark")
+            self._marks.append(json.dumps(list(mark), ensure_ascii=False) + "\n")
         self._maybe_flush()
 
-    def add_error(self, id: str, reason: str) -> None:
-        """Queue a per-record error; it counts as done on resume, like a scored row."""
-        self._claim(id)
-        self._errors.append(json.dumps({"id": id, "reason": reason}, ensure_ascii=False) + "\n")
-        self._maybe_flush()
-
-    def _claim(self, record_id: str) -> None:
-        """Refuse a second row for one id (a caller bug) and any new row for a finished output."""
+    def _claim(self, record_id: str | None, line: int | None) -> None:
+        """Refuse a second row for one id or input line (a caller bug) and any new row for a finished
+        output."""
         if self._closed:
             raise QACEError(f"{self.path}: writer is closed")
-        if record_id in self._seen or record_id in self._done:
+        if line is not None:
+            if line in self._seen_lines or line in self._done_lines:
+                raise QACEError(f"duplicate result for input line {line} in {self.path} (caller bug)")
+        elif record_id in self._seen or record_id in self._done:
             raise QACEError(f"duplicate result for id {record_id!r} in {self.path} (caller bug)")
         if self._complete:
+            what = f"id {record_id!r}" if line is None else f"input line {line}"
             raise ResumeError(
-                f"{self.path} is already complete; a row for new id {record_id!r} cannot be appended. "
+                f"{self.path} is already complete; a row for new {what} cannot be appended. "
                 "Write to a new output path or remove the old output."
             )
-        self._seen.add(record_id)
+        if line is not None:
+            self._seen_lines.add(line)
+        else:
+            self._seen.add(record_id)  # type: ignore[arg-type]  # not None: add_error checks
 
     def _maybe_flush(self) -> None:
         if len(self._rows) + len(self._errors) >= self.chunk_size:
@@ -222,11 +306,15 @@ class ResultWriter:
         _atomic_write(self.partial / f"{name}.rows.jsonl", self._rows)
         if self._errors:
             _atomic_write(self.partial / f"{name}.errors.jsonl", self._errors)
-        self._manifest["chunks"].append({"name": name, "rows": len(self._rows), "errors": len(self._errors)})
+        chunk = {"name": name, "rows": len(self._rows), "errors": len(self._errors)}
+        if self._marks:
+            _atomic_write(self.partial / f"{name}.input.jsonl", self._marks)
+            chunk["inputs"] = len(self._marks)
+        self._manifest["chunks"].append(chunk)
         self._manifest["rows"] += len(self._rows)
         self._manifest["errors"] += len(self._errors)
         self._write_manifest()
-        self._rows, self._errors = [], []
+        self._rows, self._errors, self._marks = [], [], []
 
     def close(self) -> None:
         """Commit what is pending, then assemble the final output and errors files atomically."""

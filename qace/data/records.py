@@ -8,6 +8,10 @@ unreadable (missing file, a COCO results file that is not JSON) raise `InputErro
 Files are read in binary and decoded one line at a time, so a stray non-UTF-8 byte costs one
 record, not the file, and a JSONL file is never held in memory as a whole.
 
+Every record and error carries its ``line``: the physical line it starts on (JSONL, CSV), or its
+1-based number in a COCO array or a Parquet table. An error of a record whose id cannot be read has
+``id=None``; positions never go into the id namespace, so they cannot clash with real ids.
+
 Whether references or an image id are required depends on the metric variant (QACE-Ref needs
 references, QACE-Img an image id), so the reader accepts records without them and `require()`
 says what is missing for a given variant.
@@ -20,7 +24,8 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +33,11 @@ from qace.errors import InputError
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "jsonl", "csv", "coco")
+FORMATS = ("auto", "jsonl", "csv", "coco", "parquet")
 _REF_COLUMN = re.compile(r"^ref(erence)?s?[_ -]?\d+$", re.IGNORECASE)
 _CSV_FIELD_LIMIT = 2**31 - 1  # very long captions are the metric's business (it flags truncation)
+_PARQUET_BATCH = 4096
+_RECORD_COLUMNS = ("id", "caption", "image_id", "image", "references")
 
 
 @dataclass(frozen=True)
@@ -47,14 +54,29 @@ class Record:
     image_id: str | None = None
     references: tuple[str, ...] | None = None
     image: str | None = None
+    line: int | None = field(default=None, compare=False)
+    """Where the record is in its input file (see the module docstring); None outside files."""
 
 
 @dataclass(frozen=True)
 class RecordError:
-    """A record the reader could not accept: `id` is the record id if known, else e.g. `line 17`."""
+    """A record that cannot be scored: `id` is its id, or None when it could not be read; `line` is
+    where it is in its input file (None outside files)."""
 
-    id: str
+    id: str | None
     reason: str
+    line: int | None = None
+
+
+def caption_problem(caption: Any, max_chars: int | None = None) -> str | None:
+    """Why ``caption`` cannot be scored (``None`` when it can); ``max_chars`` bounds its length."""
+    if not isinstance(caption, str):
+        return f"caption must be a string, got {type(caption).__name__}"
+    if not caption.strip():
+        return "empty or whitespace-only caption"
+    if max_chars is not None and len(caption) > max_chars:
+        return f"caption has {len(caption)} characters; the limit is {max_chars}"
+    return None
 
 
 def require(record: Record, *, references: bool, image: bool) -> str | None:
@@ -81,9 +103,14 @@ def read_records(
       numbered columns (``reference_1``, ``ref2``, ``refs_3``, ...) read in header order with empty
       cells skipped, so images with fewer references fit the same table. A non-empty
       ``references`` column wins over numbered columns. Errors name the physical line.
+      Quoting is checked, so that a broken quote never swallows rows silently: a quote inside an
+      unquoted field or text after a closing quote makes the row an error, and a quoted field left
+      open over lines that look like rows makes the row and each of those lines an error.
     - ``coco`` (a ``.json`` file starting with ``[``): COCO-style results ``[{image_id, caption}]``;
       record ids are the positions in the array (``"0"``, ``"1"``, ...). This one is a single JSON
       document and is loaded whole.
+    - ``parquet`` (``.parquet``): a table with the JSONL fields as columns (``references`` a list of
+      strings or a JSON list string), read a batch of rows at a time.
 
     `references`, if given, is a COCO annotations file ``{"annotations": [{image_id, caption}]}``
     or a JSON list of ``{image_id, caption}``; an image's references are its unique captions in
@@ -98,12 +125,14 @@ def read_records(
         fmt = detect_format(path)
     refs = load_references(references) if references is not None else None
     if fmt == "jsonl":
-        rows: Iterable[tuple[str, Any]] = _jsonl_rows(path)
+        rows: Iterable[tuple[int, str, Any]] = _jsonl_rows(path)
     elif fmt == "csv":
         rows = _csv_rows(path)
+    elif fmt == "parquet":
+        rows = _parquet_rows(path)
     else:
         rows = _coco_rows(path)
-    yield from _records(rows, refs, ids_from_position=fmt == "coco", base_dir=path.parent)
+    yield from _records(rows, refs, base_dir=path.parent)
 
 
 def detect_format(path: Path) -> str:
@@ -113,6 +142,8 @@ def detect_format(path: Path) -> str:
         return "jsonl"
     if suffix in (".csv", ".tsv"):
         return "csv"
+    if suffix == ".parquet":
+        return "parquet"
     with path.open("rb") as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     if head.startswith(b"["):
@@ -154,8 +185,8 @@ def load_references(path: str | Path) -> dict[str, tuple[str, ...]]:
     return {key: tuple(caps) for key, caps in seen.items()}
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """Yield (position, parsed object or error reason) per non-blank line, decoding line by line."""
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """Yield (line, label, parsed object or error) per non-blank line, decoding line by line."""
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             if number == 1:
@@ -172,24 +203,26 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 reason = f"malformed JSON ({exc.msg} at column {exc.colno})"
-                yield where, _Bad("non-UTF-8 bytes" if bad_bytes else reason)
+                yield number, where, _Bad("non-UTF-8 bytes" if bad_bytes else reason)
                 continue
             except (ValueError, RecursionError):  # e.g. nesting too deep to parse
-                yield where, _Bad("malformed JSON (too deeply nested)")
+                yield number, where, _Bad("malformed JSON (too deeply nested)")
                 continue
             if bad_bytes:
                 obj = _Bad("non-UTF-8 bytes", obj.get("id") if isinstance(obj, dict) else None)
-            yield where, obj
+            yield number, where, obj
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """Yield (position, row dict or error) per CSV row; references gathered as described above."""
+def _csv_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """Yield (line, label, row dict or error) per CSV row; references gathered as described above."""
     if csv.field_size_limit() < _CSV_FIELD_LIMIT:
         csv.field_size_limit(_CSV_FIELD_LIMIT)
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     with path.open("rb") as f:
         lines = (raw.decode("utf-8", errors="surrogateescape") for raw in f)
         first = next(lines, "").removeprefix("\ufeff")
-        reader = csv.reader(_chain(first, lines), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        consumed: list[str] = []  # the physical lines of the row being parsed
+        reader = csv.reader(_recorded(_chain(first, lines), consumed), delimiter=delimiter)
         header = next(reader, None)
         if not header:
             return
@@ -199,12 +232,13 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
         ref_cols = [i for i, name in enumerate(header) if _REF_COLUMN.match(name)]
         while True:
             start = reader.line_num + 1
+            consumed.clear()
             try:
                 cells = next(reader)
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield f"line {start}", _Bad(f"malformed CSV ({exc})")
+                yield start, f"line {start}", _Bad(f"malformed CSV ({exc})")
                 continue
             if not any(cell.strip() for cell in cells):
                 continue
@@ -214,13 +248,76 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
                 for name, cell in zip(header, cells, strict=False)
                 if cell != "" or name == "caption"
             }
+            problem, swallowed = _csv_quoting(consumed, delimiter, len(header), start)
+            if problem is not None:
+                yield start, where, _Bad(problem, row.get("id"))
+                for number in swallowed:
+                    reason = (
+                        f"looks like a row swallowed by the quote left open on line {start}; close that quote"
+                    )
+                    yield number, f"line {number}", _Bad(reason)
+                continue
             if any(_has_surrogate(cell) for cell in cells):
-                yield where, _Bad("non-UTF-8 bytes", row.get("id"))
+                yield start, where, _Bad("non-UTF-8 bytes", row.get("id"))
                 continue
             if len(cells) > len(header):
-                yield where, _Bad(f"{len(cells)} cells but {len(header)} columns", row.get("id"))
+                yield start, where, _Bad(f"{len(cells)} cells but {len(header)} columns", row.get("id"))
                 continue
-            yield where, _csv_references(row, [cells[i] for i in ref_cols if i < len(cells)])
+            yield start, where, _csv_references(row, [cells[i] for i in ref_cols if i < len(cells)])
+
+
+def _csv_quoting(lines: list[str], delimiter: str, columns: int, start: int) -> tuple[str | None, list[int]]:
+    """Check the quoting of one CSV row's physical ``lines`` (RFC 4180): the problem, else None, and
+    the numbers of the lines after the first that look like rows of their own (``columns`` cells)."""
+    text = "".join(lines)
+    if len(lines) == 1 and ('"' not in text or _csv_row_pattern(delimiter).fullmatch(text)):
+        return None, []  # the common case, without a character loop
+    problem = None
+    state = "start"  # start of a field, "plain" field, "quoted" field, "closed" quote
+    pos, end = 0, len(text)
+    while pos < end and problem is None:
+        ch = text[pos]
+        if state == "quoted":
+            if ch == '"':
+                if text.startswith('"', pos + 1):
+                    pos += 1  # a doubled quote inside quotes
+                else:
+                    state = "closed"
+        elif ch == delimiter or ch in "\r\n":
+            state = "start"
+        elif state == "start":
+            state = "quoted" if ch == '"' else "plain"
+        elif state == "closed":
+            problem = f"text after a closing quote at column {pos + 1} (quote the whole field)"
+        elif ch == '"':
+            problem = (
+                f"a quote inside an unquoted field at column {pos + 1}; "
+                'put the field in quotes and double the quote ("")'
+            )
+        pos += 1
+    if problem is None and state == "quoted":
+        problem = "a quote is never closed"
+    swallowed = [
+        start + i
+        for i, line in enumerate(lines[1:], start=1)
+        if len(next(csv.reader([line], delimiter=delimiter), [])) == columns
+    ]
+    if swallowed:
+        listed = ", ".join(str(n) for n in swallowed)
+        problem = (
+            f"a quoted field opened on line {start} runs to line {start + len(lines) - 1}, over "
+            f"{len(swallowed)} line(s) that look like rows ({listed}): an unclosed quote? "
+            + (problem or "if that text is one field, remove its line breaks")
+        )
+    return problem, swallowed if problem is not None else []
+
+
+@lru_cache(maxsize=4)
+def _csv_row_pattern(delimiter: str) -> re.Pattern[str]:
+    """A row of well-quoted fields (RFC 4180): quoted fields double their quotes, others hold none."""
+    d = re.escape(delimiter)
+    cell = rf'(?:"[^"]*(?:""[^"]*)*"|[^"{d}\r\n]*)'
+    return re.compile(rf"{cell}(?:{d}{cell})*(?:\r?\n)?")
 
 
 def _csv_references(row: dict[str, Any], numbered: list[str]) -> Any:
@@ -239,8 +336,8 @@ def _csv_references(row: dict[str, Any], numbered: list[str]) -> Any:
     return row
 
 
-def _coco_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """Yield (index, object) for a COCO-style results array (ids are the array positions)."""
+def _coco_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """Yield (number, label, object) for a COCO-style results array (ids are the array positions)."""
     try:
         with path.open("rb") as f:
             data = json.load(f)
@@ -249,9 +346,37 @@ def _coco_rows(path: Path) -> Iterator[tuple[str, Any]]:
     if not isinstance(data, list):
         raise InputError(f"COCO results {str(path)!r} must be a JSON array of {{image_id, caption}}")
     for index, obj in enumerate(data):
-        if isinstance(obj, dict):
-            obj = {**obj, "id": str(index)}
-        yield f"result {index}", obj
+        yield (
+            index + 1,
+            f"result {index}",
+            {**obj, "id": str(index)}
+            if isinstance(obj, dict)
+            else _Bad(f"expected a JSON object, got {type(obj).__name__}", index),
+        )
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """Yield (row number, label, row dict) of a Parquet table, a batch of rows at a time."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+        names = [name for name in _RECORD_COLUMNS if name in table.schema_arrow.names]
+        if "caption" not in names:
+            raise InputError(f"Parquet {str(path)!r} has no 'caption' column")
+        number = 0
+        for batch in table.iter_batches(batch_size=_PARQUET_BATCH, columns=names):
+            for row in batch.to_pylist():
+                number += 1
+                refs = row.get("references")
+                if isinstance(refs, str) and refs.strip():
+                    try:
+                        row["references"] = json.loads(refs)
+                    except ValueError:
+                        row = _Bad("references column is not a JSON list of strings", row.get("id"))
+                yield number, f"row {number}", row
+    except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
+        raise InputError(f"cannot read Parquet input {str(path)!r}: {exc}") from exc
 
 
 class _Bad:
@@ -263,53 +388,47 @@ class _Bad:
 
 
 def _records(
-    rows: Iterable[tuple[str, Any]],
-    refs: dict[str, tuple[str, ...]] | None,
-    *,
-    ids_from_position: bool,
-    base_dir: Path,
+    rows: Iterable[tuple[int, str, Any]], refs: dict[str, tuple[str, ...]] | None, *, base_dir: Path
 ) -> Iterator[Record | RecordError]:
     """Validate parsed rows into records; the second occurrence of an id is an error."""
     seen: dict[str, str] = {}
-    for where, obj in rows:
+    for line, where, obj in rows:
         if isinstance(obj, _Bad):
             record_id = _as_id(obj.record_id)
-            if record_id is None or record_id in seen:
-                record_id = where
-            seen.setdefault(record_id, where)
-            yield RecordError(record_id, f"{where}: {obj.reason}")
+            if record_id is not None:
+                seen.setdefault(record_id, where)
+            yield RecordError(record_id, f"{where}: {obj.reason}", line)
             continue
         if not isinstance(obj, dict):
-            label = str(where.split()[-1]) if ids_from_position else where
-            yield RecordError(label, f"{where}: expected a JSON object, got {type(obj).__name__}")
+            yield RecordError(None, f"{where}: expected a JSON object, got {type(obj).__name__}", line)
             continue
         record_id = _as_id(obj.get("id"))
         if record_id is None:
-            yield RecordError(where, f"{where}: missing id")
+            yield RecordError(None, f"{where}: missing id", line)
             continue
         if record_id in seen:
-            # keyed by position: the id itself already belongs to the first occurrence
-            yield RecordError(where, f"{where}: duplicate id {record_id!r} (first on {seen[record_id]})")
+            yield RecordError(
+                record_id, f"{where}: duplicate id {record_id!r} (first on {seen[record_id]})", line
+            )
             continue
         seen[record_id] = where
-        result = _record(record_id, obj, refs, base_dir)
+        result = _record(record_id, obj, refs, base_dir, line)
         if isinstance(result, str):
-            yield RecordError(record_id, f"{where}: {result}")
+            yield RecordError(record_id, f"{where}: {result}", line)
         else:
             yield result
 
 
 def _record(
-    record_id: str, obj: dict[str, Any], refs: dict[str, tuple[str, ...]] | None, base_dir: Path
+    record_id: str, obj: dict[str, Any], refs: dict[str, tuple[str, ...]] | None, base_dir: Path, line: int
 ) -> Record | str:
     """Build a Record from a parsed row, or return the reason it is invalid."""
     caption = obj.get("caption")
     if caption is None:
         return "missing caption"
-    if not isinstance(caption, str):
-        return f"caption must be a string, got {type(caption).__name__}"
-    if not caption.strip():
-        return "empty or whitespace-only caption"
+    problem = caption_problem(caption)
+    if problem is not None:
+        return problem
     raw_image = obj.get("image_id")
     image_id = _as_id(raw_image)
     if raw_image not in (None, "") and image_id is None:
@@ -329,7 +448,7 @@ def _record(
     else:
         ref_tuple = refs.get(image_id) if refs is not None and image_id is not None else None
     image_path = None if image is None else str(base_dir / Path(image).expanduser())
-    return Record(record_id, caption, image_id, ref_tuple, image_path)
+    return Record(record_id, caption, image_id, ref_tuple, image_path, line)
 
 
 def _as_id(value: Any) -> str | None:
@@ -346,6 +465,13 @@ def _as_id(value: Any) -> str | None:
 def _has_surrogate(text: str) -> bool:
     """True when `text` holds bytes that were not valid UTF-8 (decoded with surrogateescape)."""
     return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+def _recorded(lines: Iterable[str], into: list[str]) -> Iterator[str]:
+    """Pass ``lines`` through, appending each to ``into`` (the csv reader pulls exactly a row's lines)."""
+    for line in lines:
+        into.append(line)
+        yield line
 
 
 def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:

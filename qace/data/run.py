@@ -1,20 +1,27 @@
 """Score a whole file with any scorer: progress bar, crash-safe resumable output, errors file.
 
-QACE and the other judges (`qace.judges`) share this loop, so they share its guarantees: every
-input id is scored once or listed with its reason, and a killed run resumes to the same bytes.
+QACE and the other judges (`qace.judges`) share this loop (`write_results`; the ``--gpus`` shards
+run it too), so they share its guarantees: every input record is scored once or listed in the errors
+file with its line and reason, a killed run resumes to the same bytes, and a resumed run refuses an
+input that differs from the one it started on (`qace.data.fingerprint`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qace.data.records import Record, RecordError
-from qace.errors import InputError
+from qace.errors import InputError, QACEError
+
+if TYPE_CHECKING:
+    from qace.data.fingerprint import InputMark
+    from qace.data.output import ResultWriter
 
 log = logging.getLogger(__name__)
 
@@ -67,44 +74,103 @@ class FileScorer:
         references: str | Path | None = None,
         fmt: str = "auto",
         resume: bool = False,
+        force: bool = False,
     ) -> Summary:
-        """Score a JSONL/CSV/COCO file into JSONL or Parquet, committing whole chunks (resumable)."""
+        """Score a JSONL/CSV/COCO/Parquet file into JSONL or Parquet, committing whole chunks (resumable).
+
+        ``force`` lets ``resume`` continue an output that cannot be checked: a partial output without
+        an input fingerprint, or a finished one without a signature (`qace.data.output`)."""
         from qace.data.output import ResultWriter
         from qace.data.records import read_records
-        from qace.progress import track
 
         start = time.perf_counter()
-        scored = errors = skipped = 0
-        total = 0.0
         with ResultWriter(
-            output_path, signature=self.signature, resume=resume, chunk_size=self.chunk_size
+            output_path,
+            signature=self.signature,
+            resume=resume,
+            chunk_size=self.chunk_size,
+            input_log=True,
+            force=force,
         ) as writer:
-            done = writer.done_ids()
-
-            def pending() -> Iterator[Record | RecordError]:
-                nonlocal skipped
-                for record in read_records(input_path, references=references, fmt=fmt):
-                    if record.id in done:
-                        skipped += 1
-                    else:
-                        yield record
-
-            records = count_jsonl_records(input_path, fmt)
-            left = None if records is None else max(records - len(done), 0)
-            bar = track("scoring", total=left, unit="caption", enabled=self.progress)
-            for result in self.score_committed(pending()):
-                if isinstance(result, RecordError):
-                    writer.add_error(result.id, result.reason)
-                    log.warning("record %s: %s", result.id, result.reason)
-                    errors += 1
-                else:
-                    writer.add(result)
-                    scored += 1
-                    total += result[self.score_key]
-                bar.update(1)
-            bar.close()
+            counts = write_results(
+                self,
+                read_records(input_path, references=references, fmt=fmt),
+                writer,
+                progress=self.progress,
+                expected=count_jsonl_records(input_path, fmt),
+            )
         seconds = time.perf_counter() - start
-        return Summary(scored, errors, skipped, total / scored if scored else None, seconds, self.score_key)
+        return Summary(*counts, seconds, self.score_key)
+
+
+def write_results(
+    scorer: FileScorer,
+    items: Iterable[Record | RecordError],
+    writer: ResultWriter,
+    *,
+    progress: bool = False,
+    committed: bool = True,
+    expected: int | None = None,
+    advance: Callable[[int], object] | None = None,
+) -> tuple[int, int, int, float | None]:
+    """Score ``items`` (a file's records in input order) with ``scorer.score_committed`` (or, with
+    ``committed=False``, ``scorer.score_records``) into ``writer`` (a `qace.data.output.ResultWriter`
+    logging its input); returns (scored, errors, skipped, mean score). ``expected``, the number of input
+    records when known, gives the progress display its ETA; ``advance`` is called with 1 for each record
+    scored, failed or skipped (a `--gpus` worker reports to its parent so).
+
+    What an earlier run of the writer's output committed is skipped, after checking that the input
+    still holds those same records (`qace.data.fingerprint.InputCheck`; a difference raises
+    `ResumeError` before anything is written). Each result is matched to its input record, so an error
+    is written with the record's input line whatever the scorer put in it.
+    """
+    from qace.data.fingerprint import InputCheck, input_mark
+    from qace.progress import track
+
+    check = InputCheck(writer.committed_marks(), str(writer.path))
+    done_ids, done_lines = writer.done_ids(), writer.done_lines()
+    queued: deque[tuple[Record | RecordError, InputMark]] = deque()  # filled by the prefetch thread
+    skipped = 0
+
+    def pending() -> Iterator[Record | RecordError]:
+        nonlocal skipped
+        for item in items:
+            mark = input_mark(item)
+            done = check.matches(mark) or (
+                item.line in done_lines
+                if isinstance(item, RecordError) and item.line is not None
+                else item.id in done_ids or item.line in done_lines
+            )
+            if done:
+                skipped += 1
+                tick(1)
+            else:
+                queued.append((item, mark))
+                yield item
+        check.finish()
+
+    scored = errors = 0
+    total = 0.0
+    score = scorer.score_committed if committed else scorer.score_records
+    tick = advance or (lambda n: None)
+    left = None if expected is None else max(expected - len(done_ids) - len(done_lines), 0)
+    with track("scoring", total=left, unit="caption", enabled=progress) as bar:
+        for result in score(pending()):
+            item, mark = queued.popleft()
+            result_id = result.id if isinstance(result, RecordError) else result.get("id")
+            if result_id != item.id:
+                raise QACEError(f"{type(scorer).__name__} answered id {result_id!r} for record {item.id!r}")
+            if isinstance(result, RecordError):
+                writer.add_error(result.id, result.reason, line=item.line, mark=mark)
+                log.warning("record %s (line %s): %s", result.id, item.line, result.reason)
+                errors += 1
+            else:
+                writer.add(result, mark=mark)
+                scored += 1
+                total += result[scorer.score_key]
+            bar.update(1)
+            tick(1)
+    return scored, errors, skipped, total / scored if scored else None
 
 
 def count_jsonl_records(path: str | Path, fmt: str = "auto") -> int | None:

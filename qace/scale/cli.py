@@ -42,7 +42,7 @@ def cmd_score_sharded(args: argparse.Namespace, judge: Any = None, devices: list
     log.info("scoring %s on %d devices: %s", key, len(devices), ", ".join(devices))
     summary = score_file_sharded(
         args.input, args.output, devices=devices, scorer_kwargs=kwargs, scorer_factory=factory,
-        score_key=key, references=args.references, fmt=args.format, resume=args.resume,
+        score_key=key, references=args.references, fmt=args.format, resume=args.resume, force=args.force,
     )  # fmt: skip
     lines = [summary.line()]
     if summary.errors:
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("inputs", nargs="+", help="Parquet files/directories or JSONL files (shared storage)")
     p.add_argument("--output", "-o", required=True, help="output directory of Parquet files")
-    p.add_argument("--format", default="auto", choices=["auto", "parquet", "jsonl"])
+    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "csv", "coco", "parquet"])
     p.add_argument("--models", help="directory with qg/, tqa/, vqa/ visible to every node")
     p.add_argument("--variant", default="ref", choices=["ref", "img"])
     p.add_argument("--features", help="region features visible to every node (QACE-Img)")
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-actor", type=float, default=1.0, help="0 runs the actors on CPU")
     p.add_argument("--batch-size", type=int, default=512, help="captions per map_batches call")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
-    p.add_argument("--resume", action="store_true", help="skip ids already in the output directory")
+    p.add_argument("--resume", action="store_true", help="skip records already in the output directory")
     p.set_defaults(func=cmd_score_ray)
 
 

@@ -6,10 +6,15 @@ Parquet in parallel. What it adds here is small: `QACEBatchScorer` (a callable c
 actor loads the models once) and a fixed output schema, so every Parquet file of a run, and of
 its resumed runs, reads back as one table.
 
-Resume by caption id (our own manifest: the output directory itself): each run writes new
-Parquet files next to the old ones; a resumed run reads the ``id`` column of every readable file,
-deletes unreadable ones (a write killed mid-file has no footer) and scores only the other ids.
-Ids must be unique in the input.
+Input files are read by `qace.data.records.read_records` inside Ray tasks, one task per file, so
+every format of ``qace score`` (JSONL, CSV, COCO, Parquet) is read with the same checks: a malformed
+record becomes an output row with ``error`` set and its ``source`` file and ``line``, never a failed
+job or a lost row. Every input record gets exactly one output row.
+
+Resume by input position (our own manifest: the output directory itself): each run writes new
+Parquet files next to the old ones; a resumed run reads the ``source`` and ``line`` columns of every
+readable file, deletes unreadable ones (a write killed mid-file has no footer) and scores only the
+other records.
 
 Entry points: `score_dataset` (a lazy ``Dataset`` in, a lazy ``Dataset`` out) and
 `score_to_parquet` (paths in, Parquet directory out, resumable). Needs the ``ray`` extra.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +41,7 @@ def output_schema() -> Any:
     import pyarrow as pa
 
     return pa.schema(
-        [("id", pa.string()), ("image_id", pa.string())]
+        [("id", pa.string()), ("source", pa.string()), ("line", pa.int64()), ("image_id", pa.string())]
         + [(name, pa.float64()) for name in SCORE_FIELDS]
         + [
             ("n_questions", pa.int64()),
@@ -52,8 +58,9 @@ class QACEBatchScorer:
     """Callable class for ``Dataset.map_batches``: one `QACE` per actor, one Arrow table per batch.
 
     Input columns: ``id`` and ``caption``, plus ``references`` (list of strings, or a JSON list
-    string) for QACE-Ref or ``image_id`` for QACE-Img. Under Ray each GPU actor sees only its GPU,
-    so the default device is ``cuda`` when one is visible, else ``cpu``.
+    string) for QACE-Ref or ``image_id`` for QACE-Img; optional ``error`` (a row the reader rejected:
+    passed through as an error row), ``source`` and ``line`` (copied to the output). Under Ray each GPU
+    actor sees only its GPU, so the default device is ``cuda`` when one is visible, else ``cpu``.
     """
 
     def __init__(self, scorer_kwargs: dict[str, Any] | None = None, torch_threads: int | None = None) -> None:
@@ -78,21 +85,30 @@ class QACEBatchScorer:
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else _rows_of(batch)
         if rows and "id" not in rows[0]:
             raise InputError("the data set needs an 'id' column (unique per caption; resume relies on it)")
-        ids = [str(row["id"]) for row in rows]
-        # per-row None (and non-string captions) are allowed: QACE.score turns them into error rows
-        references: Any = [_references(row.get("references")) for row in rows]
         image_ids: Any = [None if row.get("image_id") is None else str(row["image_id"]) for row in rows]
-        captions: Any = [row.get("caption") for row in rows]
-        results = self.scorer.score(
-            captions,
-            references=references if any(r is not None for r in references) else None,
-            image_ids=image_ids if any(i is not None for i in image_ids) else None,
-            ids=ids,
-        )
+        valid = [i for i, row in enumerate(rows) if row.get("error") is None]
+        results: list[dict[str, Any]] = [
+            {"id": row["id"], "error": row["error"]} for row in rows
+        ]  # valid rows are replaced below
+        if valid:
+            # per-row None (and non-string captions) are allowed: QACE.score turns them into error rows
+            references: Any = [_references(rows[i].get("references")) for i in valid]
+            kept_images: Any = [image_ids[i] for i in valid]
+            captions: Any = [rows[i].get("caption") for i in valid]
+            scored = self.scorer.score(
+                captions,
+                references=references if any(r is not None for r in references) else None,
+                image_ids=kept_images if any(i is not None for i in kept_images) else None,
+                ids=[str(rows[i]["id"]) for i in valid],
+            )
+            for i, result in zip(valid, scored, strict=True):
+                results[i] = result
         schema = output_schema()
         out: dict[str, list[Any]] = {name: [] for name in schema.names}
-        for image_id, result in zip(image_ids, results, strict=True):
+        for row, image_id, result in zip(rows, image_ids, results, strict=True):
             out["id"].append(result["id"])
+            out["source"].append(row.get("source"))
+            out["line"].append(row.get("line"))
             out["image_id"].append(image_id)
             for name in (*SCORE_FIELDS, "n_questions", "n_references", "flags"):
                 out[name].append(result.get(name))
@@ -149,11 +165,12 @@ def score_to_parquet(
     batch_size: int = 512,
     torch_threads: int | None = None,
 ) -> dict[str, Any]:
-    """Read Parquet or JSONL ``inputs``, score them, write Parquet files into ``output_dir``.
+    """Read JSONL, CSV, COCO or Parquet ``inputs`` (files, or directories of ``.parquet`` files), score
+    them, write Parquet files into ``output_dir``; ``fmt`` is `qace.data.records.read_records`'s.
 
-    ``resume=True`` skips ids already in ``output_dir`` (see the module docstring); without it an
-    existing non-empty ``output_dir`` is refused. Returns counts: ``scored`` (rows written by this
-    run, errors included), ``skipped`` (ids found done), ``seconds``.
+    ``resume=True`` skips the records already in ``output_dir`` (see the module docstring); without
+    it an existing non-empty ``output_dir`` is refused. Returns counts: ``scored`` (rows written by
+    this run, errors included), ``skipped`` (records found done), ``seconds``.
     """
     try:
         import ray
@@ -166,7 +183,7 @@ def score_to_parquet(
         raise ConfigError(
             f"{out} already holds Parquet files; pass resume=True (--resume) or pick another directory"
         )
-    done = _done_ids(existing)
+    done = _done_keys(existing)
     ds = _read(ray, inputs, fmt)
     if done:
         ds = ds.map_batches(_drop_done, fn_kwargs={"done": sorted(done)}, batch_format="pyarrow")
@@ -198,36 +215,82 @@ def read_scores(output_dir: str | Path) -> Any:
 
 
 def _read(ray: Any, inputs: str | list[str], fmt: str) -> Any:
-    paths = [inputs] if isinstance(inputs, str) else list(inputs)
-    if fmt == "auto":
-        fmt = "parquet" if all(str(p).endswith(".parquet") or Path(p).is_dir() for p in paths) else "jsonl"
-    if fmt == "parquet":
-        return ray.data.read_parquet(paths)
-    if fmt == "jsonl":
-        return ray.data.read_json(paths, lines=True)
-    raise ConfigError(f"unknown input format {fmt!r}; use parquet or jsonl")
+    """A data set of every input record (`_read_file`'s rows), one read task per input file."""
+    from qace.data.records import FORMATS
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    files: list[str] = []
+    for given in [inputs] if isinstance(inputs, str) else list(inputs):
+        path = Path(given)
+        found = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+        if not found or not all(p.is_file() for p in found):
+            raise InputError(f"input {given!r} is no file, nor a directory of .parquet files")
+        files += [str(p) for p in found]
+    items = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+    return items.map_batches(_read_file, fn_kwargs={"fmt": fmt}, batch_size=1, batch_format="pyarrow")
 
 
-def _done_ids(files: list[Path]) -> set[str]:
-    """Ids of every readable output file; unreadable ones are leftovers of a killed write and go."""
+READ_BATCH = 4096
+"""Records per block that a read task hands on."""
+
+
+def _read_file(batch: Any, fmt: str) -> Iterator[Any]:
+    """The records of the file named in ``batch`` as Arrow tables of `READ_BATCH` rows: ``id, source,
+    line, caption, references, image_id, error`` (``error`` set for a record the reader rejected)."""
+    import pyarrow as pa
+
+    from qace.data.records import RecordError, read_records
+
+    schema = pa.schema(
+        [("id", pa.string()), ("source", pa.string()), ("line", pa.int64()), ("caption", pa.string()),
+         ("references", pa.list_(pa.string())), ("image_id", pa.string()), ("error", pa.string())]
+    )  # fmt: skip
+    for source in batch.column("path").to_pylist():
+        rows: list[dict[str, Any]] = []
+        for item in read_records(source, fmt=fmt):
+            row: dict[str, Any] = {"id": item.id, "source": source, "line": item.line}
+            if isinstance(item, RecordError):
+                row["error"] = item.reason
+            else:
+                row.update(caption=item.caption, references=item.references, image_id=item.image_id)
+            rows.append(row)
+            if len(rows) == READ_BATCH:
+                yield pa.Table.from_pylist(rows, schema=schema)
+                rows = []
+        if rows:
+            yield pa.Table.from_pylist(rows, schema=schema)
+
+
+def _done_keys(files: list[Path]) -> set[str]:
+    """`_key`s of the records in every readable output file; unreadable ones are leftovers of a
+    killed write and go."""
     import pyarrow.parquet as pq
 
     done: set[str] = set()
     for path in files:
         try:
-            done.update(str(i) for i in pq.read_table(path, columns=["id"]).column("id").to_pylist())
+            table = pq.read_table(path, columns=["source", "line"])
+            done.update(map(_key, table.column("source").to_pylist(), table.column("line").to_pylist()))
         except Exception as exc:  # noqa: BLE001  (pyarrow raises several types for a torn file)
             log.warning("removing unreadable %s (a write killed midway): %s", path, exc)
             path.unlink()
     return done
 
 
+def _key(source: Any, line: Any) -> str:
+    """An input record's place: its file and line."""
+    return f"{line}:{source}"
+
+
 def _drop_done(batch: Any, done: list[str]) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    ids = pc.cast(batch.column("id"), pa.string())
-    return batch.filter(pc.invert(pc.is_in(ids, value_set=pa.array(done, pa.string()))))
+    keys = pa.array(
+        map(_key, batch.column("source").to_pylist(), batch.column("line").to_pylist()), pa.string()
+    )
+    return batch.filter(pc.invert(pc.is_in(keys, value_set=pa.array(done, pa.string()))))
 
 
 def _rows(path: Path) -> int:

@@ -4,7 +4,9 @@ Layout under ``<output>.shards/``:
 
 - ``plan.json``: the input it was made from, the record count and the shard boundaries;
 - ``input-i.jsonl``: shard ``i``'s slice of the input, contiguous and in input order, as
-  normalized records (reader errors travel as ``{"id", "error"}`` lines so they keep their place);
+  normalized records with their input ``line`` (reader errors travel as ``{"id", "error", "line"}``
+  lines so they keep their place); a resumed run reads its input again and refuses it, naming the
+  first record that differs, unless it equals these files;
 - ``shard-i.jsonl``: shard ``i``'s crash-safe, resumable `ResultWriter` output.
 
 Why contiguous slices: concatenating the shard outputs in shard order *is* input order, so the
@@ -59,6 +61,8 @@ class ShardJob:
     threads: int | None = None
     scorer_factory: str | None = None
     """``"package.module:function"`` called as ``f(device=..., **scorer_kwargs)`` instead of `QACE`."""
+    force: bool = False
+    """Resume a shard output that has no input fingerprint (`qace.data.output.ResultWriter`)."""
 
 
 def resolve_devices(gpus: str | int) -> list[str]:
@@ -92,6 +96,7 @@ def score_file_sharded(
     keep_shards: bool = False,
     scorer_factory: str | None = None,
     score_key: str = "qace",
+    force: bool = False,
 ) -> Summary:
     """Score ``input_path`` into ``output_path`` with one worker per entry of ``devices``.
 
@@ -100,7 +105,8 @@ def score_file_sharded(
     ``scorer_factory`` names a callable (``"package.module:function"``, or a class such as
     ``"qace.judges.visce2:VisCE2"``) that each worker calls as ``f(device=..., **scorer_kwargs)``
     instead of `QACE`; it must return a `qace.data.run.FileScorer` and be importable in a fresh
-    process. ``score_key`` is that scorer's main score column (for the summary's mean).
+    process. ``score_key`` is that scorer's main score column (for the summary's mean). ``force`` is
+    `FileScorer.score_file`'s: resume outputs that cannot be checked.
     """
     if not devices:
         raise ConfigError("devices must name at least one torch device")
@@ -125,6 +131,7 @@ def score_file_sharded(
             resume,
             threads,
             scorer_factory,
+            force,
         )
         for i, device in enumerate(devices)
     ]
@@ -144,7 +151,9 @@ def score_file_sharded(
     if len(signatures) > 1:
         raise QACEError(f"shards produced different signatures {sorted(signatures)}; the devices disagree")
     signature = signatures.pop() if signatures else None
-    rows, errors, mean = _merge(work, output, len(bounds), signature, resume=resume, score_key=score_key)
+    rows, errors, mean = _merge(
+        work, output, len(bounds), signature, resume=resume, force=force, score_key=score_key
+    )
     if not keep_shards:
         shutil.rmtree(work, ignore_errors=True)
     if not outcomes:  # the final output was already complete
@@ -163,7 +172,7 @@ def _plan(
     input_path: Path, work: Path, shards: int, *, references: str | Path | None, fmt: str
 ) -> list[tuple[int, int]]:
     """Write (or, on resume, check and reuse) the shard inputs; returns each shard's [start, end)."""
-    from qace.data.records import RecordError, read_records
+    from qace.data.records import read_records
 
     plan_path = work / "plan.json"
     stat = input_path.stat() if input_path.is_file() else None
@@ -175,12 +184,14 @@ def _plan(
     }
     if plan_path.exists():
         plan = json.loads(plan_path.read_text("utf-8"))
-        if plan.get("version") != PLAN_VERSION or plan.get("source") != source:
+        planned = {key: value for key, value in (plan.get("source") or {}).items() if key != "size"}
+        if plan.get("version") != PLAN_VERSION or planned != {k: v for k, v in source.items() if k != "size"}:
             raise ResumeError(f"{work} was planned for another input ({plan.get('source')}); remove it")
         if len(plan["bounds"]) != shards:
             raise ResumeError(
                 f"{work} has {len(plan['bounds'])} shards, not {shards}; resume with that many devices"
             )
+        _check_same_input(read_records(input_path, references=references, fmt=fmt), work, shards)
         return [tuple(b) for b in plan["bounds"]]  # type: ignore[misc]
     if work.exists():
         shutil.rmtree(work)  # killed before the plan was written: nothing was scored
@@ -193,13 +204,7 @@ def _plan(
         at = bounds[-1][1]
     records = iter(read_records(input_path, references=references, fmt=fmt))
     for i, (lo, hi) in enumerate(bounds):
-        lines = []
-        for _ in range(hi - lo):
-            item = next(records)
-            if isinstance(item, RecordError):
-                lines.append(json.dumps({"id": item.id, "error": item.reason}, ensure_ascii=False) + "\n")
-            else:
-                lines.append(json.dumps(asdict(item), ensure_ascii=False) + "\n")
+        lines = [_shard_line(next(records)) for _ in range(hi - lo)]
         _write_atomic(work / f"input-{i}.jsonl", "".join(lines))
     _write_atomic(
         plan_path,
@@ -207,6 +212,56 @@ def _plan(
     )
     log.info("split %d records into %d shards under %s", total, shards, work)
     return bounds
+
+
+def _shard_line(item: Any) -> str:
+    """One record of a shard input (a `Record` or `RecordError`) as a JSON line."""
+    from qace.data.records import RecordError
+
+    if isinstance(item, RecordError):
+        obj = {"id": item.id, "error": item.reason, "line": item.line}
+    else:
+        obj = asdict(item)
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+def _shard_item(line: str) -> Any:
+    """The `Record` or `RecordError` of a shard input line (`_shard_line`)."""
+    from qace.data.records import Record, RecordError
+
+    obj = json.loads(line)
+    if "error" in obj:
+        return RecordError(obj["id"], obj["error"], obj.get("line"))
+    refs = obj.get("references")
+    return Record(
+        obj["id"],
+        obj["caption"],
+        obj.get("image_id"),
+        tuple(refs) if refs is not None else None,
+        obj.get("image"),
+        obj.get("line"),
+    )
+
+
+def _check_same_input(records: Any, work: Path, shards: int) -> None:
+    """Refuse to resume when the input no longer holds the records the shard inputs were cut from,
+    naming the first that differs."""
+    planned = (line for i in range(shards) for line in _lines(work / f"input-{i}.jsonl"))
+    advice = f"--resume continues {work} only with the same input; restore it or remove {work}"
+    for count, item in enumerate(records, start=1):
+        then = next(planned, None)
+        if then is None:
+            raise ResumeError(
+                f"the input has more records than when {work} was planned (line {item.line} is new); {advice}"
+            )
+        if _shard_line(item) != then:
+            old = json.loads(then)
+            raise ResumeError(
+                f"input record {count} (line {item.line}, id {item.id!r}) differs from when {work} was "
+                f"planned (then line {old.get('line')}, id {old.get('id')!r}); {advice}"
+            )
+    if next(planned, None) is not None:
+        raise ResumeError(f"the input has fewer records than when {work} was planned; {advice}")
 
 
 def _run_workers(
@@ -288,7 +343,7 @@ def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) ->
 
     from qace.api import QACE
     from qace.data.output import ResultWriter
-    from qace.data.records import Record, RecordError
+    from qace.data.run import write_results
 
     if job.threads:
         torch.set_num_threads(job.threads)
@@ -296,43 +351,21 @@ def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) ->
         torch.cuda.set_device(job.device)  # streams, graphs and libraries default to the current device
     build: Callable[..., Any] = load_factory(job.scorer_factory) if job.scorer_factory else QACE
     scorer = build(device=job.device, **job.scorer_kwargs)
-    scored = errors = skipped = 0
     with (
         _closing_candidates(scorer),
         ResultWriter(
-            job.output, signature=scorer.signature, resume=job.resume, chunk_size=scorer.chunk_size
+            job.output,
+            signature=scorer.signature,
+            resume=job.resume,
+            chunk_size=scorer.chunk_size,
+            input_log=True,
+            force=job.force,
         ) as writer,
+        open(job.input, encoding="utf-8") as f,
     ):
-        done = writer.done_ids()
-
-        def pending() -> Any:
-            nonlocal skipped
-            with open(job.input, encoding="utf-8") as f:
-                for line in f:
-                    obj = json.loads(line)
-                    if obj["id"] in done:
-                        skipped += 1
-                        progress(1)
-                    elif "error" in obj:
-                        yield RecordError(obj["id"], obj["error"])
-                    else:
-                        refs = obj.get("references")
-                        yield Record(
-                            obj["id"],
-                            obj["caption"],
-                            obj.get("image_id"),
-                            tuple(refs) if refs is not None else None,
-                            obj.get("image"),
-                        )
-
-        for result in scorer.score_records(pending()):
-            if isinstance(result, RecordError):
-                writer.add_error(result.id, result.reason)
-                errors += 1
-            else:
-                writer.add(result)
-                scored += 1
-            progress(1)
+        # score_records: benchmarks time a shard by wrapping it (`benchmarks.scaling.forced_scorer`)
+        items = (_shard_item(line) for line in f)
+        scored, errors, skipped, _ = write_results(scorer, items, writer, committed=False, advance=progress)
     log.info(
         "shard %d on %s: %d scored, %d errors, %d skipped", job.index, job.device, scored, errors, skipped
     )
@@ -366,7 +399,7 @@ def load_factory(path: str) -> Callable[..., Any]:
 
 
 def _merge(
-    work: Path, output: Path, shards: int, signature: str | None, *, resume: bool, score_key: str
+    work: Path, output: Path, shards: int, signature: str | None, *, resume: bool, force: bool, score_key: str
 ) -> tuple[int, int, float | None]:
     """Concatenate the shard outputs in shard order into the final output; returns rows, errors, mean."""
     from qace.data.output import ResultWriter
@@ -374,9 +407,11 @@ def _merge(
     if signature is None:  # final output already complete: nothing was run
         signature = _first_signature(output)
     total, scored, errors = 0.0, 0, 0
-    with ResultWriter(output, signature=signature or "", resume=resume, chunk_size=MERGE_CHUNK) as writer:
-        done = writer.done_ids()
-        if output.exists() and done:
+    with ResultWriter(
+        output, signature=signature or "", resume=resume, chunk_size=MERGE_CHUNK, force=force
+    ) as writer:
+        done, done_lines = writer.done_ids(), writer.done_lines()
+        if output.exists():
             return _final_counts(output, score_key)
         for i in range(shards):
             shard = work / f"shard-{i}.jsonl"
@@ -389,8 +424,9 @@ def _merge(
             for line in _lines(shard.with_name(shard.stem + ".errors.jsonl")):
                 error = json.loads(line)
                 errors += 1
-                if error["id"] not in done:
-                    writer.add_error(error["id"], error["reason"])
+                at = error.get("line")
+                if (at not in done_lines) if at is not None else (error["id"] not in done):
+                    writer.add_error(error["id"], error["reason"], line=at)
     return scored, errors, total / scored if scored else None
 
 

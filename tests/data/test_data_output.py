@@ -221,3 +221,44 @@ def test_corrupt_partial_or_final_is_a_resume_error(tmp_path: Path) -> None:
     foreign.write_text("this is not ours\n")
     with pytest.raises(ResumeError, match="cannot read existing output"):
         ResultWriter(foreign, signature=SIG, resume=True)
+
+
+def test_errors_are_keyed_by_input_line_not_id(tmp_path: Path) -> None:
+    """An unreadable record (no id) and a duplicate of a scored id are errors of their own lines."""
+    path = tmp_path / "out.jsonl"
+    writer = ResultWriter(path, signature=SIG, chunk_size=2)
+    writer.add(_row(1))
+    writer.add_error("r1", "duplicate id 'r1'", line=7)
+    writer.add_error(None, "malformed JSON", line=3)
+    with pytest.raises(QACEError, match="input line 3"):
+        writer.add_error(None, "again", line=3)
+    with pytest.raises(QACEError, match="an id or an input line"):
+        writer.add_error(None, "nowhere")
+    writer.flush()
+    resumed = ResultWriter(path, signature=SIG, resume=True)
+    assert resumed.done_ids() == {"r1"} and resumed.done_lines() == {3, 7}
+    resumed.close()
+    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").open()]
+    assert errors == [
+        {"id": "r1", "line": 7, "reason": "duplicate id 'r1'"},
+        {"id": None, "line": 3, "reason": "malformed JSON"},
+    ]
+
+
+def test_output_without_signature_is_resumed_only_when_forced(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text(json.dumps({"id": "a", "score": 0.5}) + "\n")
+    with pytest.raises(ResumeError, match="no signature.*--force"):
+        ResultWriter(path, signature=SIG, resume=True)
+    with ResultWriter(path, signature=SIG, resume=True, force=True) as writer:
+        assert writer.done_ids() == {"a"}
+
+
+def test_partial_without_input_log_is_resumed_only_when_forced(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    writer = ResultWriter(path, signature=SIG, chunk_size=1)  # as an older qace wrote it
+    writer.add(_row(0))
+    with pytest.raises(ResumeError, match="no fingerprint of its input.*--force"):
+        ResultWriter(path, signature=SIG, resume=True, input_log=True)
+    forced = ResultWriter(path, signature=SIG, resume=True, input_log=True, force=True)
+    assert forced.done_ids() == {"r0"} and list(forced.committed_marks()) == []

@@ -40,11 +40,11 @@ def test_jsonl_good_records_in_order(tmp_path: Path) -> None:
     ]
 
 
-BAD_JSONL: list[tuple[bytes | str, str, str]] = [
-    ('{"id": "m1", "caption": ', "line 2", "malformed JSON"),
+BAD_JSONL: list[tuple[bytes | str, str | None, str]] = [  # (line, id of its error, reason)
+    ('{"id": "m1", "caption": ', None, "malformed JSON"),
     (b'{"id": "u1", "caption": "caf\xe9 au lait"}', "u1", "non-UTF-8"),
-    (b'{"caption": "caf\xe9", "id"', "line 4", "non-UTF-8"),
-    ('["not", "an", "object"]', "line 5", "expected a JSON object"),
+    (b'{"caption": "caf\xe9", "id"', None, "non-UTF-8"),
+    ('["not", "an", "object"]', None, "expected a JSON object"),
     ('{"id": "c1"}', "c1", "missing caption"),
     ('{"id": "c2", "caption": 5}', "c2", "caption must be a string"),
     ('{"id": "c3", "caption": ""}', "c3", "empty"),
@@ -53,10 +53,10 @@ BAD_JSONL: list[tuple[bytes | str, str, str]] = [
     ('{"id": "r2", "caption": "x", "references": ["ok", 3]}', "r2", "references must be a list of strings"),
     ('{"id": "r3", "caption": "x", "references": ["ok", "  "]}', "r3", "empty string"),
     ('{"id": "r4", "caption": "x", "references": []}', "r4", "empty list"),
-    ('{"caption": "no id"}', "line 14", "line 14: missing id"),
+    ('{"caption": "no id"}', None, "line 14: missing id"),
     ('{"id": "good", "caption": "duplicate of this id follows"}', "", ""),
     ('{"id": "i1", "caption": "x", "image_id": [1]}', "i1", "image_id must be"),
-    ("[" * 100_000, "line 17", "too deeply nested"),
+    ("[" * 100_000, None, "too deeply nested"),
 ]
 
 
@@ -72,11 +72,11 @@ def test_jsonl_bad_inputs_each_named_and_reading_continues(tmp_path: Path) -> No
     errors = [item for item in items if isinstance(item, RecordError)]
     records = [item for item in items if isinstance(item, Record)]
     assert [r.id for r in records] == ["first", "good", "long", "last"]  # long caption is not an error
-    expected = [(rid, reason) for _, rid, reason in BAD_JSONL if rid]
-    expected.append((f"line {len(lines) - 2}", "duplicate id 'good'"))
+    expected = [(rid, n, reason) for n, (_, rid, reason) in enumerate(BAD_JSONL, start=2) if rid != ""]
+    expected.append(("good", len(lines) - 2, "duplicate id 'good'"))
     assert len(errors) == len(expected)
-    for error, (rid, reason) in zip(errors, expected, strict=True):
-        assert error.id == rid
+    for error, (rid, line, reason) in zip(errors, expected, strict=True):
+        assert (error.id, error.line) == (rid, line)  # an unreadable id stays None: lines are no ids
         assert reason in error.reason
     # errors name their physical line
     assert errors[0].reason.startswith("line 2:")
@@ -102,9 +102,8 @@ def test_csv_references_json_column(tmp_path: Path) -> None:
     assert isinstance(items[2], RecordError) and items[2].id == "c" and "JSON list" in items[2].reason
     assert isinstance(items[3], RecordError) and items[3].id == "d" and "empty" in items[3].reason
     assert items[4] == Record("e", "multi\nline caption", "3.jpg", ("r",))
-    assert items[5] == RecordError("line 8", "line 8: missing id")
-    assert isinstance(items[6], RecordError) and items[6].id.startswith("line")
-    assert "duplicate id 'a'" in items[6].reason
+    assert items[5] == RecordError(None, "line 8: missing id", 8)
+    assert items[6] == RecordError("a", "line 9: duplicate id 'a' (first on line 2)", 9)
 
 
 def test_csv_numbered_reference_columns_and_bad_bytes(tmp_path: Path) -> None:
@@ -230,3 +229,90 @@ def test_image_paths_resolve_against_the_input_folder(tmp_path: Path) -> None:
     assert isinstance(c, RecordError) and c.id == "c" and "image must be a file path" in c.reason
     (d,) = read_records(data / "in.csv")
     assert isinstance(d, Record) and d.image == str(data / "2.png") and d.image_id is None
+
+
+def test_csv_unclosed_quote_lists_every_swallowed_row(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text(
+        "id,caption\n"
+        'a,"an unclosed caption\n'  # line 2: the quote swallows lines 3-5
+        "b,second\n"
+        "c,third\n"
+        'd,"fourth"\n'
+        "e,fifth\n"
+        'f,"He said ""hi"" twice"\n'  # doubled quotes inside quotes are fine
+        'g,"a caption\nover two lines"\n'  # a quoted line break is fine
+        'h,"open to the end\n'
+        "i,last\n",
+        encoding="utf-8",
+    )
+    items = list(read_records(path))
+    errors = {item.line: item for item in items if isinstance(item, RecordError)}
+    records = [item for item in items if isinstance(item, Record)]
+    assert [(r.id, r.line) for r in records] == [("e", 6), ("f", 7), ("g", 8)]
+    assert records[1].caption == 'He said "hi" twice'
+    assert sorted(errors) == [2, 3, 4, 5, 10, 11]  # every physical row is scored or listed
+    assert errors[2].id == "a" and "runs to line 5" in errors[2].reason and "(3, 4, 5)" in errors[2].reason
+    assert all(errors[n].id is None and "quote left open on line 2" in errors[n].reason for n in (3, 4, 5))
+    assert errors[10].id == "h" and "never closed" in errors[10].reason
+    assert "quote left open on line 10" in errors[11].reason
+
+
+def test_csv_stray_quotes_are_errors_naming_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text(
+        'id,caption\na,The "big dog runs\nb,"quoted" then text\nc,fine caption\n', encoding="utf-8"
+    )
+    a, b, c = read_records(path)
+    assert isinstance(a, RecordError) and a.id == "a" and "quote inside an unquoted field" in a.reason
+    assert isinstance(b, RecordError) and b.id == "b" and "text after a closing quote" in b.reason
+    assert c == Record("c", "fine caption")
+
+
+def test_ids_like_line_labels_never_clash_with_unreadable_lines(tmp_path: Path) -> None:
+    """A real id "line 3" and the unreadable line 3 are two records: neither is a duplicate."""
+    path = _write_lines(
+        tmp_path / "in.jsonl",
+        [
+            json.dumps({"id": "line 3", "caption": "a real record named like a line"}),
+            json.dumps({"id": "x", "caption": "ok"}),
+            '{"id": broken',
+            json.dumps({"id": "line 5", "caption": "comes after the bad line 5"}),
+            "{not json either",
+        ],
+    )
+    items = list(read_records(path))
+    assert [(type(i).__name__, i.id, i.line) for i in items] == [
+        ("Record", "line 3", 1),
+        ("Record", "x", 2),
+        ("RecordError", None, 3),
+        ("Record", "line 5", 4),
+        ("RecordError", None, 5),
+    ]
+
+
+def test_parquet_input_rows_are_records_or_errors(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "in.parquet"
+    table = pa.table(
+        {
+            "id": ["a", None, "c", "a", "e"],
+            "caption": ["A dog.", "no id", "", "dup", "A cat."],
+            "references": ['["r1", "r2"]', None, None, None, "not json"],
+        }
+    )
+    pq.write_table(table, path)
+    items = list(read_records(path))
+    assert items[0] == Record("a", "A dog.", None, ("r1", "r2"))
+    assert [(type(i).__name__, i.id, i.line) for i in items[1:]] == [
+        ("RecordError", None, 2),
+        ("RecordError", "c", 3),
+        ("RecordError", "a", 4),
+        ("RecordError", "e", 5),
+    ]
+    assert isinstance(items[3], RecordError) and "duplicate id 'a'" in items[3].reason
+    with pytest.raises(InputError, match="no 'caption' column"):
+        pq.write_table(pa.table({"id": ["a"]}), tmp_path / "bare.parquet")
+        list(read_records(tmp_path / "bare.parquet"))

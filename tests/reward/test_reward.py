@@ -37,6 +37,15 @@ def test_tensor_matches_scorer_and_invalid_captions_get_zero(reward: QACEReward)
     assert results[4].row["flags"] == ["no_questions"]  # a real caption without candidates: 0.0 by the spec
 
 
+def test_caption_over_the_scorer_limit_is_invalid_not_a_crash(reward: QACEReward) -> None:
+    """A runaway 1.2 MB generation (spaCy's E088 used to raise) is invalid, with or without max_chars."""
+    huge = "a dog " * 200_000
+    for max_chars in (None, 5_000_000):
+        results = reward.score([huge, "a girl on the beach"], references=[REFS, REFS], max_chars=max_chars)
+        assert [r.valid for r in results] == [False, True]
+        assert results[0].reason == "caption has 1200000 characters; the limit is 100000"
+
+
 def test_only_unscorable_captions_do_not_crash(reward: QACEReward) -> None:
     assert reward(["the the the", "a a"], references=[REFS, REFS]).tolist() == [0.0, 0.0]
     assert reward(["", " "], references=[REFS, REFS]).tolist() == [0.0, 0.0]

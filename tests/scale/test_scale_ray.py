@@ -1,4 +1,5 @@
-"""Ray Data path on CPU with the test models: scores equal the in-process scorer; resume by id."""
+"""Ray Data path on CPU with the test models: scores equal the in-process scorer; resume by input
+position; the fuzz corpus's every record gets exactly one row."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from in
 
 from qace.api import QACE  # noqa: E402
 from qace.scale.ray_data import read_scores, score_to_parquet  # noqa: E402
+from tests.data.fuzz_corpus import check_invariant, make_corpus  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "qace" / "examples" / "captions.jsonl"
 
@@ -31,20 +33,21 @@ def ray_local():
     ray.shutdown()
 
 
-def test_ray_scores_and_resumes_by_id(ray_local, test_models_dir, tmp_path) -> None:
+def test_ray_scores_and_resumes_by_input_position(ray_local, test_models_dir, tmp_path) -> None:
     records = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
-    half = tmp_path / "half.jsonl"
-    half.write_text("".join(json.dumps(r) + "\n" for r in records[:5]))
+    source = tmp_path / "captions.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records[:5]))
     kwargs = {"models": str(test_models_dir), "device": "cpu"}
     out = tmp_path / "scores"
     run = dict(scorer_kwargs=kwargs, actors=1, gpus_per_actor=0, batch_size=4, torch_threads=1)
 
-    first = score_to_parquet(str(half), out, **run)  # a run that "died" after the first 5 captions
+    first = score_to_parquet(str(source), out, **run)  # a run that "died" after the first 5 captions
     assert first == {"scored": 5, "skipped": 0, "seconds": first["seconds"]}
+    source.write_text(EXAMPLES.read_text())
     (out / "torn-write.parquet").write_bytes(b"PAR1 not a finished file")
     with pytest.raises(Exception, match="resume"):
-        score_to_parquet(str(EXAMPLES), out, **run)
-    second = score_to_parquet(str(EXAMPLES), out, resume=True, **run)
+        score_to_parquet(str(source), out, **run)
+    second = score_to_parquet(str(source), out, resume=True, **run)
     assert second["scored"] == len(records) - 5 and second["skipped"] == 5
     assert not (out / "torn-write.parquet").exists()
 
@@ -58,7 +61,29 @@ def test_ray_scores_and_resumes_by_id(ray_local, test_models_dir, tmp_path) -> N
     )
     for row in want:
         if "error" in row:
-            assert got[row["id"]]["error"] == row["error"] and got[row["id"]]["qace"] is None
+            # the reader rejects it first, naming its line
+            assert got[row["id"]]["error"].endswith(row["error"]) and got[row["id"]]["qace"] is None
         else:
             assert got[row["id"]]["qace"] == pytest.approx(row["qace"], abs=1e-6)
             assert got[row["id"]]["flags"] == row["flags"] and got[row["id"]]["signature"] == row["signature"]
+
+
+def test_ray_fuzz_corpus_gets_one_row_per_record(ray_local, test_models_dir, tmp_path) -> None:
+    """Malformed JSONL lines and Parquet rows become error rows with their file and line; none stops
+    the job and none is lost or scored twice."""
+    corpora = [make_corpus(tmp_path / fmt, fmt, seed=18) for fmt in ("jsonl", "parquet")]
+    kwargs = {"models": str(test_models_dir), "device": "cpu"}
+    result = score_to_parquet(
+        [str(c.input) for c in corpora], tmp_path / "scores", scorer_kwargs=kwargs, actors=1,
+        gpus_per_actor=0, batch_size=256, torch_threads=1,
+    )  # fmt: skip
+    table = read_scores(tmp_path / "scores").to_pylist()
+    assert result["scored"] == len(table) == sum(len(c.records) for c in corpora)
+    for corpus in corpora:
+        rows = [row for row in table if row["source"] == str(corpus.input)]
+        scored = [row["id"] for row in rows if row["error"] is None]
+        assert all(row["qace"] is not None for row in rows if row["error"] is None)
+        errors = [
+            {"id": row["id"], "line": row["line"], "reason": row["error"]} for row in rows if row["error"]
+        ]
+        check_invariant(corpus, scored, errors)

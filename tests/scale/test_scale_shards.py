@@ -16,6 +16,7 @@ from qace.api import QACE
 from qace.errors import QACEError, ResumeError
 from qace.scale import shards
 from qace.scale.shards import score_file_sharded
+from tests.data.fuzz_corpus import check_invariant, make_corpus
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "qace" / "examples" / "captions.jsonl"
 
@@ -141,3 +142,34 @@ def test_cli_sharded_score(inputs, test_models_dir, tmp_path, capsys) -> None:
     assert cmd_score_sharded(args, devices=["cpu"]) == 0
     assert "scored 11 captions (3 errors" in capsys.readouterr().out
     assert len(out.read_text().splitlines()) == 11
+
+
+def test_resume_refuses_an_input_that_changed_since_the_plan(inputs, tmp_path) -> None:
+    source = tmp_path / "in.jsonl"
+    shutil.copy(inputs, source)
+    work = tmp_path / "out.jsonl.shards"
+    shards._plan(source, work, 2, references=None, fmt="auto")
+    lines = source.read_text().splitlines()
+    lines[9] = lines[9].replace('"caption": "', '"caption": "changed: ', 1)
+    source.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ResumeError, match="line 10.*differs from when"):
+        shards._plan(source, work, 2, references=None, fmt="auto")
+    source.write_text("\n".join(lines[:5]) + "\n")
+    with pytest.raises(ResumeError, match="fewer records"):
+        shards._plan(source, work, 2, references=None, fmt="auto")
+
+
+def test_fuzz_corpus_through_cpu_shards(test_models_dir, tmp_path, capsys) -> None:
+    """The invariant of `qace score` holds through `--gpus` shards: every record of the CSV fuzz corpus
+    is scored exactly once or listed with its line and reason."""
+    from qace.cli import build_parser
+    from qace.scale.cli import cmd_score_sharded
+
+    corpus = make_corpus(tmp_path / "in", "csv", seed=18)
+    out = tmp_path / "out.jsonl"
+    argv = ["score", str(corpus.input), "-o", str(out), "--models", str(test_models_dir), *corpus.args]
+    assert cmd_score_sharded(build_parser().parse_args(argv), devices=["cpu", "cpu"]) == 0
+    ids = [json.loads(line)["id"] for line in out.open(encoding="utf-8")]
+    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").open(encoding="utf-8")]
+    assert f"scored {len(ids)} captions ({len(errors)} errors" in capsys.readouterr().out
+    check_invariant(corpus, ids, errors)
