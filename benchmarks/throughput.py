@@ -304,6 +304,8 @@ def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: 
     cuda_sync()
     in_process = _steady([list(s) for s in stamps], time.time(), args.chunk_size)
     scorer.candidates.close()
+    del scorer
+    _release_memory()
     output.unlink(missing_ok=True)
     return {
         "captions": len(records),
@@ -321,8 +323,7 @@ def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: 
     }
 
 
-def _free(*objects: Any) -> None:
-    del objects
+def _release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -342,7 +343,8 @@ def run_variant(
         if not args.skip_baseline:
             save("baseline", baseline_section(scorer, variant, records, warm, args, engine_scores))
         scorer.candidates.close()
-        _free(scorer)
+        del scorer  # its decoders' graph pools and buffers, before the CLI's process needs the GPU
+        _release_memory()
     if not args.skip_cli and args.workload == "distinct":
         save("cli", cli_section(variant, models_dir, args, work))
 
