@@ -97,3 +97,20 @@ def test_steady_rate_leaves_out_the_first_chunk() -> None:
     steady = throughput._steady(stamps, end=13.0, chunk=8)
     assert steady["rows"] == 22 and steady["seconds"] == 3.0
     assert np.isnan(throughput._steady([[5, 1.0]], end=2.0, chunk=8)["captions_per_s"])
+
+
+def test_reset_caches_empties_every_engine_cache(test_models_dir: Path) -> None:
+    from benchmarks.workload import reset_caches
+    from qace.api import QACE
+    from qace.data.features import RandomFeatureStore
+    from qace.engine import prompt_ids
+
+    scorer = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(seed=0), progress=False)
+    scorer.score(["a dog runs on the grass", "two girls play ball"], image_ids=["i1", "i2"])
+
+    def parts() -> int:
+        return sum(len(e._parts) for per in prompt_ids._ENCODERS.values() for e in per.values())
+
+    assert parts() > 0 and len(scorer.candidates._cache) == 2 and scorer.models.vqa.features is not None
+    reset_caches(scorer)
+    assert parts() == 0 and len(scorer.candidates._cache) == 0 and scorer.models.vqa.features is None
