@@ -144,6 +144,7 @@ def engine_section(
         "cold_seconds": cold,
         "pass_seconds": passes,
         "warm_up_seconds": warm_seconds,
+        "warm_up_captions": len(warm),
         "graph_shapes_captured_in_warm_up": shapes,
         "rows_per_stage_after_dedup": {role: r.stats["sequences"] for role, r in _runners(scorer).items()},
         "model_gflop_per_caption": float(np.median(flops)) / len(records) / 1e9,
@@ -413,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pascal = pascal_workload(DATA, PASCAL_DISTINCT, seed=args.seed)
     if args.workload == "distinct":
-        records, warm = pascal[: args.captions], pascal[args.captions :]
+        records, warm = pascal[: args.captions], pascal[args.captions : args.captions + args.warmup]
     else:  # Flickr8k-Expert's candidates; the warm-up uses PASCAL captions
         records, warm = flickr_workload(DATA)[: args.captions], pascal[: args.warmup]
     models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-throughput-"))

@@ -40,7 +40,7 @@ def test_sections_and_merge(report: dict[str, Any]) -> None:
     assert "engine" not in ref and "cli" not in ref and "speedup_vs_baseline" not in ref
     engine, baseline, cli = img["engine"], img["baseline"], img["cli"]
     assert engine["captions_per_s"] > 0 and engine["cold_captions_per_s"] > 0
-    assert len(engine["pass_seconds"]) == 1
+    assert len(engine["pass_seconds"]) == 1 and engine["warm_up_captions"] == 4
     assert set(engine["mfu"]) >= {"qg", "tqa", "vqa"} and engine["mfu"]["captions"] == 4
     assert img["speedup_vs_baseline"] == engine["captions_per_s"] / baseline["captions_per_s"]
     # both systems ran the same distinct rows per model
