@@ -1,7 +1,9 @@
 """Parity: the engine's questions, answers and scores equal the plain reference implementation's.
 
-Both run the same tiny trained test models in fp32; the reference calls Hugging Face ``generate``
-once per input (the release's loop), the engine batches, de-duplicates and decodes on its own.
+Both run the same tiny trained test models in fp32; the reference (written from the spec, importing nothing
+from ``qace``; BERTScore from the ``bert-score`` package) calls Hugging Face ``generate`` once per input
+(the release's loop), the engine batches, de-duplicates and decodes on its own. Marked ``gpu``: the engine
+on the GPU (its Triton kernels and CUDA graphs, fp32) against the same reference on the CPU.
 """
 
 from __future__ import annotations
