@@ -1,23 +1,50 @@
-"""Throughput: reference vs batched Hugging Face ``generate`` vs the engine, same process, same workload.
+"""Throughput on distinct captions: the engine, a fair batched Hugging Face baseline and ``qace score``.
 
-    python -m benchmarks.throughput --out benchmarks/results/throughput.json [--variants img ref]
+    python -m benchmarks.throughput --variant img --models-dir /tmp/qace-bench   # one variant, all sections
+    python -m benchmarks.throughput --variant ref --skip-cli                     # engine and baseline only
+    python -m benchmarks.throughput --variant ref --skip-engine --skip-baseline  # qace score only
+    python -m benchmarks.throughput --tiny --out /tmp/throughput-tiny.json       # CPU smoke run
 
-Workload: Flickr8k-Expert's 5,664 candidates with 5 references, T5-base-shaped QG/TQA and T5-small-shaped
-Visual-T5 with random weights, random 36 x 2054 features per image, and the shared length control of
-``benchmarks/workload.py``. The reference runs on a subset and is extrapolated (the JSON says so). The
-engine's rate is the median of ``--passes`` timed passes over the workload (each pass is listed).
+Every run merges its sections into ``--out`` (default ``benchmarks/results/throughput_distinct_<gpu>.json``),
+so the variants and sections can be run by separate commands.
+
+Workload (``--workload distinct``, the main one): ``--captions`` PASCAL-50S human captions, all distinct,
+each with 5 other captions of its image as references (a seeded draw, `benchmarks.workload.pascal_workload`);
+``--workload repeats``: the 5,664 Flickr8k-Expert candidates, only 977 of them distinct. Models:
+T5-base-shaped QG/TQA and T5-small-shaped Visual-T5 with random weights, random region features per image,
+and the same seeded forced outputs for every system (questions 8-16 tokens, answers 2-4), so all do the
+same work.
+
+- ``engine``: ``QACE.warm_up()`` (CUDA graphs of every batch shape) and one pass over ``--warmup``
+  other captions, then a cold pass over the workload (``cold_captions_per_s``: captions never seen by
+  the process), then ``--passes`` passes, each after emptying every engine cache (`reset_caches`: prompt
+  ids, candidates, device features); their median is ``captions_per_s``. A synchronised pass over the
+  first ``--profile-captions`` captions gives each model's encoder and decoder FLOP utilisation.
+- ``baseline``: `benchmarks.hf_batched.Baseline` over the same records after a small warm-up, then
+  plain ``generate`` alone on sampled batches of each stage (`generate_bound`);
+  ``generate_bound_fraction`` is the baseline's model rate as a fraction of that bound.
+- ``cli``: ``qace score INPUT -o out.parquet --resume`` in a subprocess (`benchmarks.forced_cli`) on
+  ``--cli-captions`` records (PASCAL's distinct captions, then the same captions again with other
+  images and references); QACE-Img reads its features from an HDF5 store written for the run. The
+  steady-state rate leaves out start-up (imports, model load) and the first chunk: rows after the
+  first ``chunk_size`` rows over the time from then to the CLI's return (output written). The same
+  records through ``QACE.score_records`` in this process, built the same way and measured the same
+  way, give ``in_process_captions_per_s``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import platform
-import resource
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,268 +52,440 @@ import numpy as np
 import torch
 
 from benchmarks import hf_batched
-from benchmarks.reference import ReferenceQACE
-from benchmarks.workload import build_models, flickr_workload, workload_scorer
+from benchmarks.forced_cli import stamped
+from benchmarks.gpu_suite import commit, gpu_tag
+from benchmarks.workload import (
+    add_engine_arguments,
+    build_models,
+    build_tiny_models,
+    distinct_captions,
+    engine_defaults,
+    flickr_workload,
+    force_lengths,
+    pascal_workload,
+    reset_caches,
+    workload_scorer,
+)
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
-from qace.engine.profiling import StageTimer, cuda_sync
+from qace.engine.profiling import cuda_sync
 from qace.metric.candidates import load_spacy
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, vendor datasheet (SXM)
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+PASCAL_DISTINCT = 48_715
 
 
 def _linear_params(module: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
 
-def _mfu(scorer: QACE, seconds_peak: float) -> dict[str, Any]:
-    """Model FLOP utilisation of encoder and decoder (2 x linear-layer parameters per token; attention
-    score/value products and the relative-bias adds are left out, so these are slight underestimates)."""
-    out = {}
-    for role in ("qg", "tqa", "vqa"):
-        runner = getattr(scorer.models, role)
-        if runner is None or not runner.stats["sequences"]:
-            continue
-        model, stats = runner.model, runner.stats
-        enc_flops = 2 * _linear_params(model.encoder) * stats["encoder_tokens"]
-        dec_flops = (
-            2 * (_linear_params(model.decoder) + model.lm_head.weight.numel()) * runner.decoder.row_steps
-        )
-        out[role] = {
-            "sequences": stats["sequences"],
-            "encoder_tokens_padded": stats["encoder_tokens"],
-            "decoder_positions": runner.decoder.row_steps,
-            "encoder_seconds": stats["encoder_seconds"],
-            "decoder_seconds": stats["decoder_seconds"],
-            "encoder_tflops": enc_flops / max(stats["encoder_seconds"], 1e-9) / 1e12,
-            "decoder_tflops": dec_flops / max(stats["decoder_seconds"], 1e-9) / 1e12,
-            "encoder_mfu": enc_flops / max(stats["encoder_seconds"], 1e-9) / seconds_peak,
-            "decoder_mfu": dec_flops / max(stats["decoder_seconds"], 1e-9) / seconds_peak,
-        }
-    return out
+def _model_flops(runner: Any) -> tuple[float, float]:
+    """Encoder and decoder FLOPs of what ``runner`` ran since its counters were zeroed: 2 x linear-layer
+    parameters per (padded) encoder token and per decoded row-step; attention products and the
+    relative-bias adds are left out, so these are slight underestimates."""
+    model, stats = runner.model, runner.stats
+    encoder = 2 * _linear_params(model.encoder) * stats["encoder_tokens"]
+    decoder = 2 * (_linear_params(model.decoder) + model.lm_head.weight.numel()) * runner.decoder.row_steps
+    return float(encoder), float(decoder)
 
 
-def run_variant(variant: str, records: list, models_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device(args.device)
-    result: dict[str, Any] = {"variant": variant, "captions": len(records)}
-    # engine, bf16: a warm-up pass, then the timed passes (their median is the rate: one pass of the
-    # 5,664 captions takes about two seconds, and single passes varied by up to 15% on one machine),
-    # then a profiled pass for stage times and MFU; every timed pass parses its captions, as the
-    # baselines do
-    engine = workload_scorer(models_dir, variant, device=args.device, precision=args.precision, args=args)
-    # the warm-up pass captures the CUDA graphs of every batch shape the workload makes (a long job
-    # captures each once); spaCy is not cached, so the timed pass parses every caption again
-    list(engine.score_records(records))
-    torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
-    passes = []
+def _runners(scorer: QACE) -> dict[str, Any]:
+    return {r: getattr(scorer.models, r) for r in ("qg", "tqa", "vqa") if getattr(scorer.models, r)}
+
+
+def _zero_counters(scorer: QACE, profile: bool = False) -> None:
+    for runner in _runners(scorer).values():
+        runner.profile = profile
+        runner.stats = dict.fromkeys(runner.stats, 0)
+        runner.decoder.row_steps = 0
+
+
+def _timed(scorer: QACE, records: list) -> tuple[float, list[dict[str, Any]]]:
+    cuda_sync()
+    start = time.perf_counter()
+    rows = list(scorer.score_records(records))
+    cuda_sync()
+    return time.perf_counter() - start, rows
+
+
+def _peak(device: str) -> float:
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    return next((v for k, v in PEAK_BF16.items() if k in gpu), float("nan"))
+
+
+def engine_section(
+    scorer: QACE, records: list, warm: list, args: argparse.Namespace
+) -> tuple[dict[str, Any], list[float]]:
+    """Warm-up, the cold pass, the timed passes (caches emptied before each) and the profiled pass; also
+    the last timed pass's scores."""
+    start = time.perf_counter()
+    shapes = scorer.warm_up()
+    list(scorer.score_records(warm))
+    warm_seconds = time.perf_counter() - start
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    _zero_counters(scorer)
+    cold, _ = _timed(scorer, records)
+    passes, flops = [], []
     for _ in range(args.passes):
-        cuda_sync()
-        start = time.perf_counter()
-        rows = list(engine.score_records(records))
-        cuda_sync()
-        passes.append(time.perf_counter() - start)
+        reset_caches(scorer)
+        _zero_counters(scorer)
+        seconds, rows = _timed(scorer, records)
+        passes.append(seconds)
+        flops.append(sum(sum(_model_flops(r)) for r in _runners(scorer).values()))
     seconds = float(np.median(passes))
-    result["engine"] = {
-        "seconds": seconds,
+    peak = _peak(args.device)
+    result: dict[str, Any] = {
         "captions_per_s": len(records) / seconds,
+        "cold_captions_per_s": len(records) / cold,
+        "seconds": seconds,
+        "cold_seconds": cold,
         "pass_seconds": passes,
+        "warm_up_seconds": warm_seconds,
+        "warm_up_captions": len(warm),
+        "graph_shapes_captured_in_warm_up": shapes,
+        "rows_per_stage_after_dedup": {role: r.stats["sequences"] for role, r in _runners(scorer).items()},
+        "model_gflop_per_caption": float(np.median(flops)) / len(records) / 1e9,
+        "pass_mfu_vs_datasheet_bf16_peak": float(np.median(flops)) / seconds / peak,
         "mean_qace": float(np.mean([r["qace"] for r in rows])),
-        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else None,
     }
-    for role in ("qg", "tqa", "vqa"):
-        runner = getattr(engine.models, role)
-        if runner is not None:
-            runner.profile = True
-            runner.stats = dict.fromkeys(runner.stats, 0)
-            runner.decoder.row_steps = 0
-    engine.timer = StageTimer(sync=cuda_sync)
-    list(engine.score_records(records))
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), float("nan"))
-    result["engine"]["stage_seconds_profiled"] = dict(engine.timer.seconds)
-    result["engine"]["mfu_vs_datasheet_bf16_peak"] = _mfu(engine, peak)
-
-    # batched Hugging Face generate, bf16
-    hf_models = {
-        role: (getattr(engine.models, role).model, getattr(engine.models, f"{role}_tokenizer"))
-        for role in ("qg", "tqa", "vqa")
-        if getattr(engine.models, role) is not None
-    }
-    nlp = load_spacy()
-    hf_batched.score(
-        records[:256], variant, hf_models, nlp, engine.matcher, engine.features, args.hf_batch, device
-    )
-    cuda_sync()
-    start = time.perf_counter()
-    timings: dict[str, float] = {}
-    hf_scores = hf_batched.score(
-        records, variant, hf_models, nlp, engine.matcher, engine.features, args.hf_batch, device, timings
-    )
-    cuda_sync()
-    seconds = time.perf_counter() - start
-    result["hf_batched"] = {
-        "seconds": seconds,
-        "captions_per_s": len(records) / seconds,
-        "batch_size": args.hf_batch,
-        "mean_qace": float(np.mean(hf_scores)),
-        **timings,
-    }
-    engine.candidates.close()
-    del engine, hf_models
-
-    # fp32: reference (per input generate) and engine on the same subset; exact parity expected
-    subset = records[: args.reference_n]
-    exact = workload_scorer(models_dir, variant, device=args.device, precision="fp32", args=args)
-    exact.config = exact.config.with_(explain=True)
-    ref = ReferenceQACE(
-        qg=exact.models.qg.model,
-        qg_tokenizer=exact.models.qg_tokenizer,
-        tqa=exact.models.tqa.model,
-        tqa_tokenizer=exact.models.tqa_tokenizer,
-        nlp=nlp,
-        bertscore=exact.matcher.score,
-        vqa=exact.models.vqa.model if exact.models.vqa else None,
-        vqa_tokenizer=exact.models.vqa_tokenizer,
-        features=exact.features.get if exact.features else None,
-        length_control=True,
-    )
-    ref.score_caption(subset[0].caption, **_context(subset[0], variant))
-    ref.memo.clear()
-    cuda_sync()
-    start = time.perf_counter()
-    expected = [ref.score_caption(r.caption, **_context(r, variant)) for r in subset]
-    cuda_sync()
-    seconds = time.perf_counter() - start
-    got = list(exact.score_records(subset))
-    same_questions = sum(
-        [q["question"] for q in g["explanation"]["questions"]] == e["questions"]
-        for g, e in zip(got, expected, strict=True)
-    )
-    max_diff = max(abs(g["qace"] - e["qace"]) for g, e in zip(got, expected, strict=True))
-    result["reference"] = {
-        "captions_measured": len(subset),
-        "seconds": seconds,
-        "captions_per_s": len(subset) / seconds,
-        "extrapolated": True,
-        "fp32_engine_same_questions": f"{same_questions}/{len(subset)}",
-        "fp32_engine_max_abs_qace_diff": max_diff,
-    }
-    result["speedup_vs_reference"] = (
-        result["engine"]["captions_per_s"] / result["reference"]["captions_per_s"]
-    )
-    result["speedup_vs_hf_batched"] = (
-        result["engine"]["captions_per_s"] / result["hf_batched"]["captions_per_s"]
-    )
-    result["speedup_vs_paper_1s_per_caption"] = result["engine"]["captions_per_s"]
-    return result
-
-
-def precision_agreement(records: list, device: str, n: int, bertscore: str) -> dict[str, Any]:
-    """bf16/fp16 against fp32 on the trained test models (random weights have no meaningful margins):
-    share of identical answers and the mean absolute QACE difference, per variant."""
-    from qace.models.testing import make_test_models
-
-    models = make_test_models(Path(tempfile.gettempdir()) / "qace-test-models")
-    out: dict[str, Any] = {"models": "qace test models (tiny, trained)", "captions": min(n, len(records))}
-    for variant in ("img", "ref"):
-        rows = {}
-        for precision in ("fp32", "bf16", "fp16"):
-            scorer = QACE(
-                models=models,
-                variant=variant,
-                features=RandomFeatureStore(seed=0),
-                device=device,
-                precision=precision,
-                explain=True,
-                progress=False,
-                bertscore_model=bertscore,
-            )
-            rows[precision] = list(scorer.score_records(records[:n]))
-
-        def answers(row: dict[str, Any]) -> list[str]:
-            return [
-                a
-                for q in row["explanation"]["questions"]
-                for a in [q["answer_on_caption"], *q["answers_on_context"]]
-            ]
-
-        for precision in ("bf16", "fp16"):
-            same = total = 0
-            for a, b in zip(rows["fp32"], rows[precision], strict=True):
-                x, y = answers(a), answers(b)
-                total += max(len(x), len(y))
-                same += sum(p == q for p, q in zip(x, y, strict=False))
-            diffs = [abs(a["qace"] - b["qace"]) for a, b in zip(rows["fp32"], rows[precision], strict=True)]
-            out[f"{variant}_{precision}"] = {
-                "answers_identical": same / max(total, 1),
-                "mean_abs_qace_diff": float(np.mean(diffs)),
-                "max_abs_qace_diff": float(np.max(diffs)),
+    # a synchronised pass over a prefix times each model's encoder and decoder apart (costs a little)
+    profiled = records[: args.profile_captions]
+    if profiled:
+        reset_caches(scorer)
+        _zero_counters(scorer, profile=True)
+        list(scorer.score_records(profiled))
+        mfu = {}
+        for role, runner in _runners(scorer).items():
+            enc, dec = _model_flops(runner)
+            stats = runner.stats
+            mfu[role] = {
+                "sequences": stats["sequences"],
+                "encoder_tokens_padded": stats["encoder_tokens"],
+                "decoder_row_steps": runner.decoder.row_steps,
+                "encoder_seconds": stats["encoder_seconds"],
+                "decoder_seconds": stats["decoder_seconds"],
+                "encoder_tflops": enc / max(stats["encoder_seconds"], 1e-9) / 1e12,
+                "decoder_tflops": dec / max(stats["decoder_seconds"], 1e-9) / 1e12,
+                "encoder_mfu": enc / max(stats["encoder_seconds"], 1e-9) / peak,
+                "decoder_mfu": dec / max(stats["decoder_seconds"], 1e-9) / peak,
             }
-    return out
+        _zero_counters(scorer)
+        result["mfu"] = {"captions": len(profiled), "peak_flops": peak, **mfu}
+    return result, [r["qace"] for r in rows]
 
 
-def _context(record: Any, variant: str) -> dict[str, Any]:
-    return {"references": record.references} if variant == "ref" else {"image_id": record.image_id}
+def baseline_section(
+    scorer: QACE,
+    variant: str,
+    records: list,
+    warm: list,
+    args: argparse.Namespace,
+    engine_scores: list[float] | None,
+) -> dict[str, Any]:
+    """The fair baseline on the same records (same model weights), then its `generate` bound; with the
+    engine's scores of the same records, how far the baseline's are from them (same work: the same
+    forced outputs; bf16 rounding differs)."""
+    models = {
+        role: (runner.model, getattr(scorer.models, f"{role}_tokenizer"))
+        for role, runner in _runners(scorer).items()
+    }
+    device = torch.device(args.device)
+    baseline = hf_batched.Baseline(
+        models,
+        load_spacy(),
+        scorer.matcher,
+        scorer.features,
+        batch_size=args.hf_batch,
+        spacy_processes=args.baseline_spacy_processes,
+        device=device,
+    )
+    baseline.score(warm[: min(len(warm), 256)], variant)
+    cuda_sync()
+    start = time.perf_counter()
+    scores = baseline.score(records, variant)
+    cuda_sync()
+    seconds = time.perf_counter() - start
+    bound = hf_batched.generate_bound(
+        models, baseline.stages, baseline.feature_table, device, args.bound_batches
+    )
+    return {
+        "captions_per_s": len(records) / seconds,
+        "seconds": seconds,
+        "batch_size": args.hf_batch,
+        "spacy_processes": args.baseline_spacy_processes,
+        "stage_seconds": dict(baseline.seconds),
+        "rows_per_stage_after_dedup": {name: run.rows for name, run in baseline.stages.items()},
+        "generate_bound_fraction": bound["all"]["fraction"],
+        "generate_bound": bound,
+        "mean_qace": float(np.mean(scores)),
+        "max_abs_qace_diff_vs_engine": None
+        if engine_scores is None
+        else float(np.max(np.abs(np.asarray(scores) - np.asarray(engine_scores)))),
+    }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _steady(stamps: list[list[float]], end: float, chunk: int) -> dict[str, float]:
+    """Rate after the first chunk: rows from the first stamp at or past ``chunk`` rows to the last row,
+    over the time from that stamp to ``end``; NaN when the records fit one chunk."""
+    total = stamps[-1][0]
+    first = next((s for s in stamps if chunk <= s[0] < total), None)
+    if first is None:
+        return {"captions_per_s": float("nan"), "rows": 0, "seconds": 0.0}
+    rows, seconds = total - first[0], end - first[1]
+    return {"captions_per_s": rows / seconds, "rows": int(rows), "seconds": seconds, "from": first[1]}
+
+
+def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``qace score`` end to end in a subprocess, then the same records in process (see module doc)."""
+    from qace.data.features import pack_features
+    from qace.data.records import read_records
+
+    records = pascal_workload(DATA, args.cli_captions, seed=args.seed)
+    input_path = work / f"cli-{variant}.jsonl"
+    with input_path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps({k: v for k, v in asdict(r).items() if v is not None}) + "\n")
+    features = None
+    if variant == "img":
+        features = work / "features.h5"
+        if not features.exists():
+            store = RandomFeatureStore(seed=0)
+            images = sorted({r.image_id for r in records})
+            pack_features(((i, store.get(i)) for i in images), features, progress=False)
+    output, stamps_path = work / f"cli-{variant}.parquet", work / f"stamps-{variant}.json"
+    bertscore = models_dir / "bertscore"
+    settings = {
+        "batch-rows": args.batch_rows,
+        "batch-tokens": args.batch_tokens,
+        "chunk-size": args.chunk_size,
+        "spacy-workers": args.spacy_workers,
+    }
+    command = [
+        "score", str(input_path), "-o", str(output), "--resume", "--models", str(models_dir),
+        "--variant", variant, "--device", args.device, "--precision", args.precision, "--no-progress",
+        *(["--features", str(features)] if features else []),
+        *(["--bertscore-model", str(bertscore)] if bertscore.is_dir() else []),
+        *[x for k, v in settings.items() for x in (f"--{k}", str(v))],
+    ]  # fmt: skip
+    start = time.time()
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.forced_cli", str(stamps_path), "--", *command],
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    wall = time.time() - start
+    run = json.loads(stamps_path.read_text())
+    steady = _steady(run["stamps"], run["done"], args.chunk_size)
+
+    # the same records in this process, built and measured alike
+    scorer = force_lengths(
+        QACE(
+            models=models_dir,
+            variant=variant,
+            features=str(features) if features else None,
+            device=args.device,
+            precision=args.precision,
+            bertscore_model=str(bertscore) if bertscore.is_dir() else None,
+            progress=False,
+            max_batch_rows=args.batch_rows,
+            max_batch_tokens=args.batch_tokens,
+            chunk_size=args.chunk_size,
+            spacy_workers=args.spacy_workers,
+        )
+    )
+    same = list(read_records(input_path))
+    stamps: list[tuple[int, float]] = []
+    for _ in stamped(scorer.score_records(same), stamps, args.chunk_size):
+        pass
+    cuda_sync()
+    in_process = _steady([list(s) for s in stamps], time.time(), args.chunk_size)
+    scorer.candidates.close()
+    del scorer
+    _release_memory()
+    output.unlink(missing_ok=True)
+    return {
+        "captions": len(records),
+        "distinct_captions": distinct_captions(records),
+        "command": "qace " + shlex.join(command),
+        "wall_seconds": wall,
+        "startup_seconds": steady.get("from", float("nan")) - run["started"],
+        "captions_per_s": steady["captions_per_s"],
+        "steady_rows": steady["rows"],
+        "steady_seconds": steady["seconds"],
+        "in_process_captions_per_s": in_process["captions_per_s"],
+        "fraction_of_in_process": steady["captions_per_s"] / in_process["captions_per_s"],
+        "method": f"rows after the first {args.chunk_size} over the time from then to the end "
+        "(qace score: its return, output written; in process: the last row)",
+    }
+
+
+def _release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_variant(
+    variant: str, records: list, warm: list, models_dir: Path, args: argparse.Namespace, work: Path,
+    save: Any,
+) -> None:  # fmt: skip
+    """Run the requested sections of one variant; ``save(section, value)`` merges each into the report."""
+    if not (args.skip_engine and args.skip_baseline):
+        scorer = workload_scorer(models_dir, variant, device=args.device, precision=args.precision, args=args)
+        engine_scores = None
+        if not args.skip_engine:
+            result, engine_scores = engine_section(scorer, records, warm, args)
+            save("engine", result)
+        if not args.skip_baseline:
+            save("baseline", baseline_section(scorer, variant, records, warm, args, engine_scores))
+        scorer.candidates.close()
+        del scorer  # its decoders' graph pools and buffers, before the CLI's process needs the GPU
+        _release_memory()
+    if not args.skip_cli and args.workload == "distinct":
+        save("cli", cli_section(variant, models_dir, args, work))
+
+
+def merge(report: dict[str, Any], key: dict[str, str], section: str, value: dict[str, Any]) -> None:
+    """Put ``value`` as ``section`` of the result entry matching ``key`` (made if missing), then redo the
+    ratios that need two sections."""
+    entry = next((e for e in report["results"] if all(e.get(k) == v for k, v in key.items())), None)
+    if entry is None:
+        entry = dict(key)
+        report["results"].append(entry)
+    entry[section] = value
+    engine, baseline = entry.get("engine"), entry.get("baseline")
+    if engine and baseline:
+        entry["speedup_vs_baseline"] = engine["captions_per_s"] / baseline["captions_per_s"]
+    if engine and "cli" in entry:
+        cli = entry["cli"]
+        cli["fraction_of_engine_timed_passes"] = cli["captions_per_s"] / engine["captions_per_s"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", default="benchmarks/results/throughput.json")
     parser.add_argument(
-        "--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+        "--out", default=None, help="default: benchmarks/results/throughput_distinct_<gpu>.json"
     )
-    parser.add_argument("--variants", nargs="+", default=["img", "ref"])
-    parser.add_argument("--n", type=int, default=None, help="captions (default: all 5,664)")
-    parser.add_argument("--reference-n", type=int, default=24)
+    parser.add_argument("--variant", default="both", choices=["img", "ref", "both"])
+    parser.add_argument("--workload", default="distinct", choices=["distinct", "repeats"])
+    parser.add_argument("--captions", type=int, default=None, help="distinct workload (default 20,000)")
+    parser.add_argument("--warmup", type=int, default=None, help="other captions for the warm-up pass")
+    parser.add_argument("--passes", type=int, default=None, help="timed passes (default 3); median")
+    parser.add_argument("--profile-captions", type=int, default=None, help="profiled pass (default 4,096)")
     parser.add_argument("--hf-batch", type=int, default=2048)
-    parser.add_argument("--batch-rows", type=int, default=2048)
-    parser.add_argument("--batch-tokens", type=int, default=131072)
-    parser.add_argument("--chunk-size", type=int, default=2048)
-    parser.add_argument("--spacy-workers", type=int, default=8)
-    parser.add_argument(
-        "--passes", type=int, default=5, help="timed engine passes; the median pass gives the rate"
-    )
-    parser.add_argument(
-        "--agreement-n", type=int, default=1000, help="captions for the bf16/fp16 agreement check"
-    )
-    parser.add_argument("--precision", default="bf16")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--bertscore-files", default=None, help="MiniLM config/tokenizer files (random weights)"
-    )
-    parser.add_argument("--models-dir", default=None, help="reuse random models built earlier")
+    parser.add_argument("--bound-batches", type=int, default=4, help="batches per stage for the bound")
+    parser.add_argument("--baseline-spacy-processes", type=int, default=None, help="default: the cores")
+    parser.add_argument("--cli-captions", type=int, default=None, help="qace score records (default 100,000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", default=None, help="inputs and outputs of the CLI section")
+    for section in ("engine", "baseline", "cli"):
+        parser.add_argument(f"--skip-{section}", action="store_true")
+    add_engine_arguments(parser)
     args = parser.parse_args(argv)
+    engine_defaults(args)
+    tiny = args.tiny
+    args.captions = args.captions or (48 if tiny else 20_000)
+    args.warmup = args.warmup if args.warmup is not None else (16 if tiny else args.chunk_size)
+    args.passes = args.passes or (1 if tiny else 3)
+    if args.profile_captions is None:
+        args.profile_captions = 16 if tiny else 4096
+    args.cli_captions = args.cli_captions or (64 if tiny else 100_000)
+    args.baseline_spacy_processes = args.baseline_spacy_processes or len(os.sched_getaffinity(0))
+    if args.workload == "distinct" and args.captions + args.warmup > PASCAL_DISTINCT:
+        parser.error(
+            f"--captions {args.captions} + --warmup {args.warmup} exceed PASCAL-50S's {PASCAL_DISTINCT} "
+            "distinct captions (the warm-up must use other captions)"
+        )
+    if min(args.captions, args.passes, args.hf_batch, args.bound_batches, args.cli_captions) < 1:
+        parser.error("--captions, --passes, --hf-batch, --bound-batches and --cli-captions must be positive")
+    if not DATA.is_dir():
+        parser.error(f"shared data not found at {DATA}")
+    return args
 
-    records = flickr_workload(Path(args.data_dir))[: args.n]
-    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-bench-"))
-    build_models(models_dir, records, args.bertscore_files)
-    report: dict[str, Any] = {
-        "command": "python -m benchmarks.throughput "
-        + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "precision": args.precision,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "qace": __version__,
-        "workload": "Flickr8k-Expert standard protocol, random T5-base QG/TQA, "
-        "random T5-small Visual-T5, random features, forced seeded outputs "
-        "(questions 8-16, answers 2-4 tokens)",
-        "results": [],
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for variant in args.variants:  # the report is rewritten after each part, so a late failure loses nothing
-        report["results"].append(run_variant(variant, records, models_dir, args))
-        out.write_text(json.dumps(report, indent=2))
-    report["host_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    report["precision_agreement"] = precision_agreement(
-        records, args.device, args.agreement_n, str(models_dir / "bertscore")
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pascal = pascal_workload(DATA, PASCAL_DISTINCT, seed=args.seed)
+    if args.workload == "distinct":
+        records, warm = pascal[: args.captions], pascal[args.captions : args.captions + args.warmup]
+    else:  # Flickr8k-Expert's candidates; the warm-up uses PASCAL captions
+        records, warm = flickr_workload(DATA)[: args.captions], pascal[: args.warmup]
+    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-throughput-"))
+    corpus = [*pascal, *flickr_workload(DATA)]  # the benchmark tokenizer knows every word of both
+    if args.tiny:
+        build_tiny_models(models_dir, corpus)
+    else:
+        build_models(models_dir, corpus, args.bertscore_files)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="qace-throughput-work-"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    cuda = args.device.startswith("cuda")
+    gpu = torch.cuda.get_device_name() if cuda else None
+    out = Path(args.out or f"benchmarks/results/throughput_distinct_{gpu_tag(gpu)}.json")
+    report = json.loads(out.read_text()) if out.is_file() else {"results": []}
+    import transformers
+
+    runs = report.setdefault("runs", [])
+    command = "python -m benchmarks.throughput " + shlex.join(argv if argv is not None else sys.argv[1:])
+    runs.append({
+        "command": command,
+        **commit(),
+        "gpu": gpu,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })  # fmt: skip
+    report.update(
+        {
+            "command": runs[-1]["command"],
+            "commit": runs[-1]["commit"],
+            "gpu": gpu,
+            "precision": args.precision,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "qace": __version__,
+            "tiny": args.tiny,
+            "settings": {
+                "batch_rows": args.batch_rows,
+                "batch_tokens": args.batch_tokens,
+                "chunk_size": args.chunk_size,
+                "spacy_workers": args.spacy_workers,
+                "passes": args.passes,
+                "warmup_captions": args.warmup,
+            },
+            "models": "tiny random T5s (a smoke run: numbers mean nothing)"
+            if args.tiny
+            else "random T5-base QG/TQA, random T5-small Visual-T5, random features, forced seeded outputs "
+            "(questions 8-16, answers 2-4 tokens)",
+        }
     )
-    out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    key = "workload" if args.workload == "distinct" else "workload_with_repeats"
+    report[key] = {
+        "name": "PASCAL-50S distinct human captions, 5 other captions of the image as references"
+        if args.workload == "distinct"
+        else "Flickr8k-Expert candidates with 5 references (with repeats)",
+        "captions": len(records),
+        "distinct_captions": distinct_captions(records),
+        "seed": args.seed,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    variants = ["img", "ref"] if args.variant == "both" else [args.variant]
+    for variant in variants:
+
+        def save(section: str, value: dict[str, Any], variant: str = variant) -> None:
+            merge(report, {"workload": args.workload, "variant": variant}, section, value)
+            out.write_text(json.dumps(report, indent=2) + "\n")
+            print(f"{args.workload} {variant} {section}: {json.dumps(value)[:400]}", flush=True)
+
+        run_variant(variant, records, warm, models_dir, args, work, save)
+    print(f"wrote {out}")
     return 0
 
 

@@ -25,7 +25,6 @@ from qace.config import SPEED_OPTIONS, QACEConfig, speed_defaults
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
 from qace.engine.batches import TextBatch, VisualBatch
-from qace.engine.scheduler import pad_batch
 
 LENGTHS = {"qg": (8, 16), "tqa": (2, 4), "vqa": (2, 4)}
 T5_BASE = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12)
@@ -62,6 +61,90 @@ def flickr_workload(data_dir: Path) -> list[Record]:
     return records
 
 
+PASCAL_REFERENCES = 5
+"""References per PASCAL-50S candidate (other captions of its image)."""
+
+
+def pascal_workload(data_dir: Path, n: int, seed: int = 0) -> list[Record]:
+    """``n`` records from PASCAL-50S's 48,715 distinct human captions of 1,000 images.
+
+    The first records (up to all distinct captions, in a seeded shuffle) each take one distinct caption
+    as the candidate, with its image and ``PASCAL_REFERENCES`` other distinct captions of that image
+    (a seeded draw) as references. Beyond that, captions come round again, each time with another image
+    drawn at random and references drawn from that image, so every record still asks for new contexts;
+    `distinct_captions` says how many candidates are distinct.
+    """
+    from scipy.io import loadmat
+
+    path = data_dir / "pascal50s" / "pascal50S.mat"
+    if not path.is_file():
+        raise FileNotFoundError(f"PASCAL-50S references not found at {path} (see ../shared/data/README.md)")
+    refs = loadmat(path, squeeze_me=True, struct_as_record=False)["refs"]
+    by_image: dict[str, list[str]] = {}
+    owner: dict[str, str] = {}  # a caption listed for two images belongs to the first
+    for entry in refs:
+        image = str(entry.image)
+        sentences = by_image.setdefault(image, [])
+        for sent in np.atleast_1d(entry.sent):
+            text = str(sent).strip()
+            if text and text not in sentences:
+                sentences.append(text)
+                owner.setdefault(text, image)
+    rng = np.random.default_rng(seed)
+    captions = sorted(owner)
+    captions = [captions[i] for i in rng.permutation(len(captions))]
+    images = sorted(by_image)
+    index = {image: i for i, image in enumerate(images)}
+    count = min(n, len(captions))
+    picked = [captions[k % len(captions)] for k in range(n)]
+    image = np.array([index[owner[c]] for c in picked[:count]], dtype=np.int64)
+    image = np.concatenate([image, rng.integers(len(images), size=n - count)])
+    # references: a seeded draw of other captions of the record's image, all records at once
+    width = max(map(len, by_image.values()))
+    sizes = np.array([len(by_image[i]) for i in images])
+    position = {
+        (images[j], c): at for j, image_id in enumerate(images) for at, c in enumerate(by_image[image_id])
+    }
+    own = np.array([position.get((images[j], c), -1) for c, j in zip(picked, image.tolist(), strict=True)])
+    keys = rng.random((n, width))
+    columns = np.arange(width)[None, :]
+    keys[(columns >= sizes[image][:, None]) | (columns == own[:, None])] = np.inf
+    draws = np.sort(np.argsort(keys, axis=1)[:, :PASCAL_REFERENCES], axis=1)
+    valid = np.take_along_axis(keys, draws, axis=1) < np.inf
+    return [
+        Record(
+            f"p{k}",
+            picked[k],
+            images[image[k]],
+            tuple(by_image[images[image[k]]][j] for j in draws[k][valid[k]]),
+        )
+        for k in range(n)
+    ]
+
+
+def distinct_captions(records: Sequence[Record]) -> int:
+    """How many different candidate captions ``records`` hold."""
+    return len({r.caption for r in records})
+
+
+def reset_caches(scorer: QACE) -> None:
+    """Empty every cache the engine keeps across calls, so the next call meets its captions cold: the
+    composed prompt ids' parts (all templates), the candidate cache and the device-resident region
+    features. The host feature cache stays (the random store stands in for a file read)."""
+    from qace.engine import prompt_ids
+
+    with prompt_ids._ENCODERS_LOCK:
+        encoders = [e for per in prompt_ids._ENCODERS.values() for e in per.values()]
+    for encoder in encoders:
+        with encoder._lock:
+            encoder._parts.clear()
+    scorer.candidates._cache.clear()
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(scorer.models, role)
+        if runner is not None and getattr(runner, "features", None) is not None:
+            runner.features = None
+
+
 WORD_IDS = (3, 600)
 """Content tokens are drawn from these ids (words of the benchmark tokenizer; 0-2 are special)."""
 
@@ -84,18 +167,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def target_tokens(
-    rows: Sequence[Sequence[int]] | Sequence[np.ndarray], role: str, steps: int = 31, eos_id: int = 1
-) -> np.ndarray:
-    """The outputs forced for a batch of inputs ``(B, steps)``: seeded word ids, EOS at a seeded length."""
-    ids, mask = pad_batch([list(map(int, r)) for r in rows])
-    return padded_target_tokens(ids, mask, role, steps, eos_id)
-
-
 def padded_target_tokens(
     ids: np.ndarray, mask: np.ndarray, role: str, steps: int = 31, eos_id: int = 1
 ) -> np.ndarray:
-    """`target_tokens` of a right-padded batch."""
+    """The outputs forced for a right-padded batch of inputs ``(B, steps)``: seeded word ids, EOS at a
+    seeded length; a row's outputs depend on its unpadded ids only."""
     low, high = LENGTHS[role]
     with np.errstate(over="ignore"):
         seeds = _row_seeds(ids, mask, role)
@@ -155,19 +231,6 @@ def workload_scorer(
     if not candidate_cache:
         scorer.candidates.cache_size = 0
     return force_lengths(scorer)
-
-
-class ForceTokens:
-    """A Hugging Face logits processor that makes row ``i`` emit ``tokens[i]`` step by step."""
-
-    def __init__(self, tokens: np.ndarray, device: torch.device) -> None:
-        self.tokens = torch.as_tensor(tokens, device=device)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        step = input_ids.shape[1] - 1  # tokens generated so far (the decoder start is not one)
-        forced = torch.full_like(scores, float("-inf"))
-        forced.scatter_(1, self.tokens[:, step : step + 1], 0.0)
-        return forced
 
 
 def build_models(

@@ -10,6 +10,19 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` skip on a host without CUDA (`pytest -m gpu` selects them on a GPU host)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="marked gpu: needs a CUDA GPU")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def test_models_dir() -> Path:
     """Tiny trained qg/tqa/vqa models, built once and cached (QACE_TEST_MODELS or .qace-cache/)."""

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from qace import api
 from qace.api import QACE
@@ -352,7 +351,7 @@ def _graph_shapes(scorer: QACE) -> int:
     return sum(r.decoder._graphs.captures for r in runners if r is not None and r.decoder._graphs)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["ref", "img"])
 def test_after_a_warm_up_calls_capture_no_graph_and_score_the_same(test_models_dir, variant):
     """Every batch shape a call can make is captured by `warm_up`; scores are those of a cold scorer."""

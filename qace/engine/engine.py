@@ -190,7 +190,7 @@ def text_stage(
                     yield index + lo, batch
 
         def finish(tokens: list[list[int]], answerability: np.ndarray | None) -> StageOutput:
-            texts = decode(tokenizer, tokens)
+            texts = decode(tokenizer, tokens, only_pad_eos=True)
             position = np.empty(len(order), dtype=np.int64)  # unique prompt -> its place in length order
             position[order] = np.arange(len(order))
             at = position[unique.inverse]

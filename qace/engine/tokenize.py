@@ -75,18 +75,28 @@ def cut_to(encoded: list[list[int]], max_tokens: int, eos: int) -> tuple[list[li
     return out, truncated
 
 
-def decode(tokenizer: Any, tokens: Sequence[Sequence[int]]) -> list[str]:
-    """Generated ids to text, special tokens dropped and surrounding whitespace stripped.
+def decode(tokenizer: Any, tokens: Sequence[Sequence[int]], *, only_pad_eos: bool = False) -> list[str]:
+    """Generated ids to text, surrounding whitespace stripped.
+
+    By default every special token is dropped (``skip_special_tokens=True``). With ``only_pad_eos`` only
+    the tokenizer's padding and end-of-sequence ids are, so an unknown-character token (T5's ``<unk>``,
+    which a real model emits for ``{`` or many CJK characters) stays in the text: the spec's rule for
+    questions and text-QA answers.
 
     A fast tokenizer without clean-up decodes straight through its Rust backend: the same strings as
     ``batch_decode`` (which calls that backend per row) without its per-id Python type checks, which
     cost more than the decoding itself on a hundred thousand answers.
     """
+    rows = [list(t) for t in tokens]
+    if only_pad_eos:
+        dropped = {tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
+        rows = [[i for i in row if i not in dropped] for row in rows]
+    skip = not only_pad_eos
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not tokenizer.clean_up_tokenization_spaces:
-        texts = backend.decode_batch([list(t) for t in tokens], skip_special_tokens=True)
+        texts = backend.decode_batch(rows, skip_special_tokens=skip)
     else:
-        texts = tokenizer.batch_decode(list(tokens), skip_special_tokens=True)
+        texts = tokenizer.batch_decode(rows, skip_special_tokens=skip)
     return [text.strip() for text in texts]
 
 

@@ -45,7 +45,7 @@ def test_pytorch_form_merges_heads_in_order() -> None:
     torch.testing.assert_close(alone[0, 0], attend(q, k, v, cross)[2, 0, 64:128])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel runs on CUDA")
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("keys", [8, 31, 48, 112])
 def test_fused_kernel_is_at_least_as_close_as_the_half_pytorch_form(dtype, keys) -> None:
@@ -66,7 +66,7 @@ def test_fused_kernel_is_at_least_as_close_as_the_half_pytorch_form(dtype, keys)
     assert torch.equal(attend(q, k_nan, v_nan, cross), attend(q, k, v, cross))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel runs on CUDA")
+@pytest.mark.gpu
 def test_fused_kernel_reads_a_stacked_cache_past_two_billion_elements() -> None:
     """The decoder's cross-attention keys and values are views of one buffer holding every layer's
     (`StaticT5Decoder.cross_views`): at 2,048 rows of 64 positions of T5-base its rows start past

@@ -57,7 +57,7 @@ def test_eager_decoder_equals_generate_on_cpu(test_models_dir) -> None:
     assert np.all((answerability >= 0) & (answerability <= 1))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_graph_replay_equals_eager_on_gpu(test_models_dir, dtype) -> None:
     model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device="cuda", dtype=dtype)
@@ -80,7 +80,7 @@ def test_graph_replay_equals_eager_on_gpu(test_models_dir, dtype) -> None:
     assert decoder._graphs.captures == 3  # forcing is part of the graph
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_prepared_buckets_are_replayed_not_captured(test_models_dir) -> None:
     model, tokenizer = load_seq2seq(
         str(test_models_dir / "tqa"), role="TQA", device="cuda", dtype=torch.float32
@@ -99,6 +99,7 @@ def test_prepared_buckets_are_replayed_not_captured(test_models_dir) -> None:
     assert np.array_equal(warm, cold) and np.array_equal(an_warm, an_cold)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_graphs_on_a_device_that_is_not_current(test_models_dir) -> None:
     model, tokenizer = load_seq2seq(

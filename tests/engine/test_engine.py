@@ -103,3 +103,24 @@ def test_slices_start_at_half_a_batch_and_double_to_four(n: int, rows: int) -> N
         full = sizes[:-1]  # the last slice holds what is left
         assert sizes[0] == min(n, max(1, rows // 2))
         assert (full[1:] == np.minimum(2 * full[:-1], 4 * rows)).all()
+
+
+def test_text_stage_keeps_unknown_tokens_and_drops_pad_and_eos() -> None:
+    """A question or text-QA answer keeps the ``<unk>`` a model emits (spec 2/3); padding and EOS go."""
+    from qace.models.testing import build_tokenizer
+
+    tokenizer = build_tokenizer(["what is the dog doing"])
+    unk, eos, pad = tokenizer.unk_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    dog = tokenizer.convert_tokens_to_ids("▁dog")
+
+    class UnknownRunner(EchoRunner):
+        def generate(self, batch, *, max_new_tokens, unanswerable_id=None):
+            self.batches.append(batch.attention_mask)
+            return Generated(tokens=[[dog, unk, eos, pad] for _ in batch.input_ids], answerability=None)
+
+    limits = BatchLimits(max_batch_tokens=64, max_batch_rows=8)
+    stage = text_stage(
+        UnknownRunner(), tokenizer, "{}", [("a",), ("b",)], max_input_tokens=512, limits=limits
+    )
+    (out,) = run_stages([stage])
+    assert out.texts == ["dog<unk>", "dog<unk>"]

@@ -60,7 +60,7 @@ def test_fp32_models_keep_hugging_faces_forward(test_models_dir) -> None:
     assert torch.equal(hidden, _hf(model, ids, mask)) and hidden_mask is mask
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -57,18 +57,17 @@ def _activations(device: str, case: str) -> torch.Tensor:
     return h.to(device)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("case", ["finite", "inf"])
-def test_clamp_fp16_is_the_formula(case: str) -> None:
+def test_clamp_fp16_is_the_formula(case: str, device: str) -> None:
     """On the CPU the formula itself; on a GPU the fused kernels, bit for bit (NaN kept, in place)."""
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        h = _activations(device, case)
-        before = h.clone()
-        want = _formula(before)
-        got = clamp_fp16(h)
-        assert torch.equal(got.isnan(), want.isnan())
-        assert torch.equal(got.nan_to_num(), want.nan_to_num()), device
-        changed = not torch.equal(got.nan_to_num(), before.nan_to_num())
-        assert changed == (case == "inf") and got.nan_to_num().abs().max().item() <= 65_504
-        if device == "cuda":
-            assert fp16_guard.fused_available(h) and got.data_ptr() == h.data_ptr()
+    h = _activations(device, case)
+    before = h.clone()
+    want = _formula(before)
+    got = clamp_fp16(h)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()), device
+    changed = not torch.equal(got.nan_to_num(), before.nan_to_num())
+    assert changed == (case == "inf") and got.nan_to_num().abs().max().item() <= 65_504
+    if device == "cuda":
+        assert fp16_guard.fused_available(h) and got.data_ptr() == h.data_ptr()

@@ -75,3 +75,23 @@ def test_token_ids_of_a_backend_saved_with_padding_or_truncation(
     assert token_ids(tokenizer, TEXTS, special_tokens=False) == [x[:-1] for x in want]  # T5: EOS only
     assert (backend.truncation, backend.padding) == before
     assert tokenizer.backend_tokenizer is backend
+
+
+def test_decode_only_pad_eos_keeps_unknown_tokens() -> None:
+    """Spec 2/3: questions and text-QA answers drop ``<pad>``/``</s>`` only; a T5 ``<unk>`` (a character
+    outside the vocabulary, here ``狗``) stays in the text. The default drops every special token."""
+    from qace.models.testing import build_tokenizer
+
+    tokenizer = build_tokenizer(["a dog runs on the grass"])
+    ids = tokenizer("a dog { 狗 runs")["input_ids"]
+    assert tokenizer.unk_token_id in ids  # the tokenizer does emit <unk>
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    rows = [[pad, *ids, pad, pad], [pad, eos], [tokenizer.unk_token_id, eos]]
+    kept = decode(tokenizer, rows, only_pad_eos=True)
+    assert kept == ["a dog { <unk> runs", "", "<unk>"]
+    assert decode(tokenizer, rows) == [
+        t.strip() for t in tokenizer.batch_decode(rows, skip_special_tokens=True)
+    ]
+    assert "<unk>" not in decode(tokenizer, rows)[0]
+    tokenizer.clean_up_tokenization_spaces = True  # the batch_decode path keeps <unk> as well
+    assert decode(tokenizer, rows, only_pad_eos=True)[0].count("<unk>") == 1

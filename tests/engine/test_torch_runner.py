@@ -36,7 +36,7 @@ def _visual_batches(tokenizer, device: str, n_batches: int) -> list[tuple[np.nda
     return out
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

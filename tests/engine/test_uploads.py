@@ -14,7 +14,7 @@ def test_values_arrive_unchanged() -> None:
     np.testing.assert_array_equal(to_device(array, torch.device("cpu")).numpy(), array)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+@pytest.mark.gpu
 def test_the_host_does_not_wait_for_queued_work() -> None:
     device = torch.device("cuda")
     torch.cuda.synchronize()

@@ -166,7 +166,7 @@ def test_bad_config(tmp_path: Path) -> None:
         BertScoreMatcher(model=str(tmp_path))
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

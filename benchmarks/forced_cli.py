@@ -1,0 +1,66 @@
+"""``qace score`` with the benchmark workload's forced output lengths, stamping its progress.
+
+    python -m benchmarks.forced_cli STAMPS.json -- score INPUT -o OUT.parquet --resume --models DIR ...
+
+Runs ``qace.cli.main`` on the arguments after ``--``: the real file path (reading, scoring, committing
+chunks, writing the output), with one change: the scorer the CLI builds gets the workload's output
+control (`benchmarks.workload.force_lengths`; random weights never stop on their own). It writes
+``STAMPS.json``: wall-clock times (``time.time()``) of the process start, of every chunk of rows the
+file loop receives (``chunk_size`` rows), and of the CLI's return (output assembled), so the caller can
+tell start-up (imports, model load, first chunk) from the steady state.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+STARTED = time.time()
+
+
+def stamped(rows: Iterable[Any], stamps: list[tuple[int, float]], every: int) -> Iterator[Any]:
+    """``rows`` unchanged, appending ``(rows so far, time.time())`` to ``stamps`` every ``every`` rows
+    and after the last one."""
+    count = 0
+    for row in rows:
+        count += 1
+        if count % every == 0:
+            stamps.append((count, time.time()))
+        yield row
+    if not stamps or stamps[-1][0] != count:
+        stamps.append((count, time.time()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2 or argv[1] != "--":
+        usage = "usage: python -m benchmarks.forced_cli STAMPS.json -- score INPUT -o OUTPUT ..."
+        print(usage, file=sys.stderr)
+        return 2
+    out, cli_args = Path(argv[0]), argv[2:]
+    from benchmarks.workload import force_lengths
+    from qace import cli
+
+    stamps: list[tuple[int, float]] = []
+    build = cli._scorer
+
+    def forced_scorer(args: Any, models: str | None = None) -> Any:
+        scorer = force_lengths(build(args, models))
+        committed = scorer.score_committed
+        every = scorer.config.chunk_size
+        scorer.score_committed = lambda records: stamped(committed(records), stamps, every)
+        return scorer
+
+    cli._scorer = forced_scorer
+    status = cli.main(cli_args)
+    done = time.time()
+    out.write_text(json.dumps({"started": STARTED, "stamps": stamps, "done": done, "status": status}))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
