@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,17 @@ class Baseline:
         texts = np.empty(len(prompts), dtype=object)
         answerability = np.zeros(len(prompts))
         run = StageRun(rows=len(prompts), seconds=0.0)
+
+        def collect(index: np.ndarray, out: torch.Tensor, an: torch.Tensor | None) -> None:
+            # forced outputs are word ids (never <unk>), so dropping every special token equals the
+            # spec's <pad>/</s>-only rule here
+            texts[index] = [t.strip() for t in tok.batch_decode(out.cpu(), skip_special_tokens=True)]
+            if an is not None:
+                answerability[index] = an.cpu().numpy()
+
+        # a batch's outputs are copied and decoded in a helper thread while the next batch generates
+        collector = ThreadPoolExecutor(1, thread_name_prefix="hf-decode")
+        collected = []
         for lo in range(0, len(order), self.batch_size):
             index = order[lo : lo + self.batch_size]
             if image_rows is None:
@@ -143,12 +155,11 @@ class Baseline:
                 None if image_rows is None else torch.from_numpy(image_rows[index]).to(self.device),
             )
             out, an = _run(model, batch, self.feature_table, an_id)
-            # forced outputs are word ids (never <unk>), so dropping every special token equals the
-            # spec's <pad>/</s>-only rule here
-            texts[index] = [t.strip() for t in tok.batch_decode(out.cpu(), skip_special_tokens=True)]
-            if an is not None:
-                answerability[index] = an.cpu().numpy()
+            collected.append(collector.submit(collect, index, out, an))
             run.batches.append(batch)
+        for done in collected:
+            done.result()
+        collector.shutdown()
         _sync(self.device)
         run.seconds = time.perf_counter() - start
         self.stages[role] = run

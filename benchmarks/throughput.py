@@ -276,7 +276,12 @@ def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: 
         [sys.executable, "-m", "benchmarks.forced_cli", str(stamps_path), "--", *command],
         check=True,
         cwd=Path(__file__).resolve().parents[1],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+            ),
+        },
     )
     wall = time.time() - start
     run = json.loads(stamps_path.read_text())
