@@ -119,7 +119,9 @@ def make_session(path: Path, *, device: str = "cpu", threads: int | None = None)
     check_device(device)
     providers: list[Any] = ["CPUExecutionProvider"]
     if device.startswith("cuda"):
-        providers.insert(0, ("CUDAExecutionProvider", {"device_id": _device_id(device)}))
+        # TF32 matmuls (ORT's default on Ampere and later) would make fp32 graphs lossy
+        cuda = {"device_id": _device_id(device), "use_tf32": 0}
+        providers.insert(0, ("CUDAExecutionProvider", cuda))
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
 
