@@ -145,3 +145,16 @@ def test_cli_cuda_without_the_gpu_build(test_models_dir, tmp_path, capsys):
     assert code == 2
     assert "pip install 'qace[onnx-gpu]'" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_fp16_graphs_keep_the_t5_overflow_guard(exports):
+    """Every residual of an fp16 graph goes through T5's clamp (``isinf`` -> ``where`` -> ``clip``):
+    two per encoder layer, three per decoder layer; fp32 graphs have none."""
+    import onnx
+
+    layers = json.loads((exports["qg", "fp16"] / "manifest.json").read_text())["layers"]
+    per_layer = {"encoder": 2, "decoder_init": 3, "decoder": 3}
+    for graph, count in per_layer.items():
+        for variant, expected in (("fp16", count * layers), ("fp32", 0)):
+            nodes = onnx.load(str(exports["qg", variant] / f"{graph}.onnx")).graph.node
+            assert [n.op_type for n in nodes].count("IsInf") == expected, (graph, variant)
