@@ -45,19 +45,6 @@ def exports(loaded, tmp_path_factory):
     return made
 
 
-def _counting(runner):
-    """Wrap ``runner._run`` to record which graphs each call ran."""
-    calls: list[str] = []
-    run = runner._run
-
-    def counted(graph, *args, **kwargs):
-        calls.append(graph)
-        return run(graph, *args, **kwargs)
-
-    runner._run = counted
-    return calls
-
-
 @pytest.mark.parametrize(("role", "variant"), [(r, "fp32") for r in ROLES] + [("qg", "fp16")])
 def test_in_graph_argmax_equals_host_argmax_of_the_logits(loaded, exports, role, variant):
     """What the loop reads back (ids, one float) is what the old host-side argmax/softmax made of the
@@ -88,17 +75,40 @@ def test_in_graph_argmax_equals_host_argmax_of_the_logits(loaded, exports, role,
         np.testing.assert_allclose(got.answerability, expected.answerability, atol=1e-6)
 
 
-@pytest.mark.parametrize(("role", "rows", "seed"), [("qg", 6, 5), ("vqa", 6, 0)])
-def test_rows_dropped_on_the_device_keep_decoding_right(loaded, exports, role, rows, seed):
-    """Batches whose rows end at different steps: the ``compact`` graph runs and the rows still
-    running decode exactly what PyTorch decodes (a wrong gather would mix up their K/V)."""
-    batch = sample_batch(loaded[role], rows=rows, seed=seed)
-    runner = OnnxRunner(exports[role, "fp32"])
-    calls = _counting(runner)
+def test_rows_dropped_on_the_device_keep_decoding_right(tmp_path):
+    """Rows that end early are dropped by the ``compact`` graph and the rows still running decode what
+    PyTorch decodes. The trained test models barely look at their K/V after a few steps (a gather in
+    the wrong row order went unnoticed on them), so this uses a tiny random T5 with large weights whose
+    every token depends on its context, and an EOS id it emits early in about half of the rows."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from qace.engine.batches import TextBatch
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=24, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+    special = dict(decoder_start_token_id=0, eos_token_id=18, pad_token_id=0)
+    config = T5Config(**shape, **special, initializer_factor=8.0, dropout_rate=0.0, feed_forward_proj="relu")
+    model = T5ForConditionalGeneration(config).eval()
+    # large weights give large logits: fp32 rounding exceeds the validation's absolute bound
+    export = export_model(model, tmp_path / "fp32", variant="fp32", validate=False).out_dir
+    ids = np.random.default_rng(0).integers(2, 24, size=(16, 9))
+    ids[:, -1] = 1
+    batch = TextBatch(ids, np.ones_like(ids))
+    runner = OnnxRunner(export)
+    kept: list[int] = []
+    run = runner._run
+
+    def counted(graph, feeds, *args, **kwargs):
+        if graph == "compact":
+            kept.append(len(feeds["index"]))
+        return run(graph, feeds, *args, **kwargs)
+
+    runner._run = counted
     got = runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS)
-    expected = TorchRunner(loaded[role]).generate(batch, max_new_tokens=MAX_NEW_TOKENS)
-    assert calls.count("compact") >= 1
-    assert len({len(t) for t in got.tokens}) > 1
+    expected = TorchRunner(model).generate(batch, max_new_tokens=MAX_NEW_TOKENS)
+    assert kept and max(kept) >= 2, "the batch no longer ends rows early: pick another EOS id"
+    assert max(map(len, got.tokens)) > 10  # kept rows decode on for many steps after the drop
     assert got.tokens == expected.tokens
 
 
