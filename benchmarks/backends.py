@@ -1,10 +1,15 @@
 """ONNX Runtime (CUDA) against the PyTorch runner on the throughput workload, same process, same precision.
 
-    python -m benchmarks.backends --out benchmarks/results/backends.json
+    python -m benchmarks.backends --models-dir DIR --out benchmarks/results/backends.json
+    python -m benchmarks.backends --models-dir DIR --records distinct.jsonl   # another workload
+    python -m benchmarks.backends --tiny --device cpu --precision fp32 --n 64  # smoke run on a CPU
 
 Both backends score the same captions with the same models (random T5-base QG/TQA, T5-small Visual-T5, see
-``benchmarks/workload.py``) in fp16 and the same forced outputs; the first ONNX use exports and validates
-the graphs (timed separately). Reported: captions/s of each and the mean absolute QACE difference.
+``benchmarks/workload.py``; tiny ones with ``--tiny``) in the same precision and with the same forced
+outputs; the first ONNX use exports and validates the graphs (timed separately). The captions are the
+Flickr8k-Expert standard protocol, or ``--records``: any file ``qace score`` reads (JSONL, CSV, COCO),
+such as the distinct-caption workload of the throughput benchmark. Reported: captions/s of each, their
+ratio and the mean absolute QACE difference, as JSON (``--out``).
 """
 
 from __future__ import annotations
@@ -20,8 +25,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.workload import build_models, flickr_workload, workload_scorer
+from benchmarks.workload import flickr_workload, workload_models, workload_scorer
+from qace.data.records import Record, read_records
 from qace.engine.profiling import cuda_sync
+
+
+def workload_records(args: argparse.Namespace) -> tuple[str, list[Record]]:
+    """The captions to score (first ``--n``) and a name for them: ``--records`` or Flickr8k-Expert."""
+    if args.records is None:
+        return "flickr8k_expert standard protocol", flickr_workload(Path(args.data_dir))[: args.n]
+    records = []
+    for item in read_records(args.records, references=args.references):
+        if not isinstance(item, Record):
+            raise SystemExit(f"--records {args.records}: {item}; fix or drop that record")
+        records.append(item)
+    return str(args.records), records[: args.n]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
     )
-    parser.add_argument("--models-dir", required=True)
+    parser.add_argument("--records", default=None, help="captions file (default: Flickr8k-Expert)")
+    parser.add_argument("--references", default=None, help="references file for --records, if apart")
+    parser.add_argument("--models-dir", default=None, help="reuse models built earlier (default: build)")
     parser.add_argument("--bertscore-files", default=None)
+    parser.add_argument("--tiny", action="store_true", help="tiny random models: a smoke run on a CPU")
     parser.add_argument("--variants", nargs="+", default=["img", "ref"])
     parser.add_argument("--n", type=int, default=None)
     parser.add_argument("--precision", default="fp16")
@@ -43,14 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-size", type=int, default=2048)
     parser.add_argument("--spacy-workers", type=int, default=8)
     args = parser.parse_args(argv)
-    records = flickr_workload(Path(args.data_dir))[: args.n]
-    models = Path(args.models_dir)
-    build_models(models, records, args.bertscore_files)
+    workload, records = workload_records(args)
+    models = workload_models(args, records, "qace-backends-")
     report: dict[str, Any] = {
         "command": "python -m benchmarks.backends " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "device": args.device,
         "precision": args.precision,
+        "workload": workload,
+        "models": "tiny random" if args.tiny else "random T5-base QG/TQA, T5-small Visual-T5",
         "captions": len(records),
+        "distinct_captions": len({r.caption for r in records}),
         "results": [],
     }
     for variant in args.variants:

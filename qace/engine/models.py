@@ -46,6 +46,10 @@ def build_models(
     from qace.engine.torch_runner import DTYPES
     from qace.models import loading
 
+    if config.backend == "onnx":  # a missing onnxruntime(-gpu) fails here, before any model loads
+        from qace.engine.onnx_runner import check_device
+
+        check_device(config.device)
     base = Path(models_dir).expanduser() if models_dir is not None else None
     if base is not None and not base.is_dir():
         raise ModelNotFoundError(

@@ -3,11 +3,14 @@
 Same contract as :class:`qace.engine.torch_runner.TorchRunner`: encoder once per batch, first decoder
 step through ``decoder_init`` (which also returns the cross-attention K/V), later steps through
 ``decoder`` with the past K/V fed back; answerability from the first step's logits; stop when every
-row has emitted EOS. On CPU, finished rows are dropped once at most half are still running (as the
-PyTorch runner does: each drop copies the K/V, so it is amortised).
-With the CUDA provider the K/V stay on the GPU through IO binding and only the logits are copied to
-the host; rows are then not dropped (that would need a device-side gather), they keep decoding and
-their extra tokens are ignored, so the outputs are the same. The CUDA path is written but untested.
+row has emitted EOS.
+
+Decoding stays on the session's device (CPU or CUDA alike): every graph runs through IO binding, the
+encoder states and K/V are ``OrtValue``s on that device fed from one step to the next, and the only
+values copied to the host per step are the graphs' ``next_token`` (the argmax, taken inside the graph)
+and, at the first step, ``answerability``: one id and one float per row, never the logits. Finished
+rows are dropped on the device by the ``compact`` graph once at most half the rows are still running
+(as the PyTorch runner does: each drop copies the K/V, so it is amortised).
 
 Runtime needs only numpy and onnxruntime; torch is touched only to mirror its thread count.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,12 @@ from qace.errors import BackendUnavailableError, ConfigError
 
 logger = logging.getLogger(__name__)
 
-GRAPHS = ("encoder", "decoder_init", "decoder")
+WEIGHTED_GRAPHS = ("encoder", "decoder_init", "decoder")
+"""The graphs traced from the model (the ones int8 quantizes)."""
+GRAPHS = (*WEIGHTED_GRAPHS, "compact")
 MANIFEST = "manifest.json"
+GPU_INSTALL = "pip uninstall -y onnxruntime && pip install 'qace[onnx-gpu]'"
+"""What makes ``--backend onnx --device cuda`` work (the CPU and GPU wheels both provide ``onnxruntime``)."""
 
 
 def import_ort() -> Any:
@@ -39,9 +46,27 @@ def import_ort() -> Any:
         import onnxruntime
     except ImportError as exc:
         raise BackendUnavailableError(
-            "the ONNX backend needs onnxruntime: pip install 'qace[onnx]' (or onnxruntime-gpu for CUDA)"
+            "the ONNX backend needs onnxruntime: pip install 'qace[onnx]' (or 'qace[onnx-gpu]' for CUDA)"
         ) from exc
     return onnxruntime
+
+
+def check_device(device: str) -> None:
+    """Raise before anything loads when the ONNX backend cannot run on ``device``.
+
+    ``cpu`` and ``cuda[:N]`` are the devices; CUDA needs the ``CUDAExecutionProvider`` of
+    ``onnxruntime-gpu`` (the error gives the install line).
+    """
+    ort = import_ort()
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise BackendUnavailableError(
+                f"device {device!r} asks for CUDA but this onnxruntime ({ort.__version__}) has no "
+                f"CUDAExecutionProvider; install the GPU build: {GPU_INSTALL} (or use --device cpu)"
+            )
+        _device_id(device)
+    elif device != "cpu":
+        raise ConfigError(f"the ONNX backend runs on 'cpu' or 'cuda[:N]', not {device!r}")
 
 
 @dataclass(frozen=True)
@@ -77,7 +102,10 @@ def _default_threads() -> int:
 
 
 def _device_id(device: str) -> int:
-    return int(device.split(":", 1)[1]) if ":" in device else 0
+    index = device.split(":", 1)[1] if ":" in device else "0"
+    if not index.isdigit():
+        raise ConfigError(f"device {device!r}: write cuda or cuda:N with N a GPU index")
+    return int(index)
 
 
 def make_session(path: Path, *, device: str = "cpu", threads: int | None = None) -> Any:
@@ -88,20 +116,12 @@ def make_session(path: Path, *, device: str = "cpu", threads: int | None = None)
     options.intra_op_num_threads = _default_threads() if threads is None else threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    check_device(device)
+    providers: list[Any] = ["CPUExecutionProvider"]
     if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise BackendUnavailableError(
-                f"device {device!r} asks for CUDA but this onnxruntime has no CUDAExecutionProvider; "
-                "install onnxruntime-gpu or use --device cpu"
-            )
-        providers: list[Any] = [
-            ("CUDAExecutionProvider", {"device_id": _device_id(device)}),
-            "CPUExecutionProvider",
-        ]
-    elif device == "cpu":
-        providers = ["CPUExecutionProvider"]
-    else:
-        raise ConfigError(f"the ONNX backend runs on 'cpu' or 'cuda[:N]', not {device!r}")
+        # TF32 matmuls (ORT's default on Ampere and later) would make fp32 graphs lossy
+        cuda = {"device_id": _device_id(device), "use_tf32": 0}
+        providers.insert(0, ("CUDAExecutionProvider", cuda))
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
 
@@ -116,11 +136,11 @@ class OnnxRunner:
             name: make_session(self.export_dir / f"{name}.onnx", device=device, threads=threads)
             for name in GRAPHS
         }
-        self._bound = device.startswith("cuda")
-        self._float = np.dtype(self.info.float_dtype)
+        self._where = ("cuda", _device_id(device)) if device.startswith("cuda") else ("cpu", 0)
         self._past_names = [i.name for i in self.sessions["decoder"].get_inputs()][2:]
-        self._init_outputs = [o.name for o in self.sessions["decoder_init"].get_outputs()]
-        self._step_outputs = [o.name for o in self.sessions["decoder"].get_outputs()]
+        self._init_outputs = [o.name for o in self.sessions["decoder_init"].get_outputs()][1:]
+        self._step_outputs = [o.name for o in self.sessions["decoder"].get_outputs()][1:]
+        self._compact_outputs = [o.name for o in self.sessions["compact"].get_outputs()]
         self.force: Callable[[TextBatch | VisualBatch, int], Any] | None = None
         """Benchmarks only: ``(batch, steps) -> (B, steps)`` tokens that replace each step's argmax, as
         ``TorchRunner.force``."""
@@ -144,7 +164,7 @@ class OnnxRunner:
             raise ConfigError(
                 f"the ONNX backend runs fp32, fp16 or int8, not {precision!r}; use --backend torch for bf16"
             )
-        import_ort()
+        check_device(device)
         from qace.export.cache import ensure_export
 
         export_dir = ensure_export(source, model, precision, fingerprint=fingerprint, device=device)
@@ -164,17 +184,17 @@ class OnnxRunner:
             feeds["features"] = np.ascontiguousarray(batch.features, dtype=np.float32)
         hidden, mask = self._run("encoder", feeds, ["encoder_hidden_states", "encoder_attention_mask"])
         forced = None if self.force is None else np.asarray(self.force(batch, max_new_tokens), dtype=np.int64)
-        return self._greedy(hidden, mask, max_new_tokens, unanswerable_id, forced)
+        return self._greedy(hidden, mask, len(feeds["input_ids"]), max_new_tokens, unanswerable_id, forced)
 
     def _greedy(
         self,
         hidden: Any,
         mask: Any,
+        rows: int,
         max_new_tokens: int,
         unanswerable_id: int | None,
         forced: np.ndarray | None,
     ) -> Generated:
-        rows = len(self._host(mask))
         alive = np.arange(rows)
         finished = np.zeros(rows, dtype=bool)
         token = np.full((rows, 1), self.info.start_id, dtype=np.int64)
@@ -187,51 +207,49 @@ class OnnxRunner:
                     "decoder_input_ids": token,
                     "encoder_hidden_states": hidden,
                     "encoder_attention_mask": mask,
+                    "unanswerable_id": np.array([unanswerable_id or 0], dtype=np.int64),
                 }
-                logits, *past = self._run("decoder_init", feeds, self._init_outputs)
+                host = ("next_token", "answerability")
+                best, answer, *past = self._run("decoder_init", feeds, self._init_outputs, host)
+                if unanswerable_id is not None:
+                    answerability = answer
             else:
-                feeds = {
-                    "decoder_input_ids": token,
-                    "encoder_attention_mask": mask,
-                    **dict(zip(self._past_names, past, strict=True)),
-                }
-                logits, *self_kv = self._run("decoder", feeds, self._step_outputs)
+                feeds = {"decoder_input_ids": token, "encoder_attention_mask": mask}
+                feeds.update(zip(self._past_names, past, strict=True))
+                best, *self_kv = self._run("decoder", feeds, self._step_outputs, ("next_token",))
                 past = merge_past(self_kv, past)
-            logits = self._host(logits)
-            if step == 0 and unanswerable_id is not None:
-                answerability = 1.0 - _softmax_at(logits, unanswerable_id)
-            next_token = logits.argmax(axis=-1).astype(np.int64) if forced is None else forced[alive, step]
+            next_token = best if forced is None else forced[alive, step]
             out[alive, step] = np.where(finished, -1, next_token)
             finished |= next_token == self.info.eos_id
             token = np.where(finished, self.info.eos_id, next_token)[:, None]  # ended rows idle until dropped
             n_alive = int((~finished).sum())
             if n_alive == 0:
                 break
-            if n_alive <= len(alive) // 2 and not self._bound:  # compact rarely: each drop copies the K/V
+            if n_alive <= len(alive) // 2:  # compact rarely: each drop copies the K/V
                 keep = np.flatnonzero(~finished)
-                alive, token, finished, mask = alive[keep], token[keep], finished[keep], mask[keep]
-                past = [np.ascontiguousarray(p[keep]) for p in past]
+                alive, token, finished = alive[keep], token[keep], finished[keep]
+                feeds = {"index": keep, "encoder_attention_mask": mask}
+                feeds.update(zip(self._past_names, past, strict=True))
+                mask, *past = self._run("compact", feeds, self._compact_outputs)
         return Generated(tokens=cut_at_eos(out, self.info.eos_id), answerability=answerability)
 
-    def _run(self, graph: str, feeds: dict[str, Any], outputs: list[str]) -> list[Any]:
-        session = self.sessions[graph]
-        if not self._bound:
-            return session.run(outputs, feeds)
-        ort = import_ort()
-        device_id = _device_id(self.device)
-        binding = session.io_binding()
+    def _run(
+        self, graph: str, feeds: dict[str, Any], outputs: Sequence[str], host: Sequence[str] = ()
+    ) -> list[Any]:
+        """Run ``graph`` through IO binding: numpy ``feeds`` are uploaded, OrtValues used where they are;
+        ``outputs`` come back as OrtValues on the session's device, except the names in ``host``, which
+        are copied to the host and returned as numpy arrays."""
+        binding = self.sessions[graph].io_binding()
         for name, value in feeds.items():
             if isinstance(value, np.ndarray):
-                value = ort.OrtValue.ortvalue_from_numpy(value, "cuda", device_id)
-            binding.bind_ortvalue_input(name, value)
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
         for name in outputs:
-            binding.bind_output(name, "cuda", device_id)
-        session.run_with_iobinding(binding)
-        return list(binding.get_outputs())
-
-    @staticmethod
-    def _host(value: Any) -> np.ndarray:
-        return value if isinstance(value, np.ndarray) else value.numpy()
+            binding.bind_output(name, *(("cpu", 0) if name in host else self._where))
+        self.sessions[graph].run_with_iobinding(binding)
+        values = binding.get_outputs()
+        return [v.numpy() if name in host else v for name, v in zip(outputs, values, strict=True)]
 
 
 def merge_past(self_kv: list[Any], past: list[Any]) -> list[Any]:
@@ -241,10 +259,3 @@ def merge_past(self_kv: list[Any], past: list[Any]) -> list[Any]:
         for i in range(len(self_kv) // 2)
         for kv in (*self_kv[2 * i : 2 * i + 2], *past[4 * i + 2 : 4 * i + 4])
     ]
-
-
-def _softmax_at(logits: np.ndarray, index: int) -> np.ndarray:
-    """softmax(logits)[:, index] in float64-free fp32 arithmetic, like ``torch.softmax`` on fp32 logits."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    exp = np.exp(shifted)
-    return (exp[:, index] / exp.sum(axis=-1)).astype(np.float32)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from qace import __version__
-from qace.engine.onnx_runner import GRAPHS, MANIFEST, import_ort, merge_past
+from qace.engine.onnx_runner import MANIFEST, WEIGHTED_GRAPHS, import_ort, merge_past
 from qace.errors import ConfigError
 from qace.export import graphs
 from qace.export.validate import ValidationReport, validate_export
@@ -35,9 +35,10 @@ from qace.export.validate import ValidationReport, validate_export
 logger = logging.getLogger(__name__)
 
 VARIANTS = ("fp32", "fp16", "int8")
-FORMAT_VERSION = 1
-"""Bump when the graphs' inputs, outputs or arithmetic change: cached exports of older formats are redone."""
-OPSET = 17
+FORMAT_VERSION = 2
+"""Bump when the graphs' inputs, outputs or arithmetic change: cached exports of older formats are redone.
+2: the decoder graphs return ``next_token`` (and ``answerability``), and ``compact.onnx`` drops rows."""
+OPSET = graphs.OPSET
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def _export_graphs(model: Any, out: Path) -> None:
         hidden, enc_mask = encoder(ids, mask)
     hidden = hidden.to(dtype)
     token = torch.full((batch, 1), int(config.decoder_start_token_id), dtype=torch.long)
+    unanswerable = torch.tensor([2], dtype=torch.long)
     init_out = graphs.init_output_names(layers)
     enc_axes = {
         "encoder_hidden_states": {0: "batch", 1: "encoder_length"},
@@ -139,21 +141,21 @@ def _export_graphs(model: Any, out: Path) -> None:
     }
     _export_graph(
         graphs.DecoderInit(model),
-        (token, hidden, enc_mask),
+        (token, hidden, enc_mask, unanswerable),
         out / "decoder_init.onnx",
-        ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask"],
+        graphs.init_input_names(),
         init_out,
         {
             "decoder_input_ids": {0: "batch"},
-            "logits": {0: "batch"},
+            **{name: {0: "batch"} for name in init_out[:3]},
             **enc_axes,
-            **_kv_axes(init_out[1:], "one"),
+            **_kv_axes(init_out[3:], "one"),
         },
     )
     with torch.no_grad():
-        _, *past = graphs.DecoderInit(model)(token, hidden, enc_mask)
+        _, _, _, *past = graphs.DecoderInit(model)(token, hidden, enc_mask, unanswerable)
         # Two steps of past, so no past axis is traced as the constant 1.
-        _, *selfkv = graphs.DecoderWithPast(model)(token, enc_mask, *past)
+        _, _, *selfkv = graphs.DecoderWithPast(model)(token, enc_mask, *past)
     past = merge_past(selfkv, past)
     dec_in, dec_out = graphs.decoder_input_names(layers), graphs.decoder_output_names(layers)
     _export_graph(
@@ -165,11 +167,20 @@ def _export_graphs(model: Any, out: Path) -> None:
         {
             "decoder_input_ids": {0: "batch"},
             "logits": {0: "batch"},
+            "next_token": {0: "batch"},
             "encoder_attention_mask": enc_axes["encoder_attention_mask"],
             **_kv_axes(dec_in[2:], "past_length"),
-            **_kv_axes(dec_out[1:], "past_length_plus_1"),
+            **_kv_axes(dec_out[2:], "past_length_plus_1"),
         },
     )
+    _write_compact(out, layers, dtype)
+
+
+def _write_compact(out: Path, layers: int, dtype: torch.dtype) -> None:
+    from onnx import TensorProto
+
+    float_type = TensorProto.FLOAT16 if dtype == torch.float16 else TensorProto.FLOAT
+    graphs.write_compact_graph(out / "compact.onnx", layers, float_type)
 
 
 def _quantize(src: Path, dst: Path) -> None:
@@ -181,7 +192,7 @@ def _quantize(src: Path, dst: Path) -> None:
     quiet = _DropPreprocessHint()
     root.addFilter(quiet)  # onnxruntime logs a generic "run pre-processing" hint on the root logger
     try:
-        for name in GRAPHS:
+        for name in WEIGHTED_GRAPHS:
             quantize_dynamic(
                 str(src / f"{name}.onnx"),
                 str(dst / f"{name}.onnx"),
@@ -236,6 +247,7 @@ def export_model(
             fp32_dir.mkdir()
             _export_graphs(reference, fp32_dir)
             _quantize(fp32_dir, graphs_dir)
+            _write_compact(graphs_dir, int(model.config.num_decoder_layers), torch.float32)
         else:
             _export_graphs(_prepared(model, variant), graphs_dir)
         manifest = _manifest(model, variant, fingerprint, source)

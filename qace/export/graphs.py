@@ -14,17 +14,27 @@ Graphs (names of inputs and outputs are the contract with ``qace.engine.onnx_run
   ``encoder_attention_mask`` (B, S); the Visual-T5 encoder also takes ``features`` (B, 36, 2054) and
   returns the (B, 102) mask of its fixed layout.
 - ``decoder_init`` (first step): ``decoder_input_ids`` (B, 1), ``encoder_hidden_states``,
-  ``encoder_attention_mask`` -> ``logits`` (B, V) fp32, then per layer ``present.{i}.self_key``,
-  ``present.{i}.self_value`` (B, H, 1, Dk) and ``present.{i}.cross_key``, ``present.{i}.cross_value``
-  (B, H, S, Dk): the cross-attention K/V are computed once here and fed back unchanged.
+  ``encoder_attention_mask``, ``unanswerable_id`` (1,) -> ``logits`` (B, V) fp32, ``next_token`` (B,)
+  (greedy argmax, first maximum on ties), ``answerability`` (B,) fp32 (``1 - softmax(logits)`` at
+  ``unanswerable_id``), then per layer ``present.{i}.self_key``, ``present.{i}.self_value``
+  (B, H, 1, Dk) and ``present.{i}.cross_key``, ``present.{i}.cross_value`` (B, H, S, Dk): the
+  cross-attention K/V are computed once here and fed back unchanged.
 - ``decoder`` (with past): ``decoder_input_ids``, ``encoder_attention_mask``, then per layer
   ``past.{i}.self_key``, ``past.{i}.self_value`` (B, H, T, Dk), ``past.{i}.cross_key``,
-  ``past.{i}.cross_value`` -> ``logits``, ``present.{i}.self_key``, ``present.{i}.self_value`` (T + 1).
+  ``past.{i}.cross_value`` -> ``logits``, ``next_token``, ``present.{i}.self_key``,
+  ``present.{i}.self_value`` (T + 1).
+- ``compact`` (built with ``onnx.helper``, no weights): ``index`` (K,) and ``encoder_attention_mask``
+  plus every ``past.*`` input of ``decoder`` -> the same tensors with only the rows in ``index``,
+  named ``kept.<input>``, so finished rows are dropped where the K/V live.
+
+The decoding loop needs only ``next_token`` (and ``answerability``) on the host; ``logits`` stay
+outputs for the export validation, which compares them with PyTorch's.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +42,7 @@ from torch import nn
 
 from qace.engine.t5_ops import clamp_fp16, rms_norm
 
+OPSET = 17
 SELF_KV = ("self_key", "self_value")
 CROSS_KV = ("cross_key", "cross_value")
 
@@ -200,6 +211,7 @@ class DecoderInit(nn.Module):
         decoder_input_ids: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor,
+        unanswerable_id: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         heads = self.model.config.num_heads
         cross = []
@@ -210,7 +222,8 @@ class DecoderInit(nn.Module):
             )
         enc_bias = _mask_bias(encoder_attention_mask, encoder_hidden_states.dtype)
         logits, presents = _decoder_step(self.model, decoder_input_ids, enc_bias, None, cross)
-        out: list[torch.Tensor] = [logits]
+        unanswerable = torch.index_select(torch.softmax(logits, dim=-1), 1, unanswerable_id)[:, 0]
+        out: list[torch.Tensor] = [logits, logits.argmax(dim=-1), 1.0 - unanswerable]
         for i, (k, v) in enumerate(cross):
             out += [presents[2 * i], presents[2 * i + 1], k, v]
         return tuple(out)
@@ -230,11 +243,15 @@ class DecoderWithPast(nn.Module):
         cross_kv = [(past[4 * i + 2], past[4 * i + 3]) for i in range(len(past) // 4)]
         enc_bias = _mask_bias(encoder_attention_mask, past[0].dtype)
         logits, presents = _decoder_step(self.model, decoder_input_ids, enc_bias, self_kv, cross_kv)
-        return (logits, *presents)
+        return (logits, logits.argmax(dim=-1), *presents)
+
+
+def init_input_names() -> list[str]:
+    return ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask", "unanswerable_id"]
 
 
 def init_output_names(layers: int) -> list[str]:
-    return ["logits", *past_names(layers, "present", SELF_KV + CROSS_KV)]
+    return ["logits", "next_token", "answerability", *past_names(layers, "present", SELF_KV + CROSS_KV)]
 
 
 def decoder_input_names(layers: int) -> list[str]:
@@ -242,4 +259,28 @@ def decoder_input_names(layers: int) -> list[str]:
 
 
 def decoder_output_names(layers: int) -> list[str]:
-    return ["logits", *past_names(layers, "present", SELF_KV)]
+    return ["logits", "next_token", *past_names(layers, "present", SELF_KV)]
+
+
+def write_compact_graph(path: Path, layers: int, float_type: int) -> None:
+    """Write the ``compact`` graph: one ``Gather`` on axis 0 per tensor that lives across steps.
+
+    ``float_type`` is the ONNX element type of the K/V (``onnx.TensorProto.FLOAT`` or ``FLOAT16``).
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    kv = past_names(layers, "past", SELF_KV + CROSS_KV)
+    names = ["encoder_attention_mask", *kv]
+    inputs = [helper.make_tensor_value_info("index", TensorProto.INT64, ["kept"])]
+    inputs.append(helper.make_tensor_value_info(names[0], TensorProto.INT64, ["batch", "encoder_length"]))
+    inputs += [
+        helper.make_tensor_value_info(n, float_type, ["batch", "heads", f"len_{n}", "d_kv"]) for n in kv
+    ]
+    outputs = [
+        helper.make_tensor_value_info(f"kept.{n}", i.type.tensor_type.elem_type, None)
+        for n, i in zip(names, inputs[1:], strict=True)
+    ]
+    nodes = [helper.make_node("Gather", [n, "index"], [f"kept.{n}"], axis=0) for n in names]
+    graph = helper.make_graph(nodes, "compact", inputs, outputs)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), str(path))

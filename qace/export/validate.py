@@ -85,30 +85,33 @@ def _torch_logits(model: Any, batch: TextBatch | VisualBatch, decoder_ids: np.nd
 
 
 def _onnx_logits(runner: OnnxRunner, batch: TextBatch | VisualBatch, decoder_ids: np.ndarray) -> np.ndarray:
-    """Step-by-step logits of the exported graphs, fed ``decoder_ids`` (teacher forcing, CPU sessions)."""
+    """Step-by-step logits of the exported graphs, fed ``decoder_ids`` (teacher forcing, plain ``run``)."""
     feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
     if isinstance(batch, VisualBatch):
         feeds["features"] = batch.features
     sessions = runner.sessions
     hidden, mask = sessions["encoder"].run(["encoder_hidden_states", "encoder_attention_mask"], feeds)
-    init = sessions["decoder_init"]
+    init, step_graph = sessions["decoder_init"], sessions["decoder"]
+    init_names = [o.name for o in init.get_outputs()]
     logits, *past = init.run(
-        None,
+        [init_names[0], *init_names[3:]],  # logits and the K/V
         {
             "decoder_input_ids": decoder_ids[:, :1],
             "encoder_hidden_states": hidden,
             "encoder_attention_mask": mask,
+            "unanswerable_id": np.zeros(1, dtype=np.int64),
         },
     )
     steps = [logits]
-    names = [i.name for i in sessions["decoder"].get_inputs()][2:]
+    names = [i.name for i in step_graph.get_inputs()][2:]
+    step_names = [o.name for o in step_graph.get_outputs()]
     for step in range(1, decoder_ids.shape[1]):
         feeds = {
             "decoder_input_ids": decoder_ids[:, step : step + 1],
             "encoder_attention_mask": mask,
             **dict(zip(names, past, strict=True)),
         }
-        logits, *selfkv = sessions["decoder"].run(None, feeds)
+        logits, *selfkv = step_graph.run([step_names[0], *step_names[2:]], feeds)
         past = merge_past(selfkv, past)
         steps.append(logits)
     return np.stack(steps, axis=1)

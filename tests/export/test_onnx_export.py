@@ -46,6 +46,7 @@ def test_fp32_export_matches_pytorch(fp32_exports, role):
     assert manifest["visual"] == (role == "vqa")
     assert manifest["validation"]["max_abs_diff"] == report.max_abs_diff
     assert sorted(p.name for p in result.out_dir.glob("*.onnx")) == [
+        "compact.onnx",
         "decoder.onnx",
         "decoder_init.onnx",
         "encoder.onnx",
