@@ -26,7 +26,6 @@ import argparse
 import json
 import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.gpu_suite import commit
 from qace import __version__
 from qace.features import ops
 from qace.features.detector import BottomUpDetector, DetectorConfig, resize_for_detector
@@ -161,9 +161,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     batched_ips = summary.extracted / summary.seconds
     loop_ips = len(loop_items) / loop_s
     speedup = batched_ips / loop_ips
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     try:
         import torchvision
 
@@ -172,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tv = None
     result = {
         "command": "python -m benchmarks.features " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "commit": commit,
+        **commit(),
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
         "ops_backend": ops.BACKEND,
         "weights": "random (nothing compared with the real detector)",

@@ -7,12 +7,15 @@ chunks, writing the output), with one change: the scorer the CLI builds gets the
 control (`benchmarks.workload.force_lengths`; random weights never stop on their own). It writes
 ``STAMPS.json``: wall-clock times (``time.time()``) of the process start, of every chunk of rows the
 file loop receives (``chunk_size`` rows), and of the CLI's return (output assembled), so the caller can
-tell start-up (imports, model load, first chunk) from the steady state.
+tell start-up (imports, model load, first chunk) from the steady state. With ``QACE_BENCH_WARM_UP=1``
+the scorer captures every batch shape's CUDA graphs (`qace.api.QACE.warm_up`) before it scores, so
+the steady state holds no capture.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def forced_scorer(args: Any, models: str | None = None) -> Any:
         scorer = force_lengths(build(args, models))
+        if os.environ.get("QACE_BENCH_WARM_UP") == "1":
+            scorer.warm_up()
         committed = scorer.score_committed
         every = scorer.config.chunk_size
         scorer.score_committed = lambda records: stamped(committed(records), stamps, every)

@@ -36,7 +36,10 @@ def gpu_tag(name: str | None) -> str:
 
 
 def commit() -> dict[str, Any]:
-    """The checkout's commit and whether tracked files differ from it (None outside git)."""
+    """The checkout's commit and whether tracked files differ from it (None outside git). A copy of the
+    tree whose git metadata is not its own (a GPU host's copy) names its commit in ``QACE_COMMIT``."""
+    if os.environ.get("QACE_COMMIT"):
+        return {"commit": os.environ["QACE_COMMIT"], "dirty": None}
 
     def git(*args: str) -> str | None:
         try:

@@ -166,7 +166,7 @@ def _timed(judge: RegenScore, texts: list[str], paths: list[str]) -> tuple[float
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    device, dtype = args.device, DTYPES[args.precision]
+    device, dtype = args.device, getattr(torch, DTYPES[args.precision])
     n_total = args.captions + args.warmup_captions
     texts = captions(n_total)
     t_setup = time.perf_counter()

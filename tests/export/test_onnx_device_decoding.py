@@ -146,7 +146,11 @@ def test_cuda_without_the_gpu_build_names_the_install_line_before_loading(test_m
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this onnxruntime has the CUDA provider")
-def test_cli_cuda_without_the_gpu_build(test_models_dir, tmp_path, capsys):
+def test_cli_cuda_without_the_gpu_build(test_models_dir, tmp_path, capsys, monkeypatch):
+    """On a GPU host (the device check passes) whose ONNX Runtime has no CUDA provider."""
+    import qace.cli
+
+    monkeypatch.setattr(qace.cli, "check_device", lambda device: None)
     source = tmp_path / "in.jsonl"
     record = {"id": "a", "image_id": "i", "caption": "a dog runs", "references": ["a dog"]}
     source.write_text(json.dumps(record) + "\n")
