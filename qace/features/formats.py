@@ -113,6 +113,13 @@ class IdIndex:
             return text
         return self._canon.get(canonical_id(text))
 
+    def key(self, image_id: object) -> str:
+        """The stored id ``image_id`` matches; `FeatureError` (`missing`) when none does."""
+        found = self.find(image_id)
+        if found is None:
+            raise self.missing(image_id)
+        return found
+
     def missing(self, image_id: object) -> FeatureError:
         examples = ", ".join(repr(k) for k in self.stored[:3])
         return FeatureError(
@@ -121,7 +128,19 @@ class IdIndex:
         )
 
 
-class VLT5HDF5Store:
+class IndexedStore:
+    """What the published-file stores share: membership and ids through their `IdIndex` (``_ids``)."""
+
+    _ids: IdIndex
+
+    def __contains__(self, image_id: object) -> bool:
+        return self._ids.find(image_id) is not None
+
+    def ids(self) -> list[str]:
+        return list(self._ids.stored)
+
+
+class VLT5HDF5Store(IndexedStore):
     """VL-T5's feature files (``COCO_val2014_obj36.h5``, ``flickr30k_obj36.h5``): one group per image id
     with ``features`` (36, 2048), ``boxes`` (36, 4) pixel x1, y1, x2, y2, ``img_h`` and ``img_w``.
     Other members (class and attribute ids and confidences) are not read."""
@@ -149,16 +168,8 @@ class VLT5HDF5Store:
         except OSError:
             return False
 
-    def __contains__(self, image_id: object) -> bool:
-        return self._ids.find(image_id) is not None
-
-    def ids(self) -> list[str]:
-        return list(self._ids.stored)
-
     def get(self, image_id: str) -> np.ndarray:
-        key = self._ids.find(image_id)
-        if key is None:
-            raise self._ids.missing(image_id)
+        key = self._ids.key(image_id)
         group = self._file[key]
         where = f"{self.signature} group {key!r}"
         try:
@@ -172,7 +183,7 @@ class VLT5HDF5Store:
         self._file.close()
 
 
-class BUTDTSVStore:
+class BUTDTSVStore(IndexedStore):
     """A bottom-up-attention TSV (``trainval_36.tsv`` and the like), read in place by byte offset.
 
     The first open scans the file once for each line's image id and byte offset and writes them to a
@@ -190,16 +201,8 @@ class BUTDTSVStore:
         self._ids = IdIndex(list(offsets), self.signature)
         self._file: IO[bytes] | None = None
 
-    def __contains__(self, image_id: object) -> bool:
-        return self._ids.find(image_id) is not None
-
-    def ids(self) -> list[str]:
-        return list(self._ids.stored)
-
     def get(self, image_id: str) -> np.ndarray:
-        key = self._ids.find(image_id)
-        if key is None:
-            raise self._ids.missing(image_id)
+        key = self._ids.key(image_id)
         if self._file is None:
             self._file = self.path.open("rb")
         self._file.seek(self._offsets[key])
