@@ -61,7 +61,6 @@ from benchmarks.workload import (
     distinct_captions,
     engine_defaults,
     flickr_workload,
-    force_lengths,
     pascal_workload,
     reset_caches,
     workload_scorer,
@@ -288,20 +287,14 @@ def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: 
     steady = _steady(run["stamps"], run["done"], args.chunk_size)
 
     # the same records in this process, built and measured alike
-    scorer = force_lengths(
-        QACE(
-            models=models_dir,
-            variant=variant,
-            features=str(features) if features else None,
-            device=args.device,
-            precision=args.precision,
-            bertscore_model=str(bertscore) if bertscore.is_dir() else None,
-            progress=False,
-            max_batch_rows=args.batch_rows,
-            max_batch_tokens=args.batch_tokens,
-            chunk_size=args.chunk_size,
-            spacy_workers=args.spacy_workers,
-        )
+    scorer = workload_scorer(
+        models_dir,
+        variant,
+        device=args.device,
+        precision=args.precision,
+        args=args,
+        candidate_cache=True,  # as qace score keeps it
+        features=str(features) if features else None,
     )
     same = list(read_records(input_path))
     stamps: list[tuple[int, float]] = []

@@ -209,16 +209,18 @@ def workload_scorer(
     args: argparse.Namespace,
     backend: str = "torch",
     candidate_cache: bool = False,
+    features: Any = None,
 ) -> QACE:
-    """The benchmarks' engine: the workload's models (and BERTScore encoder, when built), random
-    features, forced output lengths and the batch settings in ``args``. ``candidate_cache=False`` makes
-    every pass parse its captions again, as the baselines and an RL policy's fresh captions do."""
+    """The benchmarks' engine: the workload's models (and BERTScore encoder, when built), ``features``
+    (a store or a path; default random features), forced output lengths and the batch settings in
+    ``args``. ``candidate_cache=False`` makes every pass parse its captions again, as the baselines and an
+    RL policy's fresh captions do."""
     bertscore = models_dir / "bertscore"
     scorer = QACE(
         backend=backend,
         models=models_dir,
         variant=variant,
-        features=RandomFeatureStore(seed=0),
+        features=RandomFeatureStore(seed=0) if features is None else features,
         device=device,
         precision=precision,
         bertscore_model=str(bertscore) if bertscore.is_dir() else None,
