@@ -180,7 +180,7 @@ def test_lightning_validation_loop_loads_models_once_on_the_module_device(
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the lead's GPU run)")
+@pytest.mark.gpu
 def test_models_load_on_the_metric_device_on_a_gpu(
     test_models_dir: Path, expected: list[dict[str, float]]
 ) -> None:
