@@ -83,7 +83,7 @@ TEST_MODEL_WARNING = """
 
 
 def _add_score(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("score", help="score captions from a JSONL/CSV/COCO file")
+    p = sub.add_parser("score", help="score captions from a JSONL/CSV/COCO/Parquet file")
     p.add_argument(
         "input", help="JSONL (id, image_id, image, caption, references), CSV, or COCO results JSON"
     )
