@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from qace import __version__
 from qace.errors import ConfigError
+from qace.signature import Signature
 
 SPEC_VERSION = "2"
 """Version of the (ours) decisions in QACE_SPEC.md; bump it whenever one of them changes."""
@@ -149,27 +150,21 @@ def auto_spacy_workers(engines: int = 1) -> int:
 
 def build_signature(config: QACEConfig, *, qg: str, qa: str, vqa: str | None, bertscore: str) -> str:
     """sacrebleu-style ``key:value`` signature naming everything that changes the numbers."""
-    parts = [VARIANT_NAMES[config.variant], f"qg:{qg}", f"qa:{qa}"]
-    if config.variant == "img":
-        parts.append(f"vqa:{vqa}")
-    parts += [
-        f"bs:{bertscore}",
-        f"prec:{config.precision}",
-        f"be:{config.backend}",
-        f"maxin:{config.max_input_tokens}",
-        f"version:{__version__}",
-        f"spec:{SPEC_VERSION}",
-    ]
-    return "|".join(parts)
+    models = [("qg", qg), ("qa", qa)] + ([("vqa", vqa)] if config.variant == "img" else [])
+    return str(
+        Signature.of(
+            VARIANT_NAMES[config.variant],
+            *models,
+            ("bs", bertscore),
+            ("prec", config.precision),
+            ("be", config.backend),
+            ("maxin", config.max_input_tokens),
+            ("version", __version__),
+            ("spec", SPEC_VERSION),
+        )
+    )
 
 
 def parse_signature(signature: str) -> dict[str, str]:
-    """Parse a signature back into its fields (``metric`` holds the variant name)."""
-    head, *rest = signature.split("|")
-    fields = {"metric": head}
-    for part in rest:
-        key, sep, value = part.partition(":")
-        if not sep:
-            raise ConfigError(f"malformed signature field {part!r} in {signature!r}")
-        fields[key] = value
-    return fields
+    """Parse any scorer's signature back into its fields (``metric`` holds the metric name)."""
+    return Signature.parse(signature).as_dict()

@@ -39,6 +39,7 @@ from qace.data.records import Record, RecordError
 from qace.data.run import FileScorer, list_ids
 from qace.errors import ConfigError, InputError
 from qace.judges.images import load_image
+from qace.signature import Signature
 
 if TYPE_CHECKING:  # torch, diffusers and transformers load with the scorer, so `qace --help` stays fast
     import torch
@@ -129,21 +130,21 @@ _CONFIG_FIELDS = {f.name for f in fields(RegenConfig)}
 
 
 def build_regen_signature(config: RegenConfig, *, generator: str, encoder: str) -> str:
-    """sacrebleu-style signature; ``qace.config.parse_signature`` reads it back."""
-    return "|".join(
-        [
+    """sacrebleu-style signature (`qace.signature.Signature`)."""
+    return str(
+        Signature.of(
             METRIC_NAME,
-            f"gen:{generator}",
-            f"enc:{encoder}",
-            f"steps:{config.steps}",
-            f"size:{config.size}",
-            f"cfg:{config.guidance:g}",
-            f"seed:{config.seed}",
-            f"n:{config.samples}",
-            f"prec:{config.precision}",
-            f"version:{__version__}",
-            f"spec:{REGEN_SPEC_VERSION}",
-        ]
+            ("gen", generator),
+            ("enc", encoder),
+            ("steps", config.steps),
+            ("size", config.size),
+            ("cfg", f"{config.guidance:g}"),
+            ("seed", config.seed),
+            ("n", config.samples),
+            ("prec", config.precision),
+            ("version", __version__),
+            ("spec", REGEN_SPEC_VERSION),
+        )
     )
 
 

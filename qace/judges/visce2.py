@@ -43,6 +43,7 @@ from qace.judges.images import ImageError, load_image
 from qace.judges.rating import expected_rating, parse_rating
 from qace.judges.visce2_prompts import VARIANTS, Variant, rating_text
 from qace.judges.vlm import DTYPE_NAMES, Generation, VLMRunner, load_vlm, plan_batches, vlm_fingerprint
+from qace.signature import Signature
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
@@ -112,19 +113,21 @@ _CONFIG_FIELDS = {f.name for f in fields(VisCE2Config)}
 
 
 def build_signature(config: VisCE2Config, model_fingerprint: str) -> str:
-    """sacrebleu-style ``key:value`` signature (``qace.config.parse_signature`` reads it back)."""
+    """sacrebleu-style ``key:value`` signature (`qace.signature.Signature`)."""
     variant = VARIANTS[config.variant]
-    parts = [METRIC_NAMES[config.variant], f"vlm:{model_fingerprint}"]
-    if variant.context_prompt is not None:
-        parts.append(f"ctx:{config.context_tokens}")
-    parts += [
-        f"rate:{config.answer_tokens}",
-        f"exp:{'yes' if config.expected else 'no'}",
-        f"prec:{config.precision}",
-        "dec:greedy",
-        f"version:{__version__}",
-    ]
-    return "|".join(parts)
+    context = [("ctx", config.context_tokens)] if variant.context_prompt is not None else []
+    return str(
+        Signature.of(
+            METRIC_NAMES[config.variant],
+            ("vlm", model_fingerprint),
+            *context,
+            ("rate", config.answer_tokens),
+            ("exp", "yes" if config.expected else "no"),
+            ("prec", config.precision),
+            ("dec", "greedy"),
+            ("version", __version__),
+        )
+    )
 
 
 class ContextCache:

@@ -87,6 +87,7 @@ def _system_card(system: System) -> str:
         edges, counts = histogram(values)
         plots.append(histogram_svg(f"{key} (mean {mean:.3f})", edges, counts))
     signatures = "".join(f"<li><code>{escape(s)}</code></li>" for s in system.signatures) or "<li>none</li>"
+    settings = ", ".join(escape(_short(s)) for s in system.signatures)
     flags: dict[str, int] = {}
     for row in system.rows.values():
         for flag in row.get("flags") or []:
@@ -94,6 +95,7 @@ def _system_card(system: System) -> str:
     flag_text = ", ".join(f"{escape(f)} {n}" for f, n in sorted(flags.items())) or "none"
     return (
         f'<section class="card"><h2>{escape(system.name)}</h2>'
+        f'<p class="settings"><code>{settings}</code></p>'
         f"<p>{len(system.rows)} captions scored, {len(system.errors)} not scored; flags: {flag_text}</p>"
         f'<table class="figures"><tr><th></th><th>mean</th><th>n</th></tr>{"".join(figures)}</table>'
         f'<div class="plots">{"".join(plots)}</div>'
@@ -161,3 +163,15 @@ def _page(title: str, summary: str, data: dict[str, Any]) -> str:
     }
     template = assets.joinpath("template.html").read_text(encoding="utf-8")
     return re.sub(r"<!--([A-Z]+)-->", lambda m: slots[m.group(1)], template)
+
+
+def _short(signature: str) -> str:
+    """A signature's short form (`qace.signature.Signature.short`: no model hashes), or the text itself
+    when it is not one."""
+    from qace.errors import ConfigError
+    from qace.signature import Signature
+
+    try:
+        return Signature.parse(signature).short()
+    except ConfigError:
+        return signature

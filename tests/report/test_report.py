@@ -14,6 +14,7 @@ from qace.demo import example_path
 from qace.errors import ConfigError, InputError
 from qace.report.page import build_report
 from qace.report.stats import paired_difference
+from qace.signature import Signature
 from tests.report.browser import run_page
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -94,6 +95,8 @@ def test_single_report_in_chromium(scored: Path, tmp_path: Path) -> None:
     html = page.read_text()
     assert "http://" not in html and "https://" not in html.replace("https://aclanthology", "")
     assert first["signature"] in html and "1 record not scored" in html
+    short = Signature.parse(first["signature"]).short()  # the settings line: no model hashes
+    assert f'<p class="settings"><code>{short}</code></p>' in html and "qg:" not in short
 
 
 def test_compare_report_in_chromium(scored: Path, tmp_path: Path) -> None:
