@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
 
     from qace.models.loading import load_seq2seq
-    from qace.models.testing import make_test_models
+    from qace.testing.qace_models import make_test_models
 
     torch.set_num_threads(args.threads)
     models_dir = make_test_models(args.test_models)

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from qace.models.loading import load_seq2seq
-    from qace.models.testing import make_test_models
+    from qace.testing.qace_models import make_test_models
 
     torch.set_num_threads(args.threads)
     tokenizer = load_seq2seq(str(make_test_models(args.test_models) / "qg"), role="qg")[1]

@@ -76,7 +76,7 @@ def sd15_pipeline(device: str, dtype: torch.dtype, tokenizer_dir: Path) -> Any:
     from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from qace.models.testing_regen import END, START, load_clip_tokenizer, write_clip_tokenizer
+    from qace.testing.regen import END, START, load_clip_tokenizer, write_clip_tokenizer
 
     tokenizer = load_clip_tokenizer(write_clip_tokenizer(tokenizer_dir))
     torch.manual_seed(0)
@@ -150,7 +150,7 @@ def clip_l_encoder(device: str, dtype: torch.dtype) -> ImageEncoder:
 def tiny_models(models_dir: Path, device: str, dtype: torch.dtype) -> tuple[Any, ImageEncoder]:
     """The tests' tiny random models, built or reused in ``models_dir``, loaded the judge's real way."""
     from qace.judges.regen_models import load_generator
-    from qace.models.testing_regen import make_regen_test_models
+    from qace.testing.regen import make_regen_test_models
 
     models = make_regen_test_models(models_dir)
     pipe = load_generator(str(models / "generator"), device=device, dtype=dtype)

@@ -43,7 +43,7 @@ from qace.judges.images import load_image
 from qace.judges.rating import parse_rating
 from qace.judges.visce2 import VisCE2
 from qace.judges.visce2_prompts import CONTEXT_PROMPT, RATING_PROMPT
-from qace.models.testing_vlm import (
+from qace.testing.vlm import (
     IMAGE_TOKEN,
     LLAVA_CHAT_TEMPLATE,
     build_vlm_tokenizer,

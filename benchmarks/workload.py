@@ -246,8 +246,8 @@ def build_models(
     from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
 
     from qace.kernels.bertscore import default_model_dir
-    from qace.models.testing import build_tokenizer
     from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+    from qace.testing.qace_models import build_tokenizer
 
     if (out / "bertscore" / "model.safetensors").exists():  # written last, so the build is complete
         return out
@@ -286,8 +286,8 @@ def build_tiny_models(out: Path, records: Sequence[Record], seed: int = 0) -> Pa
     encoder: the default MiniLM is used). Reuses a complete build."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from qace.models.testing import build_tokenizer
     from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+    from qace.testing.qace_models import build_tokenizer
 
     if (out / "vqa" / "config.json").exists():  # written last
         return out

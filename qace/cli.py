@@ -274,7 +274,7 @@ def _report(signature: str, result: Summary, output: str) -> int:
 
 
 def cmd_make_test_models(args: argparse.Namespace) -> int:
-    from qace.models.testing import make_test_models
+    from qace.testing.qace_models import make_test_models
 
     out = make_test_models(args.dir, seed=args.seed, force=args.force)
     print(f"test models written to {out} (qg/, tqa/, vqa/): for tests and demos only, scores mean nothing")

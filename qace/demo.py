@@ -51,7 +51,7 @@ def run_demo(
     from qace.api import QACE
     from qace.cli import TEST_MODEL_WARNING
     from qace.data.features import RandomFeatureStore
-    from qace.models.testing import make_test_models
+    from qace.testing.qace_models import make_test_models
 
     output_dir.mkdir(parents=True, exist_ok=True)
     features = RandomFeatureStore(seed=0)

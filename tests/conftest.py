@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def test_models_dir() -> Path:
     """Tiny trained qg/tqa/vqa models, built once and cached (QACE_TEST_MODELS or .qace-cache/)."""
-    from qace.models.testing import make_test_models
+    from qace.testing.qace_models import make_test_models
 
     cache = Path(os.environ.get("QACE_TEST_MODELS") or REPO_ROOT / ".qace-cache" / "test-models")
     return make_test_models(cache)  # reuses a complete build; rebuilds a partial one

@@ -13,7 +13,7 @@ from qace.signature import Signature
 
 
 def test_the_wire_format_is_spec_section_8s() -> None:
-    """Metric first, then key:value fields in order, joined by '|' (outputs written earlier must still match)."""
+    """Metric first, then key:value fields in order, joined by '|' (earlier outputs must still match)."""
     sig = build_signature(QACEConfig(variant="img"), qg="q1", qa="a1", vqa="v1", bertscore="bs_L6")
     assert sig.startswith("QACE-Img|qg:q1|qa:a1|vqa:v1|bs:bs_L6|prec:fp32|be:torch|maxin:512|version:")
     assert sig.endswith("|spec:2")

@@ -505,7 +505,7 @@ def demo_scorer(*, device: str = "cpu", download: bool = False) -> RegenScore:
     """
     from qace.demo import test_models_home
     from qace.errors import ModelNotFoundError
-    from qace.models.testing_regen import make_regen_test_models
+    from qace.testing.regen import make_regen_test_models
 
     settings: dict[str, Any] = {"device": device, "save_images": None, "chunk_size": 16}
     previous = os.environ.get("HF_HUB_OFFLINE")

@@ -42,7 +42,7 @@ def _fix_hint(role: str) -> str:
     return (
         f"Fix: pass {flag} DIR (a local checkpoint in Hugging Face layout), download the model with "
         "`huggingface-cli download <id>` while online, or build tiny test models with "
-        "qace.models.testing_regen.make_regen_test_models (their scores mean nothing)."
+        "qace.testing.regen.make_regen_test_models (their scores mean nothing)."
     )
 
 

@@ -462,7 +462,7 @@ def demo_scorer(*, device: str = "cpu", download: bool = False) -> VisCE2:
 
     from qace.demo import test_models_home
     from qace.errors import ModelNotFoundError
-    from qace.models.testing_vlm import make_test_vlm
+    from qace.testing.vlm import make_test_vlm
 
     settings: dict[str, Any] = {"device": device, "explain": True, "expected": True, "chunk_size": 64}
     previous = os.environ.get("HF_HUB_OFFLINE")

@@ -19,11 +19,13 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
 
 from qace.errors import ConfigError, ModelNotFoundError
-from qace.models.testing import TEST_MODEL_MARKER
 from qace.models.visual_t5 import VisualT5ForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
+TEST_MODEL_MARKER = "QACE_TEST_MODEL"
+"""File in every test-model directory (`qace.testing`); its presence means "scores from this model mean
+nothing"."""
 DEFAULT_QG = "mrm8488/t5-base-finetuned-question-generation-ap"
 """Question generation model of the release (spec section 2)."""
 DEFAULT_TQA = "valhalla/t5-base-qa-qg-hl"

@@ -107,7 +107,7 @@ def test_slices_start_at_half_a_batch_and_double_to_four(n: int, rows: int) -> N
 
 def test_text_stage_keeps_unknown_tokens_and_drops_pad_and_eos() -> None:
     """A question or text-QA answer keeps the ``<unk>`` a model emits (spec 2/3); padding and EOS go."""
-    from qace.models.testing import build_tokenizer
+    from qace.testing.qace_models import build_tokenizer
 
     tokenizer = build_tokenizer(["what is the dog doing"])
     unk, eos, pad = tokenizer.unk_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id

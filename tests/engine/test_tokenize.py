@@ -80,7 +80,7 @@ def test_token_ids_of_a_backend_saved_with_padding_or_truncation(
 def test_decode_only_pad_eos_keeps_unknown_tokens() -> None:
     """Spec 2/3: questions and text-QA answers drop ``<pad>``/``</s>`` only; a T5 ``<unk>`` (a character
     outside the vocabulary, here ``狗``) stays in the text. The default drops every special token."""
-    from qace.models.testing import build_tokenizer
+    from qace.testing.qace_models import build_tokenizer
 
     tokenizer = build_tokenizer(["a dog runs on the grass"])
     ids = tokenizer("a dog { 狗 runs")["input_ids"]

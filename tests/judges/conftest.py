@@ -13,7 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def test_vlm_dir() -> Path:
     """The tiny LLaVA-style VLM, built once and cached (QACE_TEST_VLM or .qace-cache/test-vlm)."""
-    from qace.models.testing_vlm import make_test_vlm
+    from qace.testing.vlm import make_test_vlm
 
     return make_test_vlm(os.environ.get("QACE_TEST_VLM") or REPO_ROOT / ".qace-cache" / "test-vlm")
 

@@ -133,7 +133,7 @@ def test_judge_on_several_devices_writes_what_one_process_writes(metric, test_vl
     and for the regeneration score up to fp32 rounding, which a shard's different batches change and
     the denoising loop amplifies (about 1e-5 here)."""
     import qace.scale.shards
-    from qace.models.testing_regen import make_regen_test_models
+    from qace.testing.regen import make_regen_test_models
 
     monkeypatch.setattr(qace.scale.shards, "resolve_devices", lambda gpus: ["cpu", "cpu"])
     if metric == "visce2":

@@ -29,7 +29,7 @@ from qace.judges.regen import (  # noqa: E402
     sample_seed,
 )
 from qace.judges.regen_models import Preprocess, tree_fingerprint  # noqa: E402
-from qace.models.testing_regen import make_regen_test_models  # noqa: E402
+from qace.testing.regen import make_regen_test_models  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"size": 32, "steps": 2, "batch_size": 3, "chunk_size": 4, "progress": False}

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from qace.models.testing import TEST_MODEL_MARKER, _deterministic, build_once
+from qace.testing.qace_models import TEST_MODEL_MARKER, _deterministic, build_once
 
 logger = logging.getLogger(__name__)
 
@@ -202,8 +202,8 @@ def make_test_vlm(out_dir: str | Path, *, seed: int = 0, force: bool = False) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m qace.models.testing_vlm DIR``: build (or reuse) the tiny test VLM."""
-    parser = argparse.ArgumentParser(prog="python -m qace.models.testing_vlm", description=main.__doc__)
+    """``python -m qace.testing.vlm DIR``: build (or reuse) the tiny test VLM."""
+    parser = argparse.ArgumentParser(prog="python -m qace.testing.vlm", description=main.__doc__)
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true")

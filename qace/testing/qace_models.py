@@ -28,6 +28,7 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration, T5TokenizerFast
 
 from qace.errors import ConfigError
+from qace.models.loading import TEST_MODEL_MARKER
 from qace.models.visual_t5 import (
     NUM_REGIONS,
     REGION_DIM,
@@ -37,8 +38,6 @@ from qace.models.visual_t5 import (
 
 logger = logging.getLogger(__name__)
 
-TEST_MODEL_MARKER = "QACE_TEST_MODEL"
-"""File in every test-model directory; its presence means "scores from this model mean nothing"."""
 COMPLETE_MARKER = ".qace-test-models-complete"
 """Written last into the output directory, so a half-built directory is never reused."""
 ROLES = ("qg", "tqa", "vqa")

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from qace.errors import ConfigError
 from qace.models.loading import checkpoint_fingerprint
-from qace.models.testing import TEST_MODEL_MARKER, make_test_models
+from qace.testing.qace_models import TEST_MODEL_MARKER, make_test_models
 
 CAPTIONS = [
     "a young girl in a red dress runs on the beach",
@@ -103,7 +103,7 @@ def test_tokenizer_is_identical_across_processes() -> None:
     import sys
 
     code = (
-        "from qace.models.testing import build_tokenizer;"
+        "from qace.testing.qace_models import build_tokenizer;"
         "t = build_tokenizer(['a young girl runs on the beach', 'question: what ?']);"
         "print(t.backend_tokenizer.to_str())"
     )

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from qace.models.testing import TEST_MODEL_MARKER, build_once
+from qace.testing.qace_models import TEST_MODEL_MARKER, build_once
 
 logger = logging.getLogger(__name__)
 
