@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from qace.engine.uploads import to_device
+from qace.engine.pinned_upload import to_device
 
 NUM_REGIONS, REGION_DIM = 36, 2054
 

@@ -17,10 +17,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from qace.engine.batches import Generated, TextBatch, VisualBatch
+from qace.engine.pinned_upload import to_device
 from qace.engine.prompt_ids import PromptIds, prompt_ids
 from qace.engine.scheduler import Deduped, dedupe, pad_batch, plan_batches
 from qace.engine.tokenize import cut_to, decode
-from qace.engine.uploads import to_device
 from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.progress import bars_shown
 

@@ -11,9 +11,9 @@ import torch
 
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
+from qace.engine.pinned_upload import to_device
 from qace.engine.t5_decoder import StaticT5Decoder
 from qace.engine.t5_encoder import T5Encoder
-from qace.engine.uploads import to_device
 
 K = TypeVar("K")
 

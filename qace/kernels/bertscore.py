@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from qace.engine.pinned_upload import to_device
 from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
-from qace.engine.uploads import to_device
 from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from qace.engine.uploads import to_device
+from qace.engine.pinned_upload import to_device
 
 
 def test_values_arrive_unchanged() -> None:

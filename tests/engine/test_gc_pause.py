@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from qace.engine.collector import collector_paused
+from qace.engine.gc_pause import collector_paused
 
 
 def test_pause_restores_the_state_it_found() -> None:
