@@ -180,7 +180,7 @@ class QACE(FileScorer):
         so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work. Only the first
         chunk's parsing is waited for, so when there is more than one chunk of records the first is an
         eighth of ``chunk_size`` (`_ramp_sizes`): the models start on it while the next, full chunk is
-        parsed (on the H100 a 2,048-caption first chunk kept them waiting 0.14 s). Input that fits one
+        parsed. Input that fits one
         chunk (a reward call) stays one chunk. Scorers in several threads share the device: their model stages
         take turns under the device lock (`qace.engine.device_lock`), their host work overlaps.
         """
@@ -273,10 +273,7 @@ def bertscore_precision(config: QACEConfig) -> str:
 def _ramp_sizes(chunk_size: int) -> Iterator[int]:
     """Chunk sizes of an input longer than one chunk: an eighth of a chunk, then whole chunks.
 
-    The models wait for the first chunk's parsing only. Interleaved passes in one process on an H100
-    (5,664 captions, 2,048-caption chunks, medians of four): an eighth gave 3,038 QACE-Img and 1,038
-    QACE-Ref captions/s, a quarter 2,894 and 1,003; doubling from an eighth or a quarter up to whole
-    chunks was slower than either (2,699-2,743 and 950-978: more, smaller chunks).
+    The models wait for the first chunk's parsing only; why an eighth: docs/performance.md.
     """
     yield max(1, chunk_size // 8)
     yield from itertools.repeat(chunk_size)

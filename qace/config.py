@@ -110,19 +110,14 @@ def given_speed_settings(args: Any, names: Iterable[str] = SPEED_OPTIONS) -> dic
 
 
 GPU_BATCH_ROWS = ((70, 2048), (35, 1024), (18, 512))
-"""(GPU memory in GB, batch rows) from the largest card down. At 2,048 rows (and 64 tokens a row) the
-engine's peak on an 80 GB H100 was 22 GB for QACE-Img and 43 GB for QACE-Ref (``benchmarks/throughput.py``,
-T5-base QG and TQA); smaller cards get proportionally smaller batches, under 18 GB the CPU's."""
+"""(GPU memory in GB, batch rows) from the largest card down; smaller cards get proportionally smaller
+batches, under 18 GB the CPU's (the measured peaks behind the steps: docs/performance.md)."""
 
 
 def speed_defaults(device: str) -> dict[str, int]:
     """Speed settings for an engine on ``device`` where none are given: the dataclass's on the CPU; on
     a CUDA device the benchmarks' batches and chunks, scaled to the card's memory, and spaCy parsing in
     `auto_spacy_workers` processes.
-
-    With the CPU's defaults a GPU engine parsed a 256-caption reward call's captions in its own process
-    (about 240 ms on the H100's host, where 14 workers take about 45) and cut its 900 questions into
-    four batches of 256.
     """
     if not device.startswith("cuda"):
         return {}
@@ -139,8 +134,7 @@ def speed_defaults(device: str) -> dict[str, int]:
 
 def auto_spacy_workers(engines: int = 1) -> int:
     """spaCy processes for one of ``engines`` GPU engines on this host: its share of the usable cores,
-    less two for the engine's own threads, at most 14. On the H100 host (16 cores) 14 workers answered a
-    256-caption QACE-Img reward call 15 ms sooner than 8 (178 vs 193 ms p50, interleaved calls)."""
+    less two for the engine's own threads, at most 14."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -3,7 +3,7 @@
 A decoding step attends one query per row to the cached keys and values: for a T5-base step at 2,048
 rows that is 3.6 GB of cross-attention keys and values over 12 layers. Written in PyTorch it is two
 batched matrix-vector products plus an fp32 copy of the scores, a softmax and a copy back, five kernels a
-layer that an H100 profile showed at about half the memory bandwidth. The kernel here reads each row's
+layer running at about half the memory bandwidth. The kernel here reads each row's
 keys and values once, keeps scores and probabilities in fp32 registers, and writes the heads already
 merged for the output projection (FlashDecoding's idea, for the short keys of captions and regions).
 Masked keys (the padding of a batch, Visual-T5's empty question slots, future cache positions) are not

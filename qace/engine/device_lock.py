@@ -5,9 +5,6 @@ work on the device meanwhile, and hot region features share one slab. So every m
 encoder on the same device, of every scorer in the process, take turns under this lock: callers in
 several threads (a reward service beside an evaluation, say) run their model stages one at a time while
 their host work (tokenising, decoding, comparing) overlaps.
-
-Two chunks of one call in flight in two threads were tried on an H100 (2026-11-26): the device thread
-then waited for the interpreter lock behind the other chunk's Python work, and QACE-Ref got slower.
 """
 
 from __future__ import annotations

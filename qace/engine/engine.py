@@ -151,10 +151,9 @@ def text_stage(
 
     Prompts are tokenised, planned into batches and padded a slice at a time (`_slice_bounds`: half a
     batch, then doubling up to four batches), the next slice in a helper thread while this one's
-    batches run: the tokenizer works in Rust without the interpreter lock, and a QACE-Ref chunk's
-    35,000 prompts took about a third of a second to tokenise on the H100's host, its batches 80 ms to
-    pad. Slices follow the prompts' text length, and batches are planned within a slice. The batches
-    of all slices form one stream, so a runner that overlaps batches (`Runner`) does so across slices.
+    batches run: the tokenizer works in Rust without the interpreter lock. Slices follow the prompts'
+    text length, and batches are planned within a slice. The batches of all slices form one stream, so a
+    runner that overlaps batches (`Runner`) does so across slices.
     """
     encode = prompt_ids(tokenizer, template)
     unique = dedupe(list(rows))
@@ -208,8 +207,7 @@ def _slice_bounds(n: int, rows: int) -> list[int]:
     """Where a stage's length-sorted prompts are cut into slices: half a batch first, then doubling up
     to four batches. Only the first slice's tokenising is waited for (the rest is tokenised while the
     previous slice runs), and a slice's batches take the GPU longer than twice as many prompts take to
-    tokenise, so each next slice is ready in time (an H100 profile saw 30-40 ms waits for whole first
-    slices of a 2,048-caption chunk)."""
+    tokenise, so each next slice is ready in time."""
     bounds, size = [0], max(1, rows // 2)
     while bounds[-1] < n:
         bounds.append(min(n, bounds[-1] + size))

@@ -2,8 +2,8 @@
 
 A chunk's prompts repeat their parts: each caption is the context of 3-4 question prompts and of as
 many text-QA prompts, each question is asked on the caption and on every reference (and the image).
-Tokenising every prompt whole runs the tokenizer's model over the same words again and again; on an
-H100 host the engine's device waited 30 ms of a 256-caption reward call for it. With a tokenizer that
+Tokenising every prompt whole runs the tokenizer's model over the same words again and again. With a
+tokenizer that
 splits its input at spaces and treats each piece alone (T5's sentencepiece pipeline, WordPiece), the
 ids of ``"answer: {answer}  context: {context} </s>"`` are the template's own pieces' ids around the
 ids of each part tokenised alone, so each distinct part is tokenised once and its ids reused.

@@ -83,7 +83,7 @@ class StaticT5Decoder:
         near-tied tokens are where half-precision answers drift from fp32. On CUDA a half model keeps its
         half weight and multiplies on tensor cores straight into fp32 (the half operands are exact in
         fp32, so only the summation order differs from an fp32 product); the fp32 product runs on CUDA
-        cores and took about 1 ms of each T5-base step at 512 rows in an H100 profile."""
+        cores, slower."""
         self.bias_module = decoder.block[0].layer[0].SelfAttention
         config = model.config
         self.heads, self.d_kv = config.num_heads, config.d_kv
@@ -126,9 +126,8 @@ class StaticT5Decoder:
         ``(B, S, 2 * layers * heads * d_kv)`` buffer (``out`` when given, else a new one).
 
         In half precision all layers' keys and values are one matrix product with the weights stacked,
-        written straight into the buffer (graph decoding passes its static storage): an H100 profile of
-        QACE-Ref found 24 separate products a batch, each followed by a strided copy into the graph's
-        buffers, the copies alone about 0.1 s of GPU time per 2,048 captions. fp32 keeps Hugging Face's
+        written straight into the buffer (graph decoding passes its static storage) instead of a product
+        and a strided copy per layer. fp32 keeps Hugging Face's
         product per layer and copies it in, so its keys and values are the reference's.
         """
         rows, length, _ = hidden.shape

@@ -123,10 +123,8 @@ class BertScoreMatcher:
     like bert-score; any other model defaults to its last layer.
 
     ``precision="fp16"`` runs the encoder in half precision (what half-precision engines on a GPU use;
-    the similarities and means stay fp32). On an H100 it cut QACE-Ref's BERTScore stage from 0.78 to
-    0.44 s per 5,664 captions. Its attention avoids cuDNN's kernel: PyTorch picks it for half inputs,
-    and it builds a plan for every new shape, which had made 64- and 256-caption reward calls 35-40 ms
-    slower; without it they are as fast as in fp32 (same process, interleaved calls). Scores move by
+    the similarities and means stay fp32). Its attention avoids cuDNN's kernel: PyTorch picks it for half
+    inputs, and it builds a plan for every new shape, which slows calls of varying sizes. Scores move by
     about 1e-4 (the signature names the precision).
     """
 
