@@ -34,15 +34,18 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from qace import __version__
 from qace.config import given_speed_settings
 from qace.data.records import Record, RecordError
 from qace.data.run import FileScorer, list_ids
+from qace.engine.scheduler import plan_batches
 from qace.errors import ConfigError
 from qace.judges.images import ImageError, load_image
 from qace.judges.rating import expected_rating, parse_rating
 from qace.judges.visce2_prompts import VARIANTS, Variant, rating_text
-from qace.judges.vlm import DTYPE_NAMES, Generation, VLMRunner, load_vlm, plan_batches, vlm_fingerprint
+from qace.judges.vlm import DTYPE_NAMES, Generation, VLMRunner, load_vlm, vlm_fingerprint
 from qace.signature import Signature
 
 if TYPE_CHECKING:
@@ -326,10 +329,10 @@ class VisCE2(FileScorer):
         self, requests: list[tuple[PILImage, str]], new_tokens: int, *, numbers: bool
     ) -> list[Generation]:
         """Greedy answers to (image, prompt) requests, in order, run in token-budgeted batches."""
-        lengths = self._lengths(requests)
-        plan = plan_batches(
-            lengths, new_tokens, max_tokens=self.config.max_batch_tokens, max_rows=self.config.max_batch_rows
-        )
+        # the engine's planner, on each row's padded width: its prompt plus the answer it generates
+        widths = np.asarray(self._lengths(requests), dtype=np.int64) + new_tokens
+        cfg = self.config
+        plan = [b.tolist() for b in plan_batches(widths, cfg.max_batch_tokens, cfg.max_batch_rows)]
         answers: list[Generation | None] = [None] * len(requests)
         for batch in plan:
             rows = [self.runner.encode(*requests[i]) for i in batch]

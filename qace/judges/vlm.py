@@ -1,10 +1,10 @@
 """Any Hugging Face image-text-to-text model as a batched, greedy generator of text about an image.
 
-Three parts, each small: offline-first loading (hub id or local directory) with errors that say
-what to do; a batch plan (longest first, capped by padded tokens and rows, as CTranslate2 does);
-and the runner, which encodes one row at a time with the model's own processor, left-pads a
-batch, runs ``generate`` greedily, and optionally records the probabilities of the number tokens
-at every step (for the expected rating). Nothing here knows about VisCE²'s prompts.
+Two parts, each small (batches are planned by the engine's `qace.engine.scheduler.plan_batches`):
+offline-first loading (hub id or local directory) with errors that say what to do, and the runner, which
+encodes one row at a time with the model's own processor, left-pads a batch, runs ``generate`` greedily,
+and optionally records the probabilities of the number tokens at every step (for the expected rating).
+Nothing here knows about VisCE²'s prompts.
 """
 
 from __future__ import annotations
@@ -101,26 +101,6 @@ def vlm_fingerprint(name_or_path: str) -> str:
         if (path / name).is_file():
             digest.update(name.encode() + b"\0" + (path / name).read_bytes())
     return f"sha256-{digest.hexdigest()[:12]}"
-
-
-def plan_batches(
-    lengths: Sequence[int], new_tokens: int, *, max_tokens: int, max_rows: int
-) -> list[list[int]]:
-    """Group row indices longest first; a batch's padded size ``rows * (longest + new_tokens)`` stays
-    within ``max_tokens`` and its rows within ``max_rows`` (a single row longer than the budget still runs).
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        width = (lengths[current[0]] if current else lengths[i]) + new_tokens
-        if current and ((len(current) + 1) * width > max_tokens or len(current) >= max_rows):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qace.engine.scheduler import plan_batches
 from qace.judges import visce2_prompts as prompts
 from qace.judges.rating import NumberTokens, expected_rating, parse_rating
-from qace.judges.vlm import plan_batches
 
 CONTRACT = Path(__file__).resolve().parents[3] / "shared" / "docs" / "OTHER_JUDGES.md"
 
@@ -103,13 +103,13 @@ def test_expected_rating_is_clipped_and_undefined_cases_are_none():
     assert expected_rating(["8", "5"], np.full((1, 10), 0.1), table) is None  # shape mismatch
 
 
-def test_plan_batches_sorts_longest_first_and_respects_both_caps():
-    lengths = [10, 50, 30, 50, 20, 40]
-    plan = plan_batches(lengths, 10, max_tokens=130, max_rows=3)
+def test_visce2_batches_come_from_the_engine_planner_on_prompt_plus_answer_widths():
+    """VisCE² plans on each row's padded width (prompt + new tokens) with the engine's planner: longest
+    first, both caps kept, a row over the budget still runs alone."""
+    lengths = np.array([10, 50, 30, 50, 20, 40])
+    plan = [b.tolist() for b in plan_batches(lengths + 10, 130, 3)]
     assert [i for batch in plan for i in batch] == [1, 3, 5, 2, 4, 0]
-    assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
     for batch in plan:
         assert len(batch) <= 3
         assert len(batch) * (max(lengths[i] for i in batch) + 10) <= 130 or len(batch) == 1
-    assert plan_batches([500], 10, max_tokens=100, max_rows=8) == [[0]]  # over budget still runs
-    assert plan_batches([], 10, max_tokens=100, max_rows=8) == []
+    assert [b.tolist() for b in plan_batches(np.array([500]) + 10, 100, 8)] == [[0]]
