@@ -40,7 +40,8 @@ from benchmarks.gpu_suite import commit
 from qace import __version__
 from qace.features import ops
 from qace.features.detector import BottomUpDetector, DetectorConfig, resize_for_detector
-from qace.features.extract import PRECISIONS, ImageItem, RegionWriter, default_precision, extract_features
+from qace.features.extract import ImageItem, RegionWriter, default_precision, extract_features
+from qace.precision import TORCH_PRECISIONS, torch_dtype
 
 TARGETS = {"images_per_s": 100.0, "speedup": 10.0}
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -78,7 +79,7 @@ def loop(model: BottomUpDetector, items: list[ImageItem], out: Path, precision: 
     """One image at a time: open, resize, detect, write; returns seconds."""
     from PIL import Image
 
-    dtype = getattr(torch, PRECISIONS[precision])
+    dtype = torch_dtype(precision)
     writer = RegionWriter(out, f"{name}|{precision}")
     start = time.perf_counter()
     for item in items:
@@ -106,7 +107,7 @@ def gpu_tag(device: str) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--precision", choices=sorted(PRECISIONS), help="default: bf16 on a GPU, else fp32")
+    p.add_argument("--precision", choices=sorted(TORCH_PRECISIONS), help="default: bf16 on a GPU, else fp32")
     p.add_argument("--images", type=int, default=1024, help="images through the batched pipeline")
     p.add_argument("--loop-images", type=int, default=48, help="images through the one-at-a-time loop")
     p.add_argument("--batch-size", type=int, default=16)

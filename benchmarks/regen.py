@@ -37,8 +37,9 @@ import torch
 
 from qace import __version__
 from qace.engine.profiling import cuda_sync
-from qace.judges.regen import DTYPES, RegenScore
+from qace.judges.regen import RegenScore
 from qace.judges.regen_models import ImageEncoder, Preprocess
+from qace.precision import TORCH_PRECISIONS, torch_dtype
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ def _timed(judge: RegenScore, texts: list[str], paths: list[str]) -> tuple[float
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    device, dtype = args.device, getattr(torch, DTYPES[args.precision])
+    device, dtype = args.device, torch_dtype(args.precision)
     n_total = args.captions + args.warmup_captions
     texts = captions(n_total)
     t_setup = time.perf_counter()
@@ -262,7 +263,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="JSON report path")
     p.add_argument("--tiny", action="store_true", help="tiny random models on the CPU (smoke run)")
     p.add_argument("--device", help="default: cuda (cpu with --tiny)")
-    p.add_argument("--precision", choices=sorted(DTYPES), help="default: bf16 (fp32 with --tiny)")
+    p.add_argument("--precision", choices=sorted(TORCH_PRECISIONS), help="default: bf16 (fp32 with --tiny)")
     p.add_argument("--steps", type=int, help="denoising steps (default 20; 2 with --tiny)")
     p.add_argument("--size", type=int, help="image side (default 512; 32 with --tiny)")
     p.add_argument("--guidance", type=float, default=7.5)

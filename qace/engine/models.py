@@ -12,6 +12,7 @@ from qace.engine.device_lock import device_lock
 from qace.engine.tokenize import unanswerable_id
 from qace.errors import BackendUnavailableError, ModelNotFoundError
 from qace.metric.pipeline import Models
+from qace.precision import torch_dtype
 
 
 def _runner(model: Any, config: QACEConfig, source: str, fingerprint: str) -> Any:
@@ -43,7 +44,6 @@ def build_models(
     ``models_dir`` is local only: a role it lacks is a `ModelNotFoundError`, never a hub lookup.
     Visual-T5 is loaded only for QACE-Img.
     """
-    from qace.engine.torch_runner import DTYPES
     from qace.models import loading
 
     if config.backend == "onnx":  # a missing onnxruntime(-gpu) fails here, before any model loads
@@ -70,7 +70,7 @@ def build_models(
     sources = {role: str(explicit[role] or (base / role if base else defaults[role])) for role in roles}
     # ONNX only needs the torch weights to export them, on the CPU, in fp32
     onnx = config.backend == "onnx"
-    dtype = torch.float32 if onnx else DTYPES[config.precision]
+    dtype = torch.float32 if onnx else torch_dtype(config.precision)
     device = "cpu" if onnx else config.device
     loaded = {
         role: loading.load_visual_t5(src, device=device, dtype=dtype)

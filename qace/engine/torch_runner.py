@@ -17,7 +17,6 @@ from qace.engine.t5_encoder import T5Encoder
 
 K = TypeVar("K")
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TorchRunner:

@@ -31,12 +31,12 @@ import numpy as np
 
 from qace.data.features import HDF5_LAYOUT, REGION_SHAPE, validate
 from qace.errors import ConfigError, FeatureError, InputError
+from qace.precision import torch_dtype
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 RECORD_SUFFIXES = (".jsonl", ".ndjson", ".csv", ".tsv", ".json")
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -221,14 +221,11 @@ def extract_features(
     progress: bool = True,
 ) -> ExtractSummary:
     """Extract the images not yet in ``out_path`` into it; see the module docstring."""
-    import torch
     from tqdm.auto import tqdm
 
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
+    dtype = torch_dtype(precision, what="detector precision")
     if batch_size < 1 or workers < 0:
         raise ConfigError(f"batch size must be at least 1 and workers at least 0 ({batch_size}, {workers})")
-    dtype = getattr(torch, PRECISIONS[precision])
     out_path = Path(out_path)
     errors_path = out_path.with_name(out_path.stem + ".errors.jsonl")
     writer = RegionWriter(out_path, f"{detector_name}|{precision}")

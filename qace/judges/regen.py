@@ -39,6 +39,7 @@ from qace.data.records import Record, RecordError
 from qace.data.run import FileScorer, list_ids
 from qace.errors import ConfigError, InputError
 from qace.judges.images import load_image
+from qace.precision import check_precision, torch_dtype
 from qace.signature import Signature
 
 if TYPE_CHECKING:  # torch, diffusers and transformers load with the scorer, so `qace --help` stays fast
@@ -56,8 +57,6 @@ DEFAULT_GENERATOR = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 DEFAULT_IMAGE_ENCODER = "openai/clip-vit-large-patch14"
 """CLIP ViT-L/14 image features (the paper's ViT-g/14 is e.g. laion/CLIP-ViT-g-14-laion2B-s12B-b42K)."""
 RegenPrecision = Literal["fp32", "fp16", "bf16"]
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-"""Precision -> name of its torch dtype."""
 
 REAL_MODEL_HINT = (
     f"pass --generator and --image-encoder (hub ids or local directories), or run `qace demo --metric "
@@ -103,10 +102,7 @@ class RegenConfig:
     """Show progress bars on long work."""
 
     def __post_init__(self) -> None:
-        if self.precision not in DTYPES:
-            raise ConfigError(
-                f"unknown precision {self.precision!r} for the regeneration score; choose fp32, fp16 or bf16"
-            )
+        check_precision(self.precision, what="regeneration-score precision")
         for name in (
             "samples",
             "steps",
@@ -199,12 +195,11 @@ class RegenScore(FileScorer):
         if unknown:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
         self.config = cfg = (config or RegenConfig()).with_(**settings)
-        import torch
 
         from qace.judges.regen_models import ImageEncoder, load_generator, tree_fingerprint
         from qace.models.loading import is_test_model
 
-        dtype = getattr(torch, DTYPES[cfg.precision])
+        dtype = torch_dtype(cfg.precision)
 
         if pipeline is None:
             pipeline = load_generator(cfg.generator, device=cfg.device, dtype=dtype)

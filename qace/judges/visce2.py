@@ -45,7 +45,8 @@ from qace.errors import ConfigError
 from qace.judges.images import ImageError, load_image
 from qace.judges.rating import expected_rating, parse_rating
 from qace.judges.visce2_prompts import VARIANTS, Variant, rating_text
-from qace.judges.vlm import DTYPE_NAMES, Generation, VLMRunner, load_vlm, vlm_fingerprint
+from qace.judges.vlm import Generation, VLMRunner, load_vlm, vlm_fingerprint
+from qace.precision import check_precision
 from qace.signature import Signature
 
 if TYPE_CHECKING:
@@ -99,8 +100,7 @@ class VisCE2Config:
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ConfigError(f"unknown VisCE² variant {self.variant!r}; choose from {sorted(VARIANTS)}")
-        if self.precision not in DTYPE_NAMES:
-            raise ConfigError(f"VisCE² precision must be one of {DTYPE_NAMES}, got {self.precision!r}")
+        check_precision(self.precision, what="VisCE² precision")
         for name in ("context_tokens", "max_batch_tokens", "max_batch_rows", "chunk_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
@@ -433,8 +433,7 @@ NEEDS = ("PIL",)
 def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
     """`VisCE2` keyword arguments from parsed ``qace score`` arguments (the shared options included)."""
     precision = getattr(args, "precision", "fp32")
-    if precision not in DTYPE_NAMES:
-        raise ConfigError(f"--precision {precision} is not available for VisCE²; use one of {DTYPE_NAMES}")
+    check_precision(precision, what="VisCE² --precision")
     return {
         "model": args.vlm,
         "variant": args.visce2_variant,

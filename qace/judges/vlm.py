@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qace.errors import ConfigError, ModelNotFoundError
+from qace.errors import ModelNotFoundError
 from qace.judges.rating import NumberTokens
+from qace.precision import torch_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DTYPE_NAMES = ("fp32", "bf16", "fp16")
 PROCESSOR_FILES = (
     "chat_template.jinja",
     "chat_template.json",
@@ -38,15 +38,6 @@ PROCESSOR_FILES = (
 FALLBACK_TEMPLATE = "USER: {image}\n{text} ASSISTANT:"
 """LLaVA-1.5's conversation format, used when a processor has no chat template."""
 _SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
-
-
-def torch_dtype(precision: str) -> torch.dtype:
-    import torch
-
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if precision not in dtypes:
-        raise ConfigError(f"precision {precision!r} is not available for VLM judges; use {DTYPE_NAMES}")
-    return dtypes[precision]
 
 
 def load_vlm(name_or_path: str, *, device: str = "cpu", precision: str = "fp32") -> tuple[Any, Any]:

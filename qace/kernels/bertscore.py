@@ -32,6 +32,7 @@ from qace.engine.pinned_upload import to_device
 from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
 from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
+from qace.precision import torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ KNOWN_LAYERS = {"roberta-large": 17}
 # of vectors at most) is one block of three matching steps: each step is a dozen kernels and a wait.
 _MATCH_CHUNK = 16384
 _PAIR_BLOCK = 1 << 16
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 _ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -141,8 +141,7 @@ class BertScoreMatcher:
             raise ConfigError(
                 f"BertScoreMatcher: batch_size={batch_size} must be >= 1 and max_length={max_length} >= 3"
             )
-        if precision not in _DTYPES:
-            raise ConfigError(f"BertScoreMatcher: precision={precision!r}; use one of {sorted(_DTYPES)}")
+        dtype = torch_dtype(precision, ("fp32", "fp16"), what="BertScoreMatcher precision")
         self.precision = precision
         self.device = _resolve_device(device)
         self.batch_size = batch_size
@@ -165,7 +164,7 @@ class BertScoreMatcher:
             )
         self.layer = layer
         self._truncated = _truncate_layers(encoder, layer)
-        self._encoder = encoder.to(self.device, _DTYPES[precision]).eval()
+        self._encoder = encoder.to(self.device, dtype).eval()
         tok = self._tokenizer
         self._unweighted = {i for i in (tok.cls_token_id, tok.sep_token_id) if i is not None}  # type: ignore[attr-defined]
         self._pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0  # type: ignore[attr-defined]

@@ -180,7 +180,7 @@ def test_half_encoder_stays_near_fp32_and_is_named_in_the_signature(matcher, dev
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)
     assert not np.array_equal(got, want)  # it did run in half precision
-    with pytest.raises(ConfigError, match="precision='bf8'"):
+    with pytest.raises(ConfigError, match="precision 'bf8' is not available; use one of fp32, fp16"):
         BertScoreMatcher(precision="bf8")
 
 
