@@ -26,10 +26,9 @@ import torch
 from benchmarks.workload import padded_target_tokens
 from qace.data.records import Record
 from qace.engine.scheduler import pad_batch
-from qace.engine.tokenize import unanswerable_id
 from qace.kernels.token_f1 import token_f1
 from qace.metric.candidates import candidates_from_doc
-from qace.metric.prompts import MAX_LENGTH, clean_question, qg_input, tqa_input
+from qace.metric.prompts import MAX_LENGTH, clean_question, qg_input, tqa_input, unanswerable_id
 from qace.metric.text import filter_stopwords_all
 from qace.models.visual_t5 import visual_question_inputs
 

@@ -35,6 +35,7 @@ from qace.engine.batches import TextBatch
 from qace.engine.onnx_runner import OnnxRunner
 from qace.engine.scheduler import pad_batch, plan_batches
 from qace.engine.torch_runner import TorchRunner
+from qace.export.cache import runner_for
 from qace.metric.prompts import MAX_NEW_TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,7 +132,7 @@ def quality(args: argparse.Namespace, models_dir: Path) -> list[dict[str, Any]]:
                 if runner is not None:
                     source = str(models_dir / role)
                     setattr(
-                        scorer.models, role, OnnxRunner.for_model(runner.model, source, precision=precision)
+                        scorer.models, role, runner_for(runner.model, source, precision=precision)
                     )
             rows = list(scorer.score_records(records))
             q_same, a_same, deltas = [], [], []

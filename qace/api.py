@@ -69,9 +69,9 @@ class QACE(FileScorer):
             settings = {**speed_defaults(device), **settings}
         self.config = (config or QACEConfig()).with_(**settings)
         from qace.engine.feature_cache import FeatureCache
-        from qace.engine.models import build_models
         from qace.kernels.bertscore import BertScoreMatcher
         from qace.metric.candidates import CandidateExtractor
+        from qace.metric.runners import build_models
 
         self.features = None
         if self.config.variant == "img" and features is not None:  # a bad path fails before the models load

@@ -99,7 +99,7 @@ def test_a_missing_feature_store_fails_before_the_models_load(test_models_dir, t
     def build_models(*args, **kwargs):
         raise AssertionError("models loaded before the feature store was checked")
 
-    monkeypatch.setattr("qace.engine.models.build_models", build_models)
+    monkeypatch.setattr("qace.metric.runners.build_models", build_models)
     with pytest.raises(ConfigError, match="missing.h5"):
         QACE(models=test_models_dir, variant="img", features=tmp_path / "missing.h5", progress=False)
 

@@ -21,7 +21,6 @@ from qace.engine.pinned_upload import to_device
 from qace.engine.prompt_ids import PromptIds, prompt_ids
 from qace.engine.scheduler import Deduped, dedupe, pad_batch, plan_batches
 from qace.engine.tokenize import cut_to, decode
-from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.progress import bars_shown
 
 
@@ -74,9 +73,13 @@ class Stage:
 
 
 def run_stages(
-    stages: Sequence[AbstractContextManager[Stage]], device_lock: AbstractContextManager[Any] = NO_LOCK
+    stages: Sequence[AbstractContextManager[Stage]],
+    device_lock: AbstractContextManager[Any] = NO_LOCK,
+    *,
+    max_new_tokens: int,
 ) -> list[StageOutput]:
-    """Run independent stages (answers on the caption and on the image, say) as one stream of batches.
+    """Run independent stages (answers on the caption and on the image, say) as one stream of batches,
+    each row generating at most ``max_new_tokens`` tokens.
 
     A runner class that overlaps batches (`Runner`) then overlaps them across the stages too: the
     first visual batch's encoder runs while the last text-QA batch decodes, instead of after it.
@@ -97,10 +100,10 @@ def run_stages(
         generate_jobs = shared.pop() if len(shared) == 1 else None
         with device_lock:
             if generate_jobs is not None:
-                results = generate_jobs(jobs, max_new_tokens=MAX_NEW_TOKENS)
+                results = generate_jobs(jobs, max_new_tokens=max_new_tokens)
             else:
                 results = (
-                    (key, runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=uid))
+                    (key, runner.generate(batch, max_new_tokens=max_new_tokens, unanswerable_id=uid))
                     for runner, key, batch, uid in jobs
                 )
             for (k, index), out in results:
@@ -223,6 +226,7 @@ def visual_stage(
     image_ids: Sequence[str],
     features: Callable[[str], np.ndarray],
     *,
+    encode_questions: Callable[[Sequence[str]], tuple[Any, Any, Sequence[bool]]],
     limits: BatchLimits,
     unanswerable_id: int | None,
     desc: str = "visual QA",
@@ -234,11 +238,10 @@ def visual_stage(
     Every row has the same fixed 102-position encoder input, so batches are cut by rows only. Batches
     gather their rows from the runner's device-resident features of hot images (an image is uploaded
     once while it stays hot, not once per chunk or per question); a runner without them gets one host
-    table per chunk. The questions are tokenised in a helper thread, and the features gathered once
+    table per chunk. ``encode_questions`` turns the distinct questions into the model's fixed-width
+    ``(ids, mask, truncated)``. The questions are encoded in a helper thread, and the features gathered once
     the stream reaches this stage (under the caller's device lock), so both overlap an earlier stage.
     """
-    from qace.models.visual_t5 import visual_question_inputs
-
     unique = dedupe(list(zip(questions, image_ids, strict=True)))
     asked = dedupe([q for q, _ in unique.unique])  # a question is asked of several images
     images = dedupe([image for _, image in unique.unique])
@@ -246,7 +249,7 @@ def visual_stage(
         ThreadPoolExecutor(1, thread_name_prefix="qace-tokenize") as helper,
         _progress(len(unique.unique), desc, progress) as bar,
     ):
-        inputs = helper.submit(visual_question_inputs, tokenizer, asked.unique, compose=True)
+        inputs = helper.submit(encode_questions, asked.unique)
         truncated: list[bool] = []
 
         def batches() -> Iterator[tuple[np.ndarray, VisualBatch]]:

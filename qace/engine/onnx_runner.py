@@ -145,31 +145,6 @@ class OnnxRunner:
         """Benchmarks only: ``(batch, steps) -> (B, steps)`` tokens that replace each step's argmax, as
         ``TorchRunner.force``."""
 
-    @classmethod
-    def for_model(
-        cls,
-        model: Any,
-        source: str,
-        *,
-        precision: str = "fp32",
-        device: str = "cpu",
-        fingerprint: str | None = None,
-        threads: int | None = None,
-    ) -> OnnxRunner:
-        """Runner for a loaded model, exporting and validating it on first use (``qace.export.cache``).
-
-        ``precision``: ``fp32`` (exact), ``fp16`` (meant for CUDA) or ``int8`` (dynamic quantization, CPU).
-        """
-        if precision not in ("fp32", "fp16", "int8"):
-            raise ConfigError(
-                f"the ONNX backend runs fp32, fp16 or int8, not {precision!r}; use --backend torch for bf16"
-            )
-        check_device(device)
-        from qace.export.cache import ensure_export
-
-        export_dir = ensure_export(source, model, precision, fingerprint=fingerprint, device=device)
-        return cls(export_dir, device=device, threads=threads)
-
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
     ) -> Generated:

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 from weakref import WeakKeyDictionary
-
-from qace.metric.prompts import UNANSWERABLE
-
-log = logging.getLogger(__name__)
 
 
 def token_ids(tokenizer: Any, texts: Sequence[str], *, special_tokens: bool = True) -> list[list[int]]:
@@ -98,18 +93,3 @@ def decode(tokenizer: Any, tokens: Sequence[Sequence[int]], *, only_pad_eos: boo
     else:
         texts = tokenizer.batch_decode(rows, skip_special_tokens=skip)
     return [text.strip() for text in texts]
-
-
-def unanswerable_id(tokenizer: Any, override: int | None = None) -> int:
-    """Id of the first piece of ``unanswerable`` (73 in T5's vocabulary), looked up, not hard-coded."""
-    if override is not None:
-        return override
-    pieces = tokenizer(UNANSWERABLE, add_special_tokens=False)["input_ids"]
-    if len(pieces) != 1:
-        log.warning(
-            "the QA tokenizer splits %r into %d pieces; answerability uses the first one (id %d)",
-            UNANSWERABLE,
-            len(pieces),
-            pieces[0],
-        )
-    return int(pieces[0])

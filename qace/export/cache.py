@@ -19,12 +19,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from qace.engine.onnx_runner import GRAPHS, MANIFEST
+from qace.engine.onnx_runner import GRAPHS, MANIFEST, OnnxRunner, check_device
+from qace.errors import ConfigError
 from qace.export.exporter import FORMAT_VERSION, export_model
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CACHE = "~/.cache/qace/onnx"
+
+
+def runner_for(
+    model: Any,
+    source: str,
+    *,
+    precision: str = "fp32",
+    device: str = "cpu",
+    fingerprint: str | None = None,
+    threads: int | None = None,
+) -> OnnxRunner:
+    """An ONNX Runtime runner for a loaded model, exporting and validating it on first use.
+
+    ``precision``: ``fp32`` (exact), ``fp16`` (meant for CUDA) or ``int8`` (dynamic quantization, CPU).
+    """
+    if precision not in ("fp32", "fp16", "int8"):
+        raise ConfigError(
+            f"the ONNX backend runs fp32, fp16 or int8, not {precision!r}; use --backend torch for bf16"
+        )
+    check_device(device)
+    export_dir = ensure_export(source, model, precision, fingerprint=fingerprint, device=device)
+    return OnnxRunner(export_dir, device=device, threads=threads)
 
 
 def cache_root() -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,9 @@ from qace.data.records import Record
 from qace.engine.engine import NO_LOCK, BatchLimits, run_stages, text_stage, visual_stage
 from qace.engine.profiling import NO_TIMER
 from qace.metric.aggregate import COMPONENTS, caption_scores
-from qace.metric.prompts import QG_TEMPLATE, TQA_TEMPLATE, clean_question
+from qace.metric.prompts import MAX_NEW_TOKENS, QG_TEMPLATE, TQA_TEMPLATE, clean_question
 from qace.metric.text import filter_stopwords_all
+from qace.models.visual_t5 import visual_question_inputs
 
 
 @dataclass
@@ -92,6 +94,7 @@ def score_chunk(
                 )
             ],
             models.device_lock,
+            max_new_tokens=MAX_NEW_TOKENS,
         )
     for (item, answer), text, cut in zip(owners, qg.texts, qg.truncated, strict=True):
         question = clean_question(text)
@@ -126,13 +129,14 @@ def score_chunk(
                 [q for _, q in visual_pairs],
                 [item.record.image_id or "" for item, _ in visual_pairs],
                 features.get,
+                encode_questions=partial(visual_question_inputs, models.vqa_tokenizer, compose=True),
                 limits=limits,
                 unanswerable_id=models.vqa_unanswerable,
                 progress=progress,
             )
         )
     with timer("answers"):
-        tqa, *visual = run_stages(stages, models.device_lock)
+        tqa, *visual = run_stages(stages, models.device_lock, max_new_tokens=MAX_NEW_TOKENS)
     for t in np.flatnonzero(tqa.truncated).tolist():  # rare: no loop over a chunk's 35,000 pairs
         text_pairs[t][0].flags.add("truncated_input")
     n_self = sum(len(item.questions) for item in work)

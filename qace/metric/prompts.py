@@ -5,6 +5,11 @@ Keeping them here, and only here, means the engine and the reference implementat
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
 QG_TEMPLATE = "answer: {answer}  context: {context} </s>"
 """QG input: two spaces before ``context:`` and a literal ``</s>`` although the tokenizer appends EOS too."""
 
@@ -41,3 +46,18 @@ def clean_question(decoded: str) -> str:
     elif text.startswith(QUESTION_PREFIX.strip()):
         text = text[len(QUESTION_PREFIX.strip()) :]
     return text.strip()
+
+
+def unanswerable_id(tokenizer: Any, override: int | None = None) -> int:
+    """Id of the first piece of ``unanswerable`` (73 in T5's vocabulary), looked up, not hard-coded."""
+    if override is not None:
+        return override
+    pieces = tokenizer(UNANSWERABLE, add_special_tokens=False)["input_ids"]
+    if len(pieces) != 1:
+        log.warning(
+            "the QA tokenizer splits %r into %d pieces; answerability uses the first one (id %d)",
+            UNANSWERABLE,
+            len(pieces),
+            pieces[0],
+        )
+    return int(pieces[0])

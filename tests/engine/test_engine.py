@@ -9,6 +9,7 @@ import pytest
 
 from qace.engine.batches import Generated, TextBatch
 from qace.engine.engine import BatchLimits, run_stages, text_stage
+from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.models.loading import load_seq2seq
 
 
@@ -53,7 +54,7 @@ def test_slices_give_the_same_outputs_in_input_order(tokenizer, rows) -> None:
         limits=limits,
         unanswerable_id=5,
     )
-    (out,) = run_stages([stage])
+    (out,) = run_stages([stage], max_new_tokens=MAX_NEW_TOKENS)
     ids = tokenizer(prompts)["input_ids"]
     assert out.texts == [
         t.strip() for t in tokenizer.batch_decode([x[:3] for x in ids], skip_special_tokens=True)
@@ -87,7 +88,10 @@ def test_next_slice_is_tokenised_while_this_one_runs(tokenizer, monkeypatch) -> 
     limits = BatchLimits(max_batch_tokens=10_000, max_batch_rows=2)  # slices of 1, 2, 4, 8, 8, 1 prompts
     runner = WaitingRunner()
     rows = [(p,) for p in _prompts()[:24]]
-    run_stages([text_stage(runner, tokenizer, "{}", rows, max_input_tokens=512, limits=limits)])
+    run_stages(
+        [text_stage(runner, tokenizer, "{}", rows, max_input_tokens=512, limits=limits)],
+        max_new_tokens=MAX_NEW_TOKENS,
+    )
     assert len(threads) == 6 and all(name.startswith("qace-tokenize") for name in threads)
     assert sum(len(m) for m in runner.batches) == 24
 
@@ -122,5 +126,5 @@ def test_text_stage_keeps_unknown_tokens_and_drops_pad_and_eos() -> None:
     stage = text_stage(
         UnknownRunner(), tokenizer, "{}", [("a",), ("b",)], max_input_tokens=512, limits=limits
     )
-    (out,) = run_stages([stage])
+    (out,) = run_stages([stage], max_new_tokens=MAX_NEW_TOKENS)
     assert out.texts == ["dog<unk>", "dog<unk>"]

@@ -8,7 +8,6 @@ rounding between ONNX Runtime's and PyTorch's kernels (measured: under 2e-6), he
 
 from __future__ import annotations
 
-import inspect
 import json
 import shutil
 
@@ -18,32 +17,12 @@ import pytest
 from qace.api import QACE
 from qace.cli import main as cli_main
 from qace.data.features import RandomFeatureStore
-from qace.engine.onnx_runner import OnnxRunner
 from qace.export.cache import ensure_export, is_current
 from qace.models.loading import checkpoint_fingerprint, load_seq2seq
 from tests.helpers import flickr_records
 
 N_CAPTIONS = 100
 SCORES = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
-
-
-@pytest.fixture(autouse=True)
-def _onnx_backend_wired(monkeypatch):
-    """Until ``qace.engine.models._runner`` builds OnnxRunners itself, route backend="onnx" here."""
-    import qace.engine.models as engine_models
-
-    original = engine_models._runner
-    if "OnnxRunner" in inspect.getsource(original):
-        return
-
-    def runner(model, config, *args, **kwargs):
-        if config.backend == "onnx":
-            return OnnxRunner.for_model(
-                model, str(model.name_or_path), precision=config.precision, device=config.device
-            )
-        return original(model, config, *args, **kwargs)
-
-    monkeypatch.setattr(engine_models, "_runner", runner)
 
 
 def _rows(test_models_dir, backend, variant, records):

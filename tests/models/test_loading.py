@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from qace.config import QACEConfig
-from qace.engine.models import build_models
 from qace.errors import ConfigError, ModelNotFoundError
+from qace.metric.runners import build_models
 from qace.models.loading import (
     checkpoint_fingerprint,
     is_test_model,

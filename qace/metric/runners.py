@@ -1,4 +1,4 @@
-"""Load the models a config needs and wrap each in a runner of the chosen backend."""
+"""The metric's models for a config: each loaded and wrapped in a runner of the chosen backend."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 
 from qace.config import QACEConfig
 from qace.engine.device_lock import device_lock
-from qace.engine.tokenize import unanswerable_id
 from qace.errors import BackendUnavailableError, ModelNotFoundError
 from qace.metric.pipeline import Models
+from qace.metric.prompts import unanswerable_id
 from qace.precision import torch_dtype
 
 
@@ -22,9 +22,9 @@ def _runner(model: Any, config: QACEConfig, source: str, fingerprint: str) -> An
 
         return TorchRunner(model, device=config.device)
     if config.backend == "onnx":
-        from qace.engine.onnx_runner import OnnxRunner
+        from qace.export.cache import runner_for
 
-        return OnnxRunner.for_model(
+        return runner_for(
             model, source, precision=config.precision, device=config.device, fingerprint=fingerprint
         )
     raise BackendUnavailableError(f"backend {config.backend!r} is not available; use --backend torch or onnx")
