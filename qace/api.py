@@ -75,7 +75,7 @@ class QACE(FileScorer):
 
         self.features = None
         if self.config.variant == "img" and features is not None:  # a bad path fails before the models load
-            from qace.data.features import open_feature_store
+            from qace.features.stores import open_feature_store
 
             store = open_feature_store(features) if isinstance(features, str | Path) else features
             self.features = FeatureCache(store)

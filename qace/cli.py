@@ -295,7 +295,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_features_pack(args: argparse.Namespace) -> int:
-    from qace.data.features import open_feature_store, pack_features
+    from qace.data.features import pack_features
+    from qace.features.stores import open_feature_store
 
     errors: list[tuple[str, str]] = []
     count = pack_features(open_feature_store(args.source), args.output, dtype=args.dtype, errors=errors)

@@ -14,10 +14,10 @@ from qace.data.features import (
     HDF5Store,
     NpzDirStore,
     RandomFeatureStore,
-    open_feature_store,
     pack_features,
 )
 from qace.errors import ConfigError, FeatureError
+from qace.features.stores import open_feature_store
 from tests.corrupt_files import (
     bad_crc_npz,
     damaged_compressed_npz,

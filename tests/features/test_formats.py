@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from qace.data.features import HDF5Store, open_feature_store, pack_features
+from qace.data.features import HDF5Store, pack_features
 from qace.errors import FeatureError
 from qace.features.formats import (
     INDEX_SUFFIX,
@@ -19,6 +19,7 @@ from qace.features.formats import (
     canonical_id,
     norm_boxes,
 )
+from qace.features.stores import open_feature_store
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 SAMPLE = SHARED / "data" / "region_features" / "butd_sample.npz"
