@@ -27,7 +27,6 @@ from qace.engine.batches import TextBatch, VisualBatch
 from qace.engine.onnx_runner import OnnxRunner, merge_past
 from qace.engine.torch_runner import TorchRunner
 from qace.errors import ExportValidationError
-from qace.metric.prompts import MAX_NEW_TOKENS
 
 TOLERANCES: dict[str, tuple[float, float]] = {
     "fp32": (1e-3, 1.0),
@@ -48,6 +47,11 @@ class ValidationReport:
     rows: int
     atol: float
     min_agreement: float
+
+
+VALIDATION_STEPS = 31
+"""Greedy steps an export is checked over: as many as QACE ever decodes (spec: ``max_length=32``, so 31
+new tokens; `tests/export` keeps it at least `qace.metric.prompts.MAX_NEW_TOKENS`)."""
 
 
 def sample_batch(model: Any, rows: int = ROWS, seed: int = 0) -> TextBatch | VisualBatch:
@@ -129,8 +133,8 @@ def measure(
     batch = batch if batch is not None else sample_batch(model)
     atol, min_agreement = TOLERANCES[variant]
     runner = OnnxRunner(export_dir, device=device)
-    expected = TorchRunner(model).generate(batch, max_new_tokens=MAX_NEW_TOKENS).tokens
-    got = runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS).tokens
+    expected = TorchRunner(model).generate(batch, max_new_tokens=VALIDATION_STEPS).tokens
+    got = runner.generate(batch, max_new_tokens=VALIDATION_STEPS).tokens
     agreement = float(np.mean([a == b for a, b in zip(expected, got, strict=True)]))
     start, eos = int(model.config.decoder_start_token_id), int(model.config.eos_token_id)
     width = max(len(t) for t in expected) + 1

@@ -114,3 +114,10 @@ def test_failed_export_leaves_nothing(loaded, tmp_path, monkeypatch):
         export_model(loaded["qg"], tmp_path / "fp32", variant="fp32")
     assert not (tmp_path / "fp32").exists()
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_exports_are_validated_over_every_step_the_metric_decodes() -> None:
+    from qace.export.validate import VALIDATION_STEPS
+    from qace.metric.prompts import MAX_NEW_TOKENS
+
+    assert VALIDATION_STEPS >= MAX_NEW_TOKENS
