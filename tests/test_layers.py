@@ -35,3 +35,40 @@ def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from qace.metric.prompts import MAX_NEW_TOKENS\n    return 1\n")
     assert "qace.metric.prompts" in imports(module)
+
+
+def unit(module: str) -> str:
+    """The layer a module belongs to: its subpackage (``qace.engine``) or top-level module (``qace.api``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer_cycles() -> list[set[str]]:
+    """Groups of layers that import each other, directly or around a loop (strongly connected)."""
+    edges: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = unit(".".join(("qace", *path.relative_to(PACKAGE).with_suffix("").parts)))
+        for name in imports(path):
+            if name.startswith("qace.") and unit(name) != module:
+                edges.setdefault(module, set()).add(unit(name))
+    reach = {start: _reachable(start, edges) for start in edges}
+    groups = {frozenset({a} | {b for b in reach[a] if a in reach.get(b, ())}) for a in edges}
+    return [set(g) for g in groups if len(g) > 1]
+
+
+def _reachable(start: str, edges: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+KNOWN_CYCLE = {"qace.cli", "qace.demo", "qace.judges", "qace.testing"}
+"""The one loop left (issue #20's scorer registry removes it): the CLI runs the demo, the demo asks the CLI
+for a judge's demo scorer, and each judge builds its test model for the demo."""
+
+
+def test_no_layers_import_each_other_but_the_known_loop() -> None:
+    assert [group for group in layer_cycles() if group != KNOWN_CYCLE] == []
