@@ -38,7 +38,7 @@ import torch
 from qace import __version__
 from qace.engine.profiling import cuda_sync
 from qace.judges.regen import RegenScore
-from qace.judges.regen_models import ImageEncoder, Preprocess
+from qace.judges.regen_loading import ImageEncoder, Preprocess
 from qace.precision import TORCH_PRECISIONS, torch_dtype
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def clip_l_encoder(device: str, dtype: torch.dtype) -> ImageEncoder:
 
 def tiny_models(models_dir: Path, device: str, dtype: torch.dtype) -> tuple[Any, ImageEncoder]:
     """The tests' tiny random models, built or reused in ``models_dir``, loaded the judge's real way."""
-    from qace.judges.regen_models import load_generator
+    from qace.judges.regen_loading import load_generator
     from qace.testing.regen import make_regen_test_models
 
     models = make_regen_test_models(models_dir)

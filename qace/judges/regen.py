@@ -45,7 +45,7 @@ from qace.signature import Signature
 if TYPE_CHECKING:  # torch, diffusers and transformers load with the scorer, so `qace --help` stays fast
     import torch
 
-    from qace.judges.regen_models import ImageEncoder
+    from qace.judges.regen_loading import ImageEncoder
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class RegenScore(FileScorer):
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
         self.config = cfg = (config or RegenConfig()).with_(**settings)
 
-        from qace.judges.regen_models import ImageEncoder, load_generator, tree_fingerprint
+        from qace.judges.regen_loading import ImageEncoder, load_generator, tree_fingerprint
         from qace.models.loading import is_test_model
 
         dtype = torch_dtype(cfg.precision)

@@ -25,7 +25,7 @@ from qace.models.visual_t5 import visual_question_inputs
 
 
 @dataclass
-class Models:
+class ModelRunners:
     """Runners and tokenizers of the three models, and the answerability token id of each QA model."""
 
     qg: Any
@@ -56,7 +56,7 @@ class CaptionWork:
 def score_chunk(
     records: Sequence[Record],
     candidates: Sequence[list[str]],
-    models: Models,
+    models: ModelRunners,
     config: QACEConfig,
     matcher: Any,
     features: Any = None,

@@ -10,7 +10,7 @@ import torch
 from qace.config import QACEConfig
 from qace.engine.device_lock import device_lock
 from qace.errors import BackendUnavailableError, ModelNotFoundError
-from qace.metric.pipeline import Models
+from qace.metric.pipeline import ModelRunners
 from qace.metric.prompts import unanswerable_id
 from qace.precision import torch_dtype
 
@@ -37,8 +37,9 @@ def build_models(
     qg: str | Path | None = None,
     tqa: str | Path | None = None,
     vqa: str | Path | None = None,
-) -> tuple[Models, dict[str, str], bool]:
-    """Models for ``config``: runners, tokenizers, signature fingerprints, and whether any is a test model.
+) -> tuple[ModelRunners, dict[str, str], bool]:
+    """The models of ``config`` (`ModelRunners`), their signature fingerprints, and whether any is a
+    test model.
 
     Explicit ``qg``/``tqa``/``vqa`` win over ``models_dir/<role>``, which wins over the paper's models.
     ``models_dir`` is local only: a role it lacks is a `ModelNotFoundError`, never a hub lookup.
@@ -82,7 +83,7 @@ def build_models(
     runners = {
         role: _runner(model, config, sources[role], fingerprints[role]) for role, (model, _) in loaded.items()
     }
-    models = Models(
+    models = ModelRunners(
         qg=runners["qg"],
         qg_tokenizer=loaded["qg"][1],
         tqa=runners["tqa"],

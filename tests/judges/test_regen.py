@@ -28,7 +28,7 @@ from qace.judges.regen import (  # noqa: E402
     image_file_name,
     sample_seed,
 )
-from qace.judges.regen_models import Preprocess, tree_fingerprint  # noqa: E402
+from qace.judges.regen_loading import Preprocess, tree_fingerprint  # noqa: E402
 from qace.testing.regen import make_regen_test_models  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ SETTINGS = {"size": 32, "steps": 2, "batch_size": 3, "chunk_size": 4, "progress"
 
 
 @pytest.fixture(scope="session")
-def regen_models() -> Path:
+def regen_loading() -> Path:
     """Tiny generator/ and encoder/, built once and cached (QACE_REGEN_TEST_MODELS or .qace-cache/)."""
     cache = os.environ.get("QACE_REGEN_TEST_MODELS") or REPO_ROOT / ".qace-cache" / "regen-test-models"
     return make_regen_test_models(cache)
@@ -73,8 +73,8 @@ def make(models: Path, **settings) -> RegenScore:
 
 
 @pytest.fixture(scope="module")
-def scorer(regen_models) -> RegenScore:
-    return make(regen_models)
+def scorer(regen_loading) -> RegenScore:
+    return make(regen_loading)
 
 
 CAPTIONS = ["a dog on the grass", "a red ball", "two people near the water", "a cat"]
@@ -123,32 +123,32 @@ def test_list_api_and_signature(scorer, images):
     assert scorer.uses_test_models
 
 
-def test_same_input_twice_gives_identical_scores(regen_models, scorer, images):
+def test_same_input_twice_gives_identical_scores(regen_loading, scorer, images):
     inputs = (CAPTIONS, [images["red.png"], images["blue.jpg"], images["green.png"], images["red.png"]])
     first = scorer.score(*inputs)
     assert scorer.score(*inputs) == first  # cached originals, same seeds
-    assert make(regen_models).score(*inputs) == first  # a fresh scorer: nothing carried over
+    assert make(regen_loading).score(*inputs) == first  # a fresh scorer: nothing carried over
 
 
-def test_scores_do_not_depend_on_batch_composition_or_order(regen_models, scorer, images):
+def test_scores_do_not_depend_on_batch_composition_or_order(regen_loading, scorer, images):
     paths = [images["red.png"], images["blue.jpg"], images["green.png"], images["red.png"]]
     batched = {r["id"]: r["regen"] for r in scorer.score(CAPTIONS, images=paths)}
-    one = make(regen_models, batch_size=1, chunk_size=1)
+    one = make(regen_loading, batch_size=1, chunk_size=1)
     reordered = one.score(CAPTIONS[::-1], images=paths[::-1], ids=["3", "2", "1", "0"])
     for row in reordered:
         assert row["regen"] == pytest.approx(batched[row["id"]], abs=1e-6)
 
 
-def test_seed_and_caption_change_the_generated_image(regen_models, scorer, images):
+def test_seed_and_caption_change_the_generated_image(regen_loading, scorer, images):
     base = scorer.score(CAPTIONS[:1], images=[images["red.png"]])[0]["regen"]
-    other_seed = make(regen_models, seed=1)
+    other_seed = make(regen_loading, seed=1)
     assert other_seed.score(CAPTIONS[:1], images=[images["red.png"]])[0]["regen"] != base
     assert sample_seed(0, "a", 0) != sample_seed(0, "a", 1) != sample_seed(1, "a", 0)
     assert sample_seed(0, "a", 0) == sample_seed(0, "a", 0) < 2**63
 
 
-def test_samples_are_averaged(regen_models, scorer, images):
-    three = make(regen_models, samples=3)
+def test_samples_are_averaged(regen_loading, scorer, images):
+    three = make(regen_loading, samples=3)
     paths = [images["red.png"], images["blue.jpg"]]
     rows = three.score(CAPTIONS[:2], images=paths)
     single = scorer.score(CAPTIONS[:2], images=paths)
@@ -165,8 +165,8 @@ def _embed_file(scorer: RegenScore, path: Path) -> torch.Tensor:
     return scorer.encoder.embed([torch.from_numpy(array).permute(2, 0, 1)])[0]
 
 
-def test_saved_images_are_the_embedded_pixels(regen_models, images, tmp_path):
-    saver = make(regen_models, samples=2, save_images=str(tmp_path / "gen"))
+def test_saved_images_are_the_embedded_pixels(regen_loading, images, tmp_path):
+    saver = make(regen_loading, samples=2, save_images=str(tmp_path / "gen"))
     ids = ["img/1", "b", "c"]
     rows = saver.score([CAPTIONS[0], CAPTIONS[1], CAPTIONS[0]], images=[images["red.png"]] * 3, ids=ids)
     for row in rows:
@@ -185,14 +185,14 @@ def test_saved_images_are_the_embedded_pixels(regen_models, images, tmp_path):
     assert rows[0]["regen"] == rows[2]["regen"]  # same caption and image: same seed, same score
 
 
-def test_cosine_matches_a_direct_computation(regen_models, images, tmp_path):
+def test_cosine_matches_a_direct_computation(regen_loading, images, tmp_path):
     """One pair by hand: transformers' own CLIP model and image processor, numpy cosine."""
     from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
 
-    saver = make(regen_models, save_images=str(tmp_path))
+    saver = make(regen_loading, save_images=str(tmp_path))
     row = saver.score([CAPTIONS[2]], images=[images["blue.jpg"]])[0]
-    model = CLIPVisionModelWithProjection.from_pretrained(str(regen_models / "encoder")).eval()
-    processor = CLIPImageProcessor.from_pretrained(str(regen_models / "encoder"))
+    model = CLIPVisionModelWithProjection.from_pretrained(str(regen_loading / "encoder")).eval()
+    processor = CLIPImageProcessor.from_pretrained(str(regen_loading / "encoder"))
     pictures = [Image.open(images["blue.jpg"]).convert("RGB"), Image.open(row["generated_images"][0])]
     hf_pixels = processor(images=pictures, return_tensors="pt")["pixel_values"]
     tensors = [torch.from_numpy(np.array(p)).permute(2, 0, 1)[None] for p in pictures]
@@ -245,7 +245,7 @@ def test_identical_images_score_one_and_each_caption_keeps_its_seed(scorer, imag
     assert [len(call) for call in mirror.calls] == [3, 1]
 
 
-def test_resumed_file_run_equals_uninterrupted_run(regen_models, images, tmp_path, monkeypatch):
+def test_resumed_file_run_equals_uninterrupted_run(regen_loading, images, tmp_path, monkeypatch):
     lines = []
     names = ["red.png", "blue.jpg", "missing.png", "green.png", "notes.png", "red.png", "blue.jpg"]
     for i, name in enumerate(names):
@@ -254,7 +254,7 @@ def test_resumed_file_run_equals_uninterrupted_run(regen_models, images, tmp_pat
     lines.append(json.dumps({"id": "r7", "caption": "no image here"}))
     source = tmp_path / "captions.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    judge = make(regen_models, chunk_size=2)
+    judge = make(regen_loading, chunk_size=2)
     whole = tmp_path / "whole.jsonl"
     summary = judge.score_file(source, whole)
     assert (summary.scored, summary.errors, summary.metric) == (5, 3, "regen")
@@ -274,16 +274,16 @@ def test_resumed_file_run_equals_uninterrupted_run(regen_models, images, tmp_pat
         judge.score_file(source, broken)
     assert not broken.exists()
     monkeypatch.setattr(judge, "_score_chunk", real)
-    fresh = make(regen_models, chunk_size=2)  # a new process would start with an empty image cache
+    fresh = make(regen_loading, chunk_size=2)  # a new process would start with an empty image cache
     assert fresh.score_file(source, broken, resume=True).skipped == 4
     assert broken.read_bytes() == whole.read_bytes()
     assert (tmp_path / "broken.errors.jsonl").read_bytes() == (tmp_path / "whole.errors.jsonl").read_bytes()
-    other = make(regen_models, chunk_size=2, steps=3)
+    other = make(regen_loading, chunk_size=2, steps=3)
     with pytest.raises(ResumeError, match="signature"):
         other.score_file(source, broken, resume=True)
 
 
-def test_cli_options_build_the_configured_scorer(regen_models, tmp_path):
+def test_cli_options_build_the_configured_scorer(regen_loading, tmp_path):
     parser = argparse.ArgumentParser()
     for flag, kwargs in [
         ("--device", {"default": "cpu"}),
@@ -298,8 +298,8 @@ def test_cli_options_build_the_configured_scorer(regen_models, tmp_path):
     assert defaults.generator is None and defaults.save_images is None
     args = parser.parse_args(
         [
-            "--generator", str(regen_models / "generator"),
-            "--image-encoder", str(regen_models / "encoder"),
+            "--generator", str(regen_loading / "generator"),
+            "--image-encoder", str(regen_loading / "encoder"),
             "--samples", "2", "--regen-steps", "3", "--regen-size", "32", "--regen-guidance", "2.5",
             "--regen-seed", "7", "--regen-batch", "5", "--save-images", str(tmp_path),
             "--chunk-size", "9", "--no-progress",
@@ -311,34 +311,34 @@ def test_cli_options_build_the_configured_scorer(regen_models, tmp_path):
     assert (cfg.save_images, cfg.chunk_size, cfg.progress, cfg.device) == (str(tmp_path), 9, False, "cpu")
     assert parse_signature(judge.signature)["cfg"] == "2.5"
     with pytest.raises(ConfigError, match="precision"):
-        from_cli(parser.parse_args(["--precision", "int8", "--generator", str(regen_models / "generator")]))
+        from_cli(parser.parse_args(["--precision", "int8", "--generator", str(regen_loading / "generator")]))
 
 
-def test_missing_models_are_named_with_the_fix(tmp_path, regen_models, monkeypatch):
+def test_missing_models_are_named_with_the_fix(tmp_path, regen_loading, monkeypatch):
     with pytest.raises(ModelNotFoundError, match="generator.*no such model directory.*--generator"):
-        make(regen_models).__class__(generator=str(tmp_path / "nowhere"), image_encoder="x")
+        make(regen_loading).__class__(generator=str(tmp_path / "nowhere"), image_encoder="x")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelNotFoundError, match="model_index.json"):
         RegenScore(generator=str(tmp_path / "empty"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotFoundError, match="image encoder.*HF_HUB_OFFLINE"):
-        RegenScore(generator=str(regen_models / "generator"), image_encoder="nobody/no-such-encoder")
+        RegenScore(generator=str(regen_loading / "generator"), image_encoder="nobody/no-such-encoder")
 
 
-def test_fingerprint_follows_weights_and_scheduler(regen_models, tmp_path):
+def test_fingerprint_follows_weights_and_scheduler(regen_loading, tmp_path):
     copy = tmp_path / "generator"
-    shutil.copytree(regen_models / "generator", copy)
-    assert tree_fingerprint(copy) == tree_fingerprint(regen_models / "generator")
+    shutil.copytree(regen_loading / "generator", copy)
+    assert tree_fingerprint(copy) == tree_fingerprint(regen_loading / "generator")
     config = copy / "scheduler" / "scheduler_config.json"
     config.write_text(config.read_text().replace('"DDIMScheduler"', '"PNDMScheduler"'))
-    assert tree_fingerprint(copy) != tree_fingerprint(regen_models / "generator")
+    assert tree_fingerprint(copy) != tree_fingerprint(regen_loading / "generator")
     assert tree_fingerprint("owner/model") == "owner/model"
 
 
-def test_test_models_are_deterministic_and_reused(tmp_path, regen_models):
+def test_test_models_are_deterministic_and_reused(tmp_path, regen_loading):
     built = make_regen_test_models(tmp_path / "a")
     for role in ("generator", "encoder"):
-        assert tree_fingerprint(built / role) == tree_fingerprint(regen_models / role)
+        assert tree_fingerprint(built / role) == tree_fingerprint(regen_loading / role)
     stamp = (built / "generator" / "unet" / "diffusion_pytorch_model.safetensors").stat().st_mtime_ns
     make_regen_test_models(tmp_path / "a")
     assert (built / "generator" / "unet" / "diffusion_pytorch_model.safetensors").stat().st_mtime_ns == stamp
@@ -364,9 +364,9 @@ def test_image_file_names_are_safe_and_distinct():
     assert len(names) == 5 and not any("/" in n or n.startswith(".") for n in names)
 
 
-def test_settings_are_checked(regen_models):
+def test_settings_are_checked(regen_loading):
     with pytest.raises(ConfigError, match="unknown setting"):
-        make(regen_models, nonsense=1)
+        make(regen_loading, nonsense=1)
     with pytest.raises(ConfigError, match="multiple of 8"):
         RegenConfig(size=30)
     with pytest.raises(ConfigError, match="samples"):
