@@ -16,11 +16,11 @@ from typing import Any
 
 from qace.config import QACEConfig, build_signature, speed_defaults
 from qace.data.records import Record, RecordError, caption_problem, require
-from qace.data.run import FileScorer, list_ids
 from qace.engine.gc_pause import collector_paused
 from qace.engine.profiling import NO_TIMER
 from qace.errors import ConfigError, FeatureError
 from qace.metric.pipeline import score_chunk
+from qace.scoring import FileScorer, list_ids
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from qace.extras import require_extra
 from qace.progress import add_output_options, configure, summary
 
 if TYPE_CHECKING:
-    from qace.data.run import Summary
+    from qace.scoring import Summary
 
 log = logging.getLogger("qace")
 

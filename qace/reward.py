@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qace.data.records import caption_problem
-from qace.data.run import list_ids
 from qace.errors import ConfigError, InputError
+from qace.scoring import list_ids
 
 if TYPE_CHECKING:
     import torch

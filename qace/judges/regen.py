@@ -36,10 +36,10 @@ import numpy as np
 
 from qace import __version__
 from qace.data.records import Record, RecordError
-from qace.data.run import FileScorer, list_ids
 from qace.errors import ConfigError, InputError
 from qace.judges.images import load_image
 from qace.precision import check_precision, torch_dtype
+from qace.scoring import FileScorer, list_ids
 from qace.signature import Signature
 
 if TYPE_CHECKING:  # torch, diffusers and transformers load with the scorer, so `qace --help` stays fast

@@ -39,7 +39,6 @@ import numpy as np
 from qace import __version__
 from qace.config import given_speed_settings
 from qace.data.records import Record, RecordError
-from qace.data.run import FileScorer, list_ids
 from qace.engine.scheduler import plan_batches
 from qace.errors import ConfigError
 from qace.judges.images import ImageError, load_image
@@ -47,6 +46,7 @@ from qace.judges.rating import expected_rating, parse_rating
 from qace.judges.visce2_prompts import VARIANTS, Variant, rating_text
 from qace.judges.vlm import Generation, VLMRunner, load_vlm, vlm_fingerprint
 from qace.precision import check_precision
+from qace.scoring import FileScorer, list_ids
 from qace.signature import Signature
 
 if TYPE_CHECKING:

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from qace.config import auto_spacy_workers
-from qace.data.run import Summary
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
+from qace.scoring import Summary
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def score_file_sharded(
     ``device``). The output equals what one `QACE.score_file` run writes, byte for byte for JSONL.
     ``scorer_factory`` names a callable (``"package.module:function"``, or a class such as
     ``"qace.judges.visce2:VisCE2"``) that each worker calls as ``f(device=..., **scorer_kwargs)``
-    instead of `QACE`; it must return a `qace.data.run.FileScorer` and be importable in a fresh
+    instead of `QACE`; it must return a `qace.scoring.FileScorer` and be importable in a fresh
     process. ``score_key`` is that scorer's main score column (for the summary's mean). ``force`` is
     `FileScorer.score_file`'s: resume outputs that cannot be checked.
     """
@@ -343,7 +343,7 @@ def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) ->
 
     from qace.api import QACE
     from qace.data.output import ResultWriter
-    from qace.data.run import write_results
+    from qace.scoring import write_results
 
     if job.threads:
         torch.set_num_threads(job.threads)

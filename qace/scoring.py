@@ -1,4 +1,4 @@
-"""Score a whole file with any scorer: progress bar, crash-safe resumable output, errors file.
+"""Score a whole file with any scorer (`score_file`): progress, crash-safe resumable output, errors file.
 
 QACE and the other judges (`qace.judges`) share this loop (`write_results`; the ``--gpus`` shards
 run it too), so they share its guarantees: every input record is scored once or listed in the errors
@@ -76,31 +76,48 @@ class FileScorer:
         resume: bool = False,
         force: bool = False,
     ) -> Summary:
-        """Score a JSONL/CSV/COCO/Parquet file into JSONL or Parquet, committing whole chunks (resumable).
+        """`score_file` with this scorer (the same power as ``qace score``)."""
+        return score_file(
+            self, input_path, output_path, references=references, fmt=fmt, resume=resume, force=force
+        )
 
-        ``force`` lets ``resume`` continue an output that cannot be checked: a partial output without
-        an input fingerprint, or a finished one without a signature (`qace.data.output`)."""
-        from qace.data.output import ResultWriter
-        from qace.data.records import read_records
 
-        start = time.perf_counter()
-        with ResultWriter(
-            output_path,
-            signature=self.signature,
-            resume=resume,
-            chunk_size=self.chunk_size,
-            input_log=True,
-            force=force,
-        ) as writer:
-            counts = write_results(
-                self,
-                read_records(input_path, references=references, fmt=fmt),
-                writer,
-                progress=self.progress,
-                expected=count_jsonl_records(input_path, fmt),
-            )
-        seconds = time.perf_counter() - start
-        return Summary(*counts, seconds, self.score_key)
+def score_file(
+    scorer: FileScorer,
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    references: str | Path | None = None,
+    fmt: str = "auto",
+    resume: bool = False,
+    force: bool = False,
+) -> Summary:
+    """Score a JSONL/CSV/COCO/Parquet file into JSONL or Parquet with ``scorer``, committing whole chunks
+    (resumable).
+
+    ``force`` lets ``resume`` continue an output that cannot be checked: a partial output without an
+    input fingerprint, or a finished one without a signature (`qace.data.output`)."""
+    from qace.data.output import ResultWriter
+    from qace.data.records import read_records
+
+    start = time.perf_counter()
+    with ResultWriter(
+        output_path,
+        signature=scorer.signature,
+        resume=resume,
+        chunk_size=scorer.chunk_size,
+        input_log=True,
+        force=force,
+    ) as writer:
+        counts = write_results(
+            scorer,
+            read_records(input_path, references=references, fmt=fmt),
+            writer,
+            progress=scorer.progress,
+            expected=count_jsonl_records(input_path, fmt),
+        )
+    seconds = time.perf_counter() - start
+    return Summary(*counts, seconds, scorer.score_key)
 
 
 def write_results(
