@@ -153,3 +153,23 @@ def test_shard_workers_report_progress_to_the_parent(
     shards._worker(job, results)
     messages = [results.get_nowait()[1] for _ in range(results.qsize())]
     assert messages[:-1] == [1, 1, 1] and messages[-1]["scored"] + messages[-1]["errors"] == 3
+
+
+def test_features_extract_reports_progress_like_score(tmp_path: Path, capsys) -> None:
+    """`qace features extract` goes through the same progress display: JSON lines with --log-format json."""
+    import numpy as np
+    from PIL import Image
+
+    from qace.features.detector import make_test_detector
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        pixels = np.random.default_rng(i).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(images / f"{i}.png")
+    detector = make_test_detector(tmp_path / "detector")
+    args = ["features", "extract", str(images), "-o", str(tmp_path / "f.h5"), "--detector", str(detector)]
+    assert main(["--log-format", "json", *args, "--detector-workers", "0"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    done = [r for r in records if r.get("event") == "done" and r["task"] == "extracting features"]
+    assert len(done) == 1 and done[0]["done"] == done[0]["total"] == 3

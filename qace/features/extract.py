@@ -32,6 +32,7 @@ import numpy as np
 from qace.data.features import HDF5_LAYOUT, REGION_SHAPE, validate
 from qace.errors import ConfigError, FeatureError, InputError
 from qace.precision import torch_dtype
+from qace.progress import track
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,6 @@ def extract_features(
     progress: bool = True,
 ) -> ExtractSummary:
     """Extract the images not yet in ``out_path`` into it; see the module docstring."""
-    from tqdm.auto import tqdm
 
     dtype = torch_dtype(precision, what="detector precision")
     if batch_size < 1 or workers < 0:
@@ -249,7 +249,7 @@ def extract_features(
     start = time.perf_counter()
     thread = threading.Thread(target=write, name="qace-feature-writer", daemon=True)
     thread.start()
-    bar = tqdm(total=len(todo), desc="extracting features", unit="image", disable=not progress)
+    bar = track("extracting features", total=len(todo), unit="image", enabled=progress)
     try:
         for batch in _batches(todo, detector.config, batch_size, workers):
             usable = [d for d in batch if d.pixels is not None]
