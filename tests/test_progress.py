@@ -160,7 +160,7 @@ def test_features_extract_reports_progress_like_score(tmp_path: Path, capsys) ->
     import numpy as np
     from PIL import Image
 
-    from qace.features.detector import make_test_detector
+    from qace.testing.detector import make_test_detector
 
     images = tmp_path / "images"
     images.mkdir()

@@ -1,4 +1,5 @@
 """Builders of the tiny test models (scores mean nothing): QACE's qg/tqa/vqa (`qace.testing.qace_models`,
 what `qace make-test-models` runs), the VisCE² vision-language model (`qace.testing.vlm`) and the
-regeneration judge's generator and encoder (`qace.testing.regen`). Tests, demos and benchmarks use them;
+regeneration judge's generator and encoder (`qace.testing.regen`) and the bottom-up-attention detector
+(`qace.testing.detector`). Tests, demos and benchmarks use them;
 scoring code never imports them."""

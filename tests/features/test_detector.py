@@ -20,10 +20,10 @@ from qace.features.detector import (
     Detection,
     DetectorConfig,
     ImageError,
-    make_test_detector,
     resize_for_detector,
     select_regions,
 )
+from qace.testing.detector import make_test_detector
 
 Image = pytest.importorskip("PIL.Image")
 

@@ -11,8 +11,8 @@ import pytest
 from qace.cli import main
 from qace.data.features import HDF5Store
 from qace.errors import ConfigError, InputError
-from qace.features.detector import make_test_detector
 from qace.features.extract import ImageItem, gather_images
+from qace.testing.detector import make_test_detector
 
 Image = pytest.importorskip("PIL.Image")
 
