@@ -44,6 +44,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
+from json.encoder import encode_basestring as _encode_string
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -255,7 +256,7 @@ class ResultWriter:
             if self.fmt == "parquet":
                 self._plain_rows.append(_parts().plain_row(row))
             else:
-                line = json.dumps(row, ensure_ascii=False, allow_nan=False, default=_plain)
+                line = _ENCODE_ROW(row)
                 self._rows.append(line + "\n")
         except (TypeError, ValueError) as exc:
             self._seen.discard(record_id)
@@ -279,7 +280,7 @@ class ResultWriter:
         if self.input_log:
             if mark is None:
                 raise QACEError(f"{self.path} logs its input: every row and error needs its input mark")
-            self._marks.append(json.dumps(list(mark), ensure_ascii=False) + "\n")
+            self._marks.append(_mark_line(mark))
         self._maybe_flush()
 
     def _claim(self, record_id: str | None, line: int | None) -> None:
@@ -411,6 +412,16 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_ENCODE_ROW = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=_plain).encode
+
+
+def _mark_line(mark: InputMark) -> str:
+    """``json.dumps(list(mark), ensure_ascii=False) + "\\n"``, written out (it runs for every record)."""
+    line = "null" if mark.line is None else str(mark.line)
+    record_id = "null" if mark.id is None else _encode_string(mark.id)
+    return f"[{line}, {record_id}, {_encode_string(mark.digest)}]\n"
 
 
 def _atomic_write(path: Path, lines: list[str]) -> None:

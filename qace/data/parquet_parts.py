@@ -60,8 +60,10 @@ def plain_row(row: dict[str, Any]) -> dict[str, Any]:
         elif kind in _PLAIN:
             if kind is int and not -(2**63) <= value < 2**63:
                 value = JsonText(value)
+        elif value == []:  # the common case (no flags), without the encoder
+            value = JsonText("[]")
         else:
-            value = JsonText(json.dumps(value, ensure_ascii=False, allow_nan=False, default=_tolist))
+            value = JsonText(_ENCODE(value))
         out[key] = value
     return out
 
@@ -70,6 +72,10 @@ def _tolist(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=_tolist).encode
+_ENCODE_TYPED = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def chunk_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -109,7 +115,7 @@ _TYPE_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
 def _as_json(value: Any) -> str | None:
     if value is None or isinstance(value, JsonText):
         return value
-    return json.dumps(value, ensure_ascii=False)
+    return _ENCODE_TYPED(value)
 
 
 def write_part(table: pa.Table, path: Path) -> None:
