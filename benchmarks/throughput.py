@@ -15,10 +15,11 @@ T5-base-shaped QG/TQA and T5-small-shaped Visual-T5 with random weights, random 
 and the same seeded forced outputs for every system (questions 8-16 tokens, answers 2-4), so all do the
 same work.
 
-- ``engine``: ``QACE.warm_up()`` (CUDA graphs of every batch shape) and one pass over ``--warmup``
-  other captions, then a cold pass over the workload (``cold_captions_per_s``: captions never seen by
-  the process), then ``--passes`` passes, each after emptying every engine cache (`reset_caches`: prompt
-  ids, candidates, device features); their median is ``captions_per_s``. A synchronised pass over the
+- ``engine``: ``QACE.warm_up()`` (CUDA graphs of every batch shape; ``--capture lazy`` skips it) and
+  one pass over ``--warmup`` other captions, then a cold pass over the workload
+  (``cold_captions_per_s``: captions never seen by the process), then ``--passes`` passes, each after
+  emptying every engine cache (`reset_caches`: prompt ids, candidates, device features); their median
+  is ``captions_per_s``. A synchronised pass over the
   first ``--profile-captions`` captions gives each model's encoder and decoder FLOP utilisation.
 - ``baseline``: `benchmarks.hf_batched.Baseline` over the same records after a small warm-up, then
   plain ``generate`` alone on sampled batches of each stage (`generate_bound`);
@@ -121,7 +122,7 @@ def engine_section(
     """Warm-up, the cold pass, the timed passes (caches emptied before each) and the profiled pass; also
     the last timed pass's scores."""
     start = time.perf_counter()
-    shapes = scorer.warm_up()
+    shapes = scorer.warm_up() if args.capture == "all" else None
     list(scorer.score_records(warm))
     warm_seconds = time.perf_counter() - start
     if args.device.startswith("cuda"):
@@ -367,6 +368,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workload", default="distinct", choices=["distinct", "repeats"])
     parser.add_argument("--captions", type=int, default=None, help="distinct workload (default 20,000)")
     parser.add_argument("--warmup", type=int, default=None, help="other captions for the warm-up pass")
+    parser.add_argument(
+        "--capture",
+        choices=["all", "lazy"],
+        default="all",
+        help="engine: capture every batch shape's CUDA graphs before the warm-up pass (all), or only "
+        "the shapes the passes meet, when first met (lazy: shorter runs; a timed pass may capture)",
+    )
     parser.add_argument("--passes", type=int, default=None, help="timed passes (default 3); median")
     parser.add_argument("--profile-captions", type=int, default=None, help="profiled pass (default 4,096)")
     parser.add_argument("--hf-batch", type=int, default=2048)
@@ -449,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                 "spacy_workers": args.spacy_workers,
                 "passes": args.passes,
                 "warmup_captions": args.warmup,
+                "capture": args.capture,
             },
             "models": "tiny random T5s (a smoke run: numbers mean nothing)"
             if args.tiny
