@@ -34,8 +34,8 @@ from qace import __version__
 from qace.engine.batches import TextBatch
 from qace.engine.onnx_runner import OnnxRunner
 from qace.engine.scheduler import pad_batch, plan_batches
-from qace.engine.torch_runner import TorchRunner
 from qace.export.cache import runner_for
+from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def speed(args: argparse.Namespace, tokenizer: Any, work: Path) -> list[dict[str
     for seed, role in enumerate(("qg", "tqa")):
         model = _random_t5(seed)
         batches = _batches(tokenizer, prompts[role], args.batch_rows, args.batch_tokens)
-        runners: dict[str, Any] = {"torch_eager_fp32": TorchRunner(model)}
+        runners: dict[str, Any] = {"torch_eager_fp32": torch_runner(model)}
         exports = {}
         for variant in ("fp32", "int8"):
             result = export_model(model, work / role / variant, variant=variant, validate=False)

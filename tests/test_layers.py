@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qace"
-ABOVE_THE_ENGINE = ("qace.metric", "qace.models", "qace.export", "qace.judges")
+ABOVE_THE_ENGINE = ("qace.metric", "qace.models", "qace.families", "qace.export", "qace.judges")
 
 
 def imports(path: Path) -> set[str]:

@@ -1,4 +1,4 @@
-"""PyTorch runner: the Hugging Face encoder once per input, then the engine's static-cache greedy decoder."""
+"""PyTorch runner: a model family's encoder once per batch, then its greedy decoder (`engine.seq2seq`)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,22 @@ import torch
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
 from qace.engine.pinned_upload import to_device
-from qace.engine.t5_decoder import StaticT5Decoder
-from qace.engine.t5_encoder import T5Encoder
+from qace.engine.seq2seq import Seq2SeqParts
 
 K = TypeVar("K")
 
 
-
 class TorchRunner:
-    """Runs one seq2seq model (T5 or Visual-T5) on batches planned by the scheduler."""
+    """Runs one encoder-decoder model on batches planned by the scheduler, with the encoder and decoder
+    its family built (`qace.families.torch_runner` makes one from a loaded model)."""
 
-    def __init__(self, model: Any, *, device: str = "cpu") -> None:
+    def __init__(self, model: Any, parts: Seq2SeqParts, *, device: str = "cpu") -> None:
         self.model = model
         self.device = torch.device(device)
-        self.encoder = T5Encoder(model)
-        self.decoder = StaticT5Decoder(model)
+        self.encoder = parts.encoder
+        self.decoder = parts.decoder
         self.force: Any = None
-        """Benchmarks only: maps a batch to the tokens each row must emit (see StaticT5Decoder)."""
+        """Benchmarks only: maps a batch to the tokens each row must emit (see `Decoder.generate`)."""
         self.profile = False
         """Benchmarks only: synchronise around encoder and decoder to time them apart (costs a little)."""
         self.features: DeviceFeatureCache | None = None
@@ -42,7 +41,9 @@ class TorchRunner:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Device-resident features of ``image_ids`` (see `DeviceFeatureCache.rows`)."""
         if self.features is None:
-            dtype = self.model.encoder.img_emb.weight.dtype
+            dtype = self.encoder.feature_dtype
+            if dtype is None:
+                raise TypeError(f"{type(self.model).__name__} reads no region features")
             # on the CPU the slab only saves the per-chunk stacking, so it stays small (host RAM)
             capacity = 8192 if self.device.type == "cuda" else 512
             self.features = DeviceFeatureCache(self.device, dtype, capacity)
@@ -58,11 +59,10 @@ class TorchRunner:
         """Encoder hidden states and the attention mask the decoder's cross-attention needs."""
         ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)
         mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
+        features = None
         if isinstance(batch, VisualBatch):
-            feats = torch.as_tensor(batch.features, device=self.device)
-            embeds, mask = self.model.visual_embeds(ids, mask, feats)
-            return self.encoder(mask, inputs_embeds=embeds)
-        return self.encoder(mask, input_ids=ids)
+            features = torch.as_tensor(batch.features, device=self.device)
+        return self.encoder(ids, mask, features)
 
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
@@ -80,17 +80,14 @@ class TorchRunner:
         unanswerable_id: int | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> int:
-        """Capture now the decoder's CUDA graphs for batches of up to ``rows`` rows padded to ``length``,
-        for each ``(rows, length)`` of ``shapes``, so that no later call pays for a capture
-        (`GraphedDecoding.prepare`); returns how many batch shapes were new. Nothing to do on the CPU or
-        without graph decoding: returns 0."""
-        if self.device.type != "cuda" or not self.decoder.cuda_graphs:
-            return 0
-        like = torch.empty(0, device=self.device, dtype=self.decoder.embed.weight.dtype)
-        return self.decoder.graphed().prepare(
+        """Prepare now what the decoder would prepare on first sight of a batch (its CUDA graphs) for
+        batches of up to ``rows`` rows padded to ``length``, for each ``(rows, length)`` of ``shapes``, so
+        that no later call pays for it (`Decoder.warm_up`); returns how many batch shapes were new (0 on
+        the CPU)."""
+        return self.decoder.warm_up(
             shapes,
+            device=self.device,
             steps=max_new_tokens,
-            like=like,
             forcing=self.force is not None,
             unanswerable_id=unanswerable_id,
             progress=progress,

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qace.engine.t5_ops import clamp_fp16, rms_norm
+from qace.families.t5.ops import clamp_fp16, rms_norm
 
 OPSET = 17
 SELF_KV = ("self_key", "self_value")

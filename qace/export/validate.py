@@ -25,8 +25,8 @@ import torch
 
 from qace.engine.batches import TextBatch, VisualBatch
 from qace.engine.onnx_runner import OnnxRunner, merge_past
-from qace.engine.torch_runner import TorchRunner
 from qace.errors import ExportValidationError
+from qace.families import torch_runner
 
 TOLERANCES: dict[str, tuple[float, float]] = {
     "fp32": (1e-3, 1.0),
@@ -133,7 +133,7 @@ def measure(
     batch = batch if batch is not None else sample_batch(model)
     atol, min_agreement = TOLERANCES[variant]
     runner = OnnxRunner(export_dir, device=device)
-    expected = TorchRunner(model).generate(batch, max_new_tokens=VALIDATION_STEPS).tokens
+    expected = torch_runner(model).generate(batch, max_new_tokens=VALIDATION_STEPS).tokens
     got = runner.generate(batch, max_new_tokens=VALIDATION_STEPS).tokens
     agreement = float(np.mean([a == b for a, b in zip(expected, got, strict=True)]))
     start, eos = int(model.config.decoder_start_token_id), int(model.config.eos_token_id)

@@ -14,10 +14,10 @@ import pytest
 from qace.api import QACE
 from qace.cli import main as cli_main
 from qace.engine.onnx_runner import GRAPHS, OnnxRunner
-from qace.engine.torch_runner import TorchRunner
 from qace.errors import BackendUnavailableError
 from qace.export.exporter import export_model
 from qace.export.validate import _onnx_logits, sample_batch
+from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.models import loading
 
@@ -68,7 +68,7 @@ def test_in_graph_argmax_equals_host_argmax_of_the_logits(loaded, exports, role,
     probs = np.exp(first - first.max(axis=-1, keepdims=True))
     np.testing.assert_allclose(got.answerability, 1 - probs[:, UNANSWERABLE] / probs.sum(axis=-1), atol=1e-6)
     if variant == "fp32":
-        expected = TorchRunner(model).generate(
+        expected = torch_runner(model).generate(
             batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=UNANSWERABLE
         )
         assert got.tokens == expected.tokens
@@ -106,7 +106,7 @@ def test_rows_dropped_on_the_device_keep_decoding_right(tmp_path):
 
     runner._run = counted
     got = runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS)
-    expected = TorchRunner(model).generate(batch, max_new_tokens=MAX_NEW_TOKENS)
+    expected = torch_runner(model).generate(batch, max_new_tokens=MAX_NEW_TOKENS)
     assert kept and max(kept) >= 2, "the batch no longer ends rows early: pick another EOS id"
     assert max(map(len, got.tokens)) > 10  # kept rows decode on for many steps after the drop
     assert got.tokens == expected.tokens

@@ -11,7 +11,7 @@ recomputes nothing it could keep. Here, per batch:
 - the loop stops when every row has ended; on the CPU, rows that have ended are dropped once they are half
   the batch (CTranslate2's trick);
 - on CUDA, because a step's shapes never change, the step is captured once per batch shape as a CUDA
-  graph (`qace.engine.decode_graphs`) and replayed: one launch instead of hundreds of kernels a step;
+  graph (`qace.families.t5.decode_graphs`) and replayed: one launch instead of hundreds of kernels a step;
 - answerability is read from the first step's logits of the same pass.
 
 It reads the weights of a loaded ``T5ForConditionalGeneration`` (or Visual-T5), so it works for any T5
@@ -20,17 +20,18 @@ checkpoint, ReLU or gated-GELU, in fp32 (identical tokens to ``generate``), bf16
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from qace.engine.decode_attention import attend
-from qace.engine.t5_ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
+from qace.families.t5.decode_attention import attend
+from qace.families.t5.ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
 
 if TYPE_CHECKING:
-    from qace.engine.decode_graphs import GraphedDecoding
+    from qace.families.t5.decode_graphs import GraphedDecoding
 
 
 @dataclass
@@ -63,7 +64,7 @@ class StaticT5Decoder:
         ]
         self.qkv = [fused_qkv(lay.self_attn) for lay in self.layers]
         self.fused_norm = self.embed.weight.dtype in HALF
-        """Half precision: fused layer norms (`qace.engine.t5_ops.rms_norm`) and residual additions in the
+        """Half precision: fused layer norms (`qace.families.t5.ops.rms_norm`) and residual additions in the
         products' epilogues (`add_linear_`, `FeedForward`); fp32: Hugging Face's operations."""
         self.ff = [FeedForward(lay.ff, lay.ff_norm) for lay in self.layers] if self.fused_norm else []
         self.cross_weight = (
@@ -158,10 +159,35 @@ class StaticT5Decoder:
         """``(B, 1, 1, S)`` additive mask of the encoder's padding."""
         return torch.where(mask[:, None, None, :].bool(), 0.0, torch.finfo(dtype).min).to(dtype)
 
+    def warm_up(
+        self,
+        shapes: Iterable[tuple[int, int]],
+        *,
+        device: torch.device,
+        steps: int,
+        forcing: bool = False,
+        unanswerable_id: int | None = None,
+        progress: Callable[[int], object] | None = None,
+    ) -> int:
+        """Capture now the CUDA graphs of every batch shape up to each ``(rows, length)`` of ``shapes``
+        (`GraphedDecoding.prepare`); returns how many batch shapes were new. Nothing to do on the CPU or
+        without graph decoding: returns 0."""
+        if device.type != "cuda" or not self.cuda_graphs:
+            return 0
+        like = torch.empty(0, device=device, dtype=self.embed.weight.dtype)
+        return self.graphed().prepare(
+            shapes,
+            steps=steps,
+            like=like,
+            forcing=forcing,
+            unanswerable_id=unanswerable_id,
+            progress=progress,
+        )
+
     def graphed(self) -> GraphedDecoding:
-        """This decoder's CUDA-graph decoding (`qace.engine.decode_graphs`), made on first use."""
+        """This decoder's CUDA-graph decoding (`qace.families.t5.decode_graphs`), made on first use."""
         if self._graphs is None:
-            from qace.engine.decode_graphs import GraphedDecoding
+            from qace.families.t5.decode_graphs import GraphedDecoding
 
             self._graphs = GraphedDecoding(self)
         return self._graphs
