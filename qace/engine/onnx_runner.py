@@ -1,4 +1,4 @@
-"""ONNX Runtime runner: the PyTorch runner's greedy loop on exported graphs (``qace.export``).
+"""ONNX Runtime runner: the engine's greedy loop (`qace.engine.greedy`) on exported graphs (``qace.export``).
 
 Same contract as :class:`qace.engine.torch_runner.TorchRunner`: encoder once per batch, first decoder
 step through ``decoder_init`` (which also returns the cross-attention K/V), later steps through
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
+from qace.engine.greedy import NumpyArrays, greedy_decode
 from qace.errors import BackendUnavailableError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -159,53 +160,15 @@ class OnnxRunner:
             feeds["features"] = np.ascontiguousarray(batch.features, dtype=np.float32)
         hidden, mask = self._run("encoder", feeds, ["encoder_hidden_states", "encoder_attention_mask"])
         forced = None if self.force is None else np.asarray(self.force(batch, max_new_tokens), dtype=np.int64)
-        return self._greedy(hidden, mask, len(feeds["input_ids"]), max_new_tokens, unanswerable_id, forced)
-
-    def _greedy(
-        self,
-        hidden: Any,
-        mask: Any,
-        rows: int,
-        max_new_tokens: int,
-        unanswerable_id: int | None,
-        forced: np.ndarray | None,
-    ) -> Generated:
-        alive = np.arange(rows)
-        finished = np.zeros(rows, dtype=bool)
-        token = np.full((rows, 1), self.info.start_id, dtype=np.int64)
-        out = np.full((rows, max_new_tokens), -1, dtype=np.int64)
-        answerability = None
-        past: list[Any] = []
-        for step in range(max_new_tokens):
-            if step == 0:
-                feeds = {
-                    "decoder_input_ids": token,
-                    "encoder_hidden_states": hidden,
-                    "encoder_attention_mask": mask,
-                    "unanswerable_id": np.array([unanswerable_id or 0], dtype=np.int64),
-                }
-                host = ("next_token", "answerability")
-                best, answer, *past = self._run("decoder_init", feeds, self._init_outputs, host)
-                if unanswerable_id is not None:
-                    answerability = answer
-            else:
-                feeds = {"decoder_input_ids": token, "encoder_attention_mask": mask}
-                feeds.update(zip(self._past_names, past, strict=True))
-                best, *self_kv = self._run("decoder", feeds, self._step_outputs, ("next_token",))
-                past = merge_past(self_kv, past)
-            next_token = best if forced is None else forced[alive, step]
-            out[alive, step] = np.where(finished, -1, next_token)
-            finished |= next_token == self.info.eos_id
-            token = np.where(finished, self.info.eos_id, next_token)[:, None]  # ended rows idle until dropped
-            n_alive = int((~finished).sum())
-            if n_alive == 0:
-                break
-            if n_alive <= len(alive) // 2:  # compact rarely: each drop copies the K/V
-                keep = np.flatnonzero(~finished)
-                alive, token, finished = alive[keep], token[keep], finished[keep]
-                feeds = {"index": keep, "encoder_attention_mask": mask}
-                feeds.update(zip(self._past_names, past, strict=True))
-                mask, *past = self._run("compact", feeds, self._compact_outputs)
+        out, answerability = greedy_decode(
+            _OnnxSteps(self, hidden, mask, unanswerable_id),
+            len(feeds["input_ids"]),
+            start_id=self.info.start_id,
+            eos_id=self.info.eos_id,
+            max_new_tokens=max_new_tokens,
+            unanswerable_id=unanswerable_id,
+            forced=forced,
+        )
         return Generated(tokens=cut_at_eos(out, self.info.eos_id), answerability=answerability)
 
     def _run(
@@ -225,6 +188,50 @@ class OnnxRunner:
         self.sessions[graph].run_with_iobinding(binding)
         values = binding.get_outputs()
         return [v.numpy() if name in host else v for name, v in zip(outputs, values, strict=True)]
+
+
+class _OnnxSteps:
+    """One batch's decoding steps for `greedy_decode` on the exported graphs: ``decoder_init`` first (it
+    also returns the cross-attention K/V and the answerability), then ``decoder`` with the past K/V fed
+    back; dropped rows leave the K/V on the device (``compact``). A step's output is ``(next_token,
+    answerability)``, both on the host (the argmax is taken inside the graph)."""
+
+    arrays = NumpyArrays()
+
+    def __init__(self, runner: OnnxRunner, hidden: Any, mask: Any, unanswerable_id: int | None) -> None:
+        self.runner, self.hidden, self.mask = runner, hidden, mask
+        self.unanswerable_id = unanswerable_id
+        self.past: list[Any] = []
+
+    def step(self, step: int, token: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        runner = self.runner
+        if step == 0:
+            feeds = {
+                "decoder_input_ids": token[:, None],
+                "encoder_hidden_states": self.hidden,
+                "encoder_attention_mask": self.mask,
+                "unanswerable_id": np.array([self.unanswerable_id or 0], dtype=np.int64),
+            }
+            host = ("next_token", "answerability")
+            best, answer, *self.past = runner._run("decoder_init", feeds, runner._init_outputs, host)
+            return best, answer
+        feeds = {"decoder_input_ids": token[:, None], "encoder_attention_mask": self.mask}
+        feeds.update(zip(runner._past_names, self.past, strict=True))
+        best, *self_kv = runner._run("decoder", feeds, runner._step_outputs, ("next_token",))
+        self.past = merge_past(self_kv, self.past)
+        return best, None
+
+    def choose(self, output: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:
+        return output[0]
+
+    def answerability(self, output: tuple[np.ndarray, np.ndarray | None], unanswerable_id: int) -> Any:
+        return output[1]
+
+    def keep(self, rows: np.ndarray) -> None:
+        runner = self.runner
+        feeds = {"index": rows, "encoder_attention_mask": self.mask}
+        feeds.update(zip(runner._past_names, self.past, strict=True))
+        self.mask, *self.past = runner._run("compact", feeds, runner._compact_outputs)
 
 
 def merge_past(self_kv: list[Any], past: list[Any]) -> list[Any]:

@@ -9,7 +9,7 @@ recomputes nothing it could keep. Here, per batch:
 - the decoder's relative position bias (future masked) is computed once for all steps, and a step picks
   its row with the position held in a tensor;
 - the loop stops when every row has ended; on the CPU, rows that have ended are dropped once they are half
-  the batch (CTranslate2's trick);
+  the batch (CTranslate2's trick): the engine's greedy loop (`qace.engine.greedy`);
 - on CUDA, because a step's shapes never change, the step is captured once per batch shape as a CUDA
   graph (`qace.families.t5.decode_graphs`) and replayed: one launch instead of hundreds of kernels a step;
 - answerability is read from the first step's logits of the same pass.
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from qace.engine.greedy import TorchArrays, greedy_decode
 from qace.families.t5.decode_attention import attend
 from qace.families.t5.ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
 
@@ -206,48 +207,22 @@ class StaticT5Decoder:
 
         ``forced`` (benchmarks only, ``(B, max_new_tokens)``) replaces each step's argmax, so random-weight
         models can be timed on realistic outputs (varied, EOS-terminated) with all the work still done.
+        Eager decoding runs the engine's greedy loop (`qace.engine.greedy.greedy_decode`) on `_EagerSteps`;
+        CUDA-graph decoding (`graphed`) keeps the loop's rules inside its captured step.
         """
         if self.cuda_graphs and hidden.is_cuda:
             return self.graphed().generate(
                 hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
             )
-        rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
-        cross_bias = self.cross_bias(mask, dtype)
-        cross = self.cross_cache(hidden)
-        shape = (rows, self.heads, max_new_tokens, self.d_kv)
-        keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
-        values = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
-        self_bias = self.self_bias(max_new_tokens, device, dtype)
-
-        alive = torch.arange(rows, device=device)
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)
-        token = torch.full((rows,), self.start_id, dtype=torch.long, device=device)
-        out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
-        answerability = None
-        for step in range(max_new_tokens):
-            pos = torch.tensor([step], device=device)
-            logits = self.step(token, pos, keys, values, cross, cross_bias, self_bias)
-            self.row_steps += len(alive)
-            if step == 0 and unanswerable_id is not None:
-                answerability = self.answerability(logits, unanswerable_id)
-            token = logits.argmax(dim=-1) if forced is None else forced[alive, step]
-            out[alive, step] = torch.where(finished, -1, token)
-            finished |= token == self.eos_id
-            token = torch.where(finished, self.eos_id, token)  # ended rows idle until dropped
-            n_alive = int((~finished).sum())
-            if n_alive == 0:
-                break
-            if n_alive <= len(alive) // 2:
-                keep = (~finished).nonzero()[:, 0]
-                alive, token, finished, cross_bias = (
-                    alive[keep],
-                    token[keep],
-                    finished[keep],
-                    cross_bias[keep],
-                )
-                keys, values = [k[keep] for k in keys], [v[keep] for v in values]
-                cross = [(k[keep], v[keep]) for k, v in cross]
-        return out, answerability
+        return greedy_decode(
+            _EagerSteps(self, hidden, mask, max_new_tokens),
+            hidden.shape[0],
+            start_id=self.start_id,
+            eos_id=self.eos_id,
+            max_new_tokens=max_new_tokens,
+            unanswerable_id=unanswerable_id,
+            forced=forced,
+        )
 
     @staticmethod
     def answerability(logits: torch.Tensor, unanswerable_id: int) -> torch.Tensor:
@@ -293,3 +268,37 @@ class StaticT5Decoder:
         if self.output_scale is not None:
             h = h * self.output_scale
         return F.linear(h, self.lm_head)
+
+
+class _EagerSteps:
+    """One batch's eager decoding steps for `greedy_decode`: self-attention caches preallocated for every
+    step, cross-attention keys and values computed once; dropped rows leave every cache."""
+
+    def __init__(self, dec: StaticT5Decoder, hidden: torch.Tensor, mask: torch.Tensor, steps: int) -> None:
+        rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
+        self.dec, self.device = dec, device
+        self.cross_bias = dec.cross_bias(mask, dtype)
+        self.cross = dec.cross_cache(hidden)
+        shape = (rows, dec.heads, steps, dec.d_kv)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in dec.layers]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in dec.layers]
+        self.self_bias = dec.self_bias(steps, device, dtype)
+        self.arrays = TorchArrays(device)
+
+    def step(self, step: int, token: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of step ``step`` (`StaticT5Decoder.step`)."""
+        dec, pos = self.dec, torch.tensor([step], device=self.device)
+        logits = dec.step(token, pos, self.keys, self.values, self.cross, self.cross_bias, self.self_bias)
+        dec.row_steps += len(token)
+        return logits
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1)
+
+    def answerability(self, logits: torch.Tensor, unanswerable_id: int) -> torch.Tensor:
+        return self.dec.answerability(logits, unanswerable_id)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cross_bias = self.cross_bias[rows]
+        self.keys, self.values = [k[rows] for k in self.keys], [v[rows] for v in self.values]
+        self.cross = [(k[rows], v[rows]) for k, v in self.cross]
