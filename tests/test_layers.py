@@ -30,6 +30,12 @@ def test_the_engine_imports_no_metric_model_family_or_exporter() -> None:
     assert not offending, sorted(offending)
 
 
+def test_the_export_format_is_a_leaf() -> None:
+    """The ONNX runtime (engine) and the exporter both read `qace.onnx_format`; it imports neither."""
+    names = imports(PACKAGE / "onnx_format.py")
+    assert {name for name in names if name.startswith("qace")} == {"qace.errors"}
+
+
 def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
     """The check must catch the lazy imports a module hides in a function, not only the top ones."""
     module = tmp_path / "m.py"
