@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from qace.engine import instrument
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.greedy import NumpyArrays, greedy_decode
 from qace.errors import BackendUnavailableError, ConfigError
@@ -126,9 +127,6 @@ class OnnxRunner:
         self._step_outputs = decoder_output_names(layers)[1:]
         self._compact_inputs = compact_input_names(layers)
         self._compact_outputs = compact_output_names(layers)
-        self.force: Callable[[TextBatch | VisualBatch, int], Any] | None = None
-        """Benchmarks only: ``(batch, steps) -> (B, steps)`` tokens that replace each step's argmax, as
-        ``TorchRunner.force``."""
 
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
@@ -144,7 +142,8 @@ class OnnxRunner:
         if isinstance(batch, VisualBatch):
             feeds[FEATURES] = np.ascontiguousarray(batch.features, dtype=np.float32)
         hidden, mask = self._run("encoder", feeds, ENCODER_OUTPUTS)
-        forced = None if self.force is None else np.asarray(self.force(batch, max_new_tokens), dtype=np.int64)
+        force = instrument.of(self).force_tokens
+        forced = None if force is None else np.asarray(force(batch, max_new_tokens), dtype=np.int64)
         out, answerability = greedy_decode(
             _OnnxSteps(self, hidden, mask, unanswerable_id),
             len(batch.input_ids),

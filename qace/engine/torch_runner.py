@@ -9,8 +9,10 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from qace.engine import instrument
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
+from qace.engine.instrument import StageTimer
 from qace.engine.pinned_upload import to_device
 from qace.engine.seq2seq import Seq2SeqParts
 
@@ -26,13 +28,11 @@ class TorchRunner:
         self.device = torch.device(device)
         self.encoder = parts.encoder
         self.decoder = parts.decoder
-        self.force: Any = None
-        """Benchmarks only: maps a batch to the tokens each row must emit (see `Decoder.generate`)."""
-        self.profile = False
-        """Benchmarks only: synchronise around encoder and decoder to time them apart (costs a little)."""
         self.features: DeviceFeatureCache | None = None
         """Visual-T5 only: region features of hot images, kept on the device across chunks."""
-        self.stats = {"sequences": 0, "encoder_tokens": 0, "encoder_seconds": 0.0, "decoder_seconds": 0.0}
+        self.stats = {"sequences": 0, "encoder_tokens": 0}
+        """Rows and padded encoder positions run so far (benchmarks read them; encoder and decoder times
+        come through `qace.engine.instrument`'s ``profile``)."""
         self._side: torch.cuda.Stream | None = None
         """CUDA only: the stream `generate_jobs` runs this model's encoders on."""
 
@@ -49,8 +49,8 @@ class TorchRunner:
             self.features = DeviceFeatureCache(self.device, dtype, capacity)
         return self.features.rows(image_ids, load)
 
-    def _clock(self) -> float:
-        if self.profile and self.device.type == "cuda":
+    def _clock(self, profile: StageTimer | None) -> float:
+        if profile is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
@@ -68,7 +68,7 @@ class TorchRunner:
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
     ) -> Generated:
         """Greedy-decode every row of ``batch``."""
-        start = self._clock()
+        start = self._clock(instrument.of(self).profile)
         hidden, mask = self.encode(batch)
         return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id)
 
@@ -88,7 +88,7 @@ class TorchRunner:
             shapes,
             device=self.device,
             steps=max_new_tokens,
-            forcing=self.force is not None,
+            forcing=instrument.of(self).force_tokens is not None,
             unanswerable_id=unanswerable_id,
             progress=progress,
         )
@@ -105,7 +105,7 @@ class TorchRunner:
         next batch's encoder (matrix products) now fills those gaps beside the decoder's memory-bound
         steps, also when the next batch belongs to another model (the engine streams a call's answers
         on the caption and on the image as one stream of jobs). The results are the same: each batch
-        runs the same kernels, in the same order on its own data. Profiling runs (``profile``) keep the
+        runs the same kernels, in the same order on its own data. Profiled runners (``profile``) keep the
         stages apart to time them.
         """
         it = iter(jobs)
@@ -113,7 +113,7 @@ class TorchRunner:
         if upcoming is None:
             return
         first = upcoming[0]
-        if first.device.type != "cuda" or first.profile:
+        if first.device.type != "cuda" or instrument.of(first).profile is not None:
             while upcoming is not None:
                 runner, key, batch, unanswerable_id = upcoming
                 yield (
@@ -158,16 +158,18 @@ class TorchRunner:
         max_new_tokens: int,
         unanswerable_id: int | None,
     ) -> Generated:
-        encoded = self._clock()
+        hooks = instrument.of(self)
+        encoded = self._clock(hooks.profile)
         forced = None
-        if self.force is not None:
-            forced = to_device(np.asarray(self.force(batch, max_new_tokens), dtype=np.int64), self.device)
+        if hooks.force_tokens is not None:
+            wanted = np.asarray(hooks.force_tokens(batch, max_new_tokens), dtype=np.int64)
+            forced = to_device(wanted, self.device)
         tokens, answerability = self.decoder.generate(
             hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
         )
-        if self.profile:
-            self.stats["encoder_seconds"] += encoded - start
-            self.stats["decoder_seconds"] += self._clock() - encoded
+        if hooks.profile is not None:
+            hooks.profile.seconds["encoder"] += encoded - start
+            hooks.profile.seconds["decoder"] += self._clock(hooks.profile) - encoded
         self.stats["sequences"] += mask.shape[0]
         self.stats["encoder_tokens"] += mask.numel()
         return Generated(

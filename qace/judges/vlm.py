@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qace.engine import instrument
 from qace.engine.batches import eos_lengths
 from qace.errors import ModelNotFoundError
 from qace.judges.rating import NumberTokens
@@ -129,8 +130,6 @@ class VLMRunner:
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.device = device
-        self.force_full_length = False
-        """Benchmarks only: suppress EOS so every answer runs to ``max_new_tokens`` (scores mean nothing)."""
         eos = model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
@@ -166,7 +165,7 @@ class VLMRunner:
         batch = self._collate(rows)
         recorder = _NumberRecorder(self._number_ids) if numbers else None
         extra: dict[str, Any] = {}
-        if self.force_full_length:
+        if instrument.of(self).full_length:  # benchmarks only: scores then mean nothing
             extra["min_new_tokens"] = max_new_tokens
         with torch.inference_mode():
             out = self.model.generate(
