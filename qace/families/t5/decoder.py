@@ -1,4 +1,4 @@
-"""Greedy T5 decoding with static caches: the engine's decoding loop.
+"""Greedy T5 decoding with static caches: the T5 family's decoder, eager or replayed as CUDA graphs.
 
 Hugging Face's per-step forward rebuilds masks and position biases, grows its caches by concatenation and
 recomputes nothing it could keep. Here, per batch:
