@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.workload import flickr_workload, workload_models, workload_scorer
 from qace.data.records import Record, read_records
-from qace.engine.profiling import cuda_sync
+from qace.engine.instrument import cuda_sync
 
 
 def workload_records(args: argparse.Namespace) -> tuple[str, list[Record]]:

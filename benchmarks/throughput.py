@@ -70,7 +70,8 @@ from benchmarks.workload import (
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
-from qace.engine.profiling import cuda_sync
+from qace.engine import instrument
+from qace.engine.instrument import StageTimer, cuda_sync
 from qace.metric.candidates import load_spacy
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, vendor datasheet (SXM)
@@ -97,8 +98,10 @@ def _runners(scorer: QACE) -> dict[str, Any]:
 
 
 def _zero_counters(scorer: QACE, profile: bool = False) -> None:
+    """Zero every runner's counters; ``profile`` attaches a fresh encoder/decoder timer to each
+    (`qace.engine.instrument`), else detaches it."""
     for runner in _runners(scorer).values():
-        runner.profile = profile
+        instrument.attach(runner, profile=StageTimer() if profile else None)
         runner.stats = dict.fromkeys(runner.stats, 0)
         runner.decoder.row_steps = 0
 
@@ -163,16 +166,19 @@ def engine_section(
         for role, runner in _runners(scorer).items():
             enc, dec = _model_flops(runner)
             stats = runner.stats
+            profile = instrument.of(runner).profile
+            assert profile is not None
+            seconds = {stage: profile.seconds[stage] for stage in ("encoder", "decoder")}
             mfu[role] = {
                 "sequences": stats["sequences"],
                 "encoder_tokens_padded": stats["encoder_tokens"],
                 "decoder_row_steps": runner.decoder.row_steps,
-                "encoder_seconds": stats["encoder_seconds"],
-                "decoder_seconds": stats["decoder_seconds"],
-                "encoder_tflops": enc / max(stats["encoder_seconds"], 1e-9) / 1e12,
-                "decoder_tflops": dec / max(stats["decoder_seconds"], 1e-9) / 1e12,
-                "encoder_mfu": enc / max(stats["encoder_seconds"], 1e-9) / peak,
-                "decoder_mfu": dec / max(stats["decoder_seconds"], 1e-9) / peak,
+                "encoder_seconds": seconds["encoder"],
+                "decoder_seconds": seconds["decoder"],
+                "encoder_tflops": enc / max(seconds["encoder"], 1e-9) / 1e12,
+                "decoder_tflops": dec / max(seconds["decoder"], 1e-9) / 1e12,
+                "encoder_mfu": enc / max(seconds["encoder"], 1e-9) / peak,
+                "decoder_mfu": dec / max(seconds["decoder"], 1e-9) / peak,
             }
         _zero_counters(scorer)
         result["mfu"] = {"captions": len(profiled), "peak_flops": peak, **mfu}
