@@ -102,4 +102,7 @@ def test_errors_only_chunks_and_numpy_values(tmp_path: Path) -> None:
     with ResultWriter(path, signature=SIG, resume=True) as again:
         assert again.done_ids() == {"a", "b"} and again.done_lines() == {1}
     rows = pq.read_table(path).to_pylist()
-    assert rows == [{"id": "a", "score": 0.5, "per_q": "[1.0, 0.0]"}, {"id": "b", "score": 0.0, "per_q": None}]
+    assert rows == [
+        {"id": "a", "score": 0.5, "per_q": "[1.0, 0.0]"},
+        {"id": "b", "score": 0.0, "per_q": None},
+    ]
