@@ -8,9 +8,9 @@ Both backends score the same captions with the same models (random T5-base QG/TQ
 ``benchmarks/workload.py``; tiny ones with ``--tiny``) in the same precision and with the same forced
 outputs; the first ONNX use exports and validates the graphs (timed separately). The captions are the
 Flickr8k-Expert standard protocol, or ``--records``: any file ``qace score`` reads (JSONL, CSV, COCO),
-such as the distinct-caption workload of the throughput benchmark. Each backend first scores 256 captions of
-the other data set (untimed warm-up), so the timed pass meets only captions it has not seen. Reported: captions/s of each, their
-ratio and the mean absolute QACE difference, as JSON (``--out``).
+such as the distinct-caption workload of the throughput benchmark. Each backend first scores 256 captions
+of the other data set (untimed warm-up), so the timed pass meets only captions it has not seen. Reported:
+captions/s of each, their ratio and the mean absolute QACE difference, as JSON (``--out``).
 """
 
 from __future__ import annotations
