@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from qace import __version__
 from qace.data.records import Record, RecordError
 from qace.errors import ConfigError, InputError
 from qace.judges.images import load_image
@@ -128,7 +127,7 @@ _CONFIG_FIELDS = {f.name for f in fields(RegenConfig)}
 def build_regen_signature(config: RegenConfig, *, generator: str, encoder: str) -> str:
     """sacrebleu-style signature (`qace.signature.Signature`)."""
     return str(
-        Signature.of(
+        Signature.of_scorer(
             METRIC_NAME,
             ("gen", generator),
             ("enc", encoder),
@@ -138,8 +137,7 @@ def build_regen_signature(config: RegenConfig, *, generator: str, encoder: str) 
             ("seed", config.seed),
             ("n", config.samples),
             ("prec", config.precision),
-            ("version", __version__),
-            ("spec", REGEN_SPEC_VERSION),
+            spec=REGEN_SPEC_VERSION,
         )
     )
 

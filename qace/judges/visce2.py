@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qace import __version__
 from qace.config import given_speed_settings
 from qace.data.records import Record, RecordError
 from qace.engine.scheduler import plan_batches
@@ -120,7 +119,7 @@ def build_signature(config: VisCE2Config, model_fingerprint: str) -> str:
     variant = VARIANTS[config.variant]
     context = [("ctx", config.context_tokens)] if variant.context_prompt is not None else []
     return str(
-        Signature.of(
+        Signature.of_scorer(
             METRIC_NAMES[config.variant],
             ("vlm", model_fingerprint),
             *context,
@@ -128,7 +127,6 @@ def build_signature(config: VisCE2Config, model_fingerprint: str) -> str:
             ("exp", "yes" if config.expected else "no"),
             ("prec", config.precision),
             ("dec", "greedy"),
-            ("version", __version__),
         )
     )
 
