@@ -1,48 +1,43 @@
-"""CLI for scaling out: ``qace score --gpus N|all`` (sharded) and ``qace score-ray`` (Ray Data)."""
+"""CLI for scaling out: ``qace score --gpus N|all`` (sharded) and ``qace score-ray`` (Ray Data).
+
+Both build any registered metric (`qace.scorers`) from its entry: the workers and actors call the entry's
+factory with the settings of the command line.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from qace.checks import check_img_features
-from qace.config import given_speed_settings
+from qace.options import entry_for
 from qace.progress import summary as say
+
+if TYPE_CHECKING:
+    from qace.scorers import ScorerEntry
 
 log = logging.getLogger(__name__)
 
 
-def scorer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """`QACE` keyword arguments from ``qace score``'s model options, minus the device (set per shard)."""
-    return {
-        "models": args.models, "qg": args.qg, "tqa": args.tqa, "vqa": args.vqa, "features": args.features,
-        "variant": args.variant, "precision": args.precision, "backend": args.backend,
-        "bertscore_model": args.bertscore_model, "bertscore_layer": args.bertscore_layer,
-        "explain": args.explain, "progress": False, **given_speed_settings(args),
-    }  # fmt: skip
-
-
-def cmd_score_sharded(args: argparse.Namespace, judge: Any = None, devices: list[str] | None = None) -> int:
+def cmd_score_sharded(
+    args: argparse.Namespace, entry: ScorerEntry | None = None, devices: list[str] | None = None
+) -> int:
     """``qace score --gpus``: one scorer per GPU, output merged in input order, resumable per shard.
 
-    ``judge`` is a ``qace.judges`` module (``--metric visce2|regen``): its workers build the module's
-    ``SCORER`` class from ``cli_settings(args)``; without one, the workers run QACE.
+    ``entry`` is the metric's registry entry (default: the one ``args`` name); every worker builds the
+    entry's factory from its settings of ``args``, on its own device.
     """
     from qace.scale.shards import resolve_devices, score_file_sharded
 
+    entry = entry or entry_for(args)
+    kwargs = {**entry.settings_from(args), "progress": False}
     devices = devices or resolve_devices(args.gpus)
-    if judge is None:
-        kwargs, factory, key = scorer_kwargs(args), None, "qace"
-    else:
-        kwargs = {**judge.cli_settings(args), "progress": False}
-        kwargs.pop("device")
-        factory = f"{judge.__name__}:{judge.SCORER}"
-        key = getattr(judge, judge.SCORER).score_key
-    log.info("scoring %s on %d devices: %s", key, len(devices), ", ".join(devices))
+    log.info("scoring %s on %d devices: %s", entry.name, len(devices), ", ".join(devices))
     summary = score_file_sharded(
-        args.input, args.output, devices=devices, scorer_kwargs=kwargs, scorer_factory=factory,
-        score_key=key, references=args.references, fmt=args.format, resume=args.resume, force=args.force,
+        args.input, args.output, devices=devices, scorer_kwargs=kwargs, scorer_factory=entry.factory,
+        cpu_pool=entry.cpu_pool, score_key=entry.score_key, references=args.references, fmt=args.format,
+        resume=args.resume, force=args.force,
     )  # fmt: skip
     lines = [summary.line()]
     if summary.errors:
