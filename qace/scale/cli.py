@@ -10,8 +10,8 @@ import argparse
 import logging
 from typing import TYPE_CHECKING
 
-from qace.checks import check_img_features
-from qace.options import entry_for
+from qace import scorers
+from qace.options import add_metric_option, add_scorer_options, entry_for
 from qace.progress import summary as say
 
 if TYPE_CHECKING:
@@ -56,11 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("inputs", nargs="+", help="Parquet files/directories or JSONL files (shared storage)")
     p.add_argument("--output", "-o", required=True, help="output directory of Parquet files")
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "csv", "coco", "parquet"])
-    p.add_argument("--models", help="directory with qg/, tqa/, vqa/ visible to every node")
-    p.add_argument("--variant", default="ref", choices=["ref", "img"])
-    p.add_argument("--features", help="region features visible to every node (QACE-Img)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--explain", action="store_true")
+    add_metric_option(p, "the metric; models, features and images must be visible to every node")
+    add_scorer_options(p, device=False)  # an actor runs on its GPU, or on the CPU with --gpus-per-actor 0
+    scorers.add_options(p)
     p.add_argument("--actors", default="1", help="actor pool size N, or MIN,MAX to autoscale")
     p.add_argument("--gpus-per-actor", type=float, default=1.0, help="0 runs the actors on CPU")
     p.add_argument("--batch-size", type=int, default=512, help="captions per map_batches call")
@@ -70,7 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_score_ray(args: argparse.Namespace) -> int:
-    check_img_features(args.variant, args.features)
+    entry = entry_for(args)
+    entry.require()
+    kwargs = {**entry.settings_from(args), "progress": False}
     import ray
 
     from qace.scale.ray_data import score_to_parquet
@@ -78,11 +78,9 @@ def cmd_score_ray(args: argparse.Namespace) -> int:
     sizes = [int(x) for x in args.actors.split(",")]
     actors: int | tuple[int, int] = sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
     ray.init(address=args.address, ignore_reinit_error=True)
-    kwargs = {"models": args.models, "variant": args.variant, "features": args.features,
-              "precision": args.precision, "explain": args.explain}  # fmt: skip
     result = score_to_parquet(
-        args.inputs, args.output, scorer_kwargs=kwargs, fmt=args.format, resume=args.resume, actors=actors,
-        gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size,
+        args.inputs, args.output, scorer_kwargs=kwargs, entry=entry, fmt=args.format, resume=args.resume,
+        actors=actors, gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size,
     )  # fmt: skip
     print(f"wrote {result['scored']} rows to {args.output} ({result['skipped']} already done) "
           f"in {result['seconds']:.1f}s")  # fmt: skip
