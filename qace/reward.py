@@ -65,7 +65,8 @@ class ScorerReward:
 
     ``reads`` is the context every caption comes with (``references``, ``image_id`` or ``image``; None
     for the caption alone): a missing one is the caller's bug and raises `InputError` naming the sample.
-    ``columns`` are the scorer's numeric columns, the components a reward can be built from. Invalid
+    ``columns`` are the scorer's numeric columns, the components a reward can be built from; ``parts``
+    those a trainer logs beside the reward (`qace.scorers.ScorerEntry`'s, as its reward). Invalid
     captions, and captions the scorer could not score (an unreadable image, an answer without a rating),
     get ``invalid_reward`` with the reason.
     """
@@ -79,6 +80,7 @@ class ScorerReward:
         *,
         reads: str | None = None,
         columns: Sequence[str] | None = None,
+        parts: Sequence[str] = (),
         component: str | None = None,
         invalid_reward: float = 0.0,
         tensor_device: str | None = None,
@@ -87,7 +89,7 @@ class ScorerReward:
         self.reads = reads
         self.score_key: str = scorer.score_key
         self.components = tuple(columns or (self.score_key,))
-        self.logged = self.components[1:]
+        self.logged = tuple(parts)
         """The components a trainer logs next to the reward."""
         self.component = _checked(component or self.score_key, self.components)
         self.invalid_reward = float(invalid_reward)
@@ -232,11 +234,11 @@ class QACEReward(ScorerReward):
             scorer,
             reads=reads,
             columns=COMPONENTS,
+            parts=LOGGED_COMPONENTS,
             component=component,
             invalid_reward=invalid_reward,
             tensor_device=tensor_device,
         )
-        self.logged = LOGGED_COMPONENTS
         self.max_caption_chars = scorer.config.max_caption_chars
 
     def warm_up(self, max_rows: int | None = None, max_length: int = 96) -> int:

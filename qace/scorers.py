@@ -76,6 +76,9 @@ class ScorerEntry:
     """Its main score column (the summary's mean, the default reward)."""
     columns: tuple[str, ...]
     """Its numeric output columns, the score first: reward components, Ray output columns."""
+    parts: tuple[str, ...]
+    """The columns its score is made of, or that qualify it: shown beside it (``qace report``) and
+    logged beside a reward (OpenRLHF's ``extra_logs``)."""
     signature: str
     """The metric name heading its signatures (VisCE²'s ablations add a suffix)."""
     options: str | None = None
@@ -150,7 +153,7 @@ class ScorerEntry:
         if self.reward is None:
             reward = load_callable("qace.reward:ScorerReward", "the reward")
             scorer = self.build(device, **settings)
-            described = {"reads": self.reads, "columns": self.columns}
+            described = {"reads": self.reads, "columns": self.columns, "parts": self.parts}
             return reward(scorer, invalid_reward=invalid_reward, **described, **chosen)
         self.require()
         settings = {**dict(self.preset), **settings}
@@ -250,6 +253,7 @@ def _qace(variant: str, reads: str) -> ScorerEntry:
         options="qace.options:add_qace_options",
         score_key="qace",
         columns=("qace", "qace_f1", "qace_bs", "qace_an", "qace_max"),
+        parts=("qace_f1", "qace_bs", "qace_an"),
         signature=f"QACE-{variant.capitalize()}",
         reads=reads,
         preset=(("variant", variant),),
@@ -269,6 +273,7 @@ register(
         options="qace.judges.visce2:add_cli_arguments",
         score_key="visce2",
         columns=("visce2", "visce2_expected"),
+        parts=("visce2_expected",),
         signature="VisCE2",
         reads="image",
         extra="judges",
@@ -287,6 +292,7 @@ register(
         options="qace.judges.regen:add_cli_arguments",
         score_key="regen",
         columns=("regen",),
+        parts=(),
         signature="Regen",
         reads="image",
         extra="judges",
