@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from qace.data.records import RecordError, caption_problem
 from qace.errors import ConfigError, InputError
 from qace.scoring import list_ids
+from qace.signature import Signature
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +97,8 @@ class ScorerReward:
         self.device = str(getattr(getattr(scorer, "config", None), "device", "cpu"))
         self.tensor_device = tensor_device or self.device
         self.signature: str = scorer.signature
+        self.name = Signature.parse(self.signature).metric
+        """The metric's name (its signature's head: ``QACE-Ref``, ``VisCE2``)."""
 
     def warm_up(self) -> int:
         """Warm the scorer up (its ``warm_up``, where it has one); returns what it reports, else 0."""
@@ -151,21 +154,12 @@ class ScorerReward:
             log.debug("%d of %d captions invalid; rewarded %s", invalid, n, self.invalid_reward)
         return results  # type: ignore[return-value]
 
-    def __call__(
-        self,
-        captions: Sequence[Any],
-        *,
-        image_ids: Sequence[Any] | None = None,
-        references: Sequence[Sequence[str]] | None = None,
-        images: Sequence[Any] | None = None,
-        component: str | None = None,
-    ) -> torch.Tensor:
-        """Rewards as a float32 tensor of shape ``(len(captions),)`` on ``tensor_device``."""
+    def __call__(self, captions: Sequence[Any], **contexts: Any) -> torch.Tensor:
+        """Rewards as a float32 tensor of shape ``(len(captions),)`` on ``tensor_device``; ``contexts``
+        are `score`'s keywords (``references=``, ``image_ids=``, ``images=``, ``component=``)."""
         import torch
 
-        results = self.score(
-            captions, image_ids=image_ids, references=references, images=images, component=component
-        )
+        results = self.score(captions, **contexts)
         return torch.tensor([r.reward for r in results], dtype=torch.float32, device=self.tensor_device)
 
     def _result(self, sample: int, row: dict[str, Any] | RecordError, component: str) -> RewardResult:
@@ -189,11 +183,23 @@ class ScorerReward:
         if self.reads is None:
             return
         given = {"references": references, "image_id": image_ids, "image": images}[self.reads]
+        keyword, missing = CONTEXTS[self.reads]
         if given is None:
-            raise InputError(f"{self.score_key} rewards need {self.reads} for every caption")
+            raise InputError(f"{self.name} rewards need {keyword}")
         for i, value in enumerate(given):
             if not (_references_ok(value) if self.reads == "references" else _filled(value)):
-                raise InputError(f"missing or empty {self.reads}", record_id=f"sample {i}")
+                raise InputError(missing, record_id=f"sample {i}")
+
+
+CONTEXTS = {
+    "references": (
+        "references=[[ref, ...], ...] (one list per caption)",
+        "references must be a non-empty list of non-empty strings",
+    ),
+    "image_id": ("image_ids=[...] (one per caption)", "missing image id"),
+    "image": ("images=[...] (one image file per caption)", "missing image file"),
+}
+"""Per context a reward reads: the keyword that gives it and what a sample without it is told."""
 
 
 class QACEReward(ScorerReward):
@@ -231,14 +237,9 @@ class QACEReward(ScorerReward):
         self.variant = scorer.config.variant
         reads = "references" if self.variant == "ref" else "image_id"
         super().__init__(
-            scorer,
-            reads=reads,
-            columns=COMPONENTS,
-            parts=LOGGED_COMPONENTS,
-            component=component,
-            invalid_reward=invalid_reward,
-            tensor_device=tensor_device,
-        )
+            scorer, reads=reads, columns=COMPONENTS, parts=LOGGED_COMPONENTS, component=component,
+            invalid_reward=invalid_reward, tensor_device=tensor_device,
+        )  # fmt: skip
         self.max_caption_chars = scorer.config.max_caption_chars
 
     def warm_up(self, max_rows: int | None = None, max_length: int = 96) -> int:
@@ -253,29 +254,6 @@ class QACEReward(ScorerReward):
             raise InputError(row.reason, record_id=f"sample {sample}")
         scores = {name: float(row[name]) for name in COMPONENTS}
         return RewardResult(scores[component], True, None, scores, row)
-
-    def _check_contexts(
-        self,
-        n: int,
-        image_ids: Sequence[Any] | None,
-        references: Sequence[Sequence[str]] | None,
-        images: Sequence[Any] | None,
-    ) -> None:
-        """Fail loudly on a missing context: it is a data bug, not a bad caption."""
-        if self.variant == "ref":
-            if references is None:
-                raise InputError("QACE-Ref rewards need references=[[ref, ...], ...] (one list per caption)")
-            for i, refs in enumerate(references):
-                if not _references_ok(refs):
-                    raise InputError(
-                        "references must be a non-empty list of non-empty strings", record_id=f"sample {i}"
-                    )
-        else:
-            if image_ids is None:
-                raise InputError("QACE-Img rewards need image_ids=[...] (one per caption)")
-            for i, image_id in enumerate(image_ids):
-                if not _filled(image_id):
-                    raise InputError("missing image id", record_id=f"sample {i}")
 
     # -- trainer adapters ----------------------------------------------------------------------
 

@@ -65,18 +65,14 @@ def demo(*, device: str = "cpu", download: bool = False) -> CaptionLength:
     return CaptionLength(device=device, chunk_size=5)
 
 
+MODULE = "tests.toy_scorer"
 ENTRY = scorers.ScorerEntry(
-    name="length",
-    factory="tests.toy_scorer:CaptionLength",
-    settings="tests.toy_scorer:settings",
-    options="tests.toy_scorer:add_options",
-    score_key="length",
-    columns=("length",),
-    parts=(),
-    signature="Length",
-    demo="tests.toy_scorer:demo",
-    help="a toy metric: the caption's length",
-)
+    name="length", help="a toy metric: the caption's length",
+    score_key="length", columns=("length",), parts=(), signature="Length",
+    factory=f"{MODULE}:CaptionLength", settings=f"{MODULE}:settings",
+    options=f"{MODULE}:add_options", demo=f"{MODULE}:demo",
+)  # fmt: skip
+"""The one registry entry that adds the metric (`registered` registers it for a block)."""
 
 
 @contextmanager
