@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,8 +26,6 @@ from qace.progress import add_output_options, configure, summary
 if TYPE_CHECKING:
     from qace.scorers import Scorer
     from qace.scoring import Summary
-
-log = logging.getLogger("qace")
 
 
 @dataclass(frozen=True)

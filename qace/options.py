@@ -69,8 +69,9 @@ def add_scorer_options(p: argparse.ArgumentParser, *, device: bool = True) -> No
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def add_qace_options(p: argparse.ArgumentParser) -> None:
+def add_qace_options(parser: argparse.ArgumentParser) -> None:
     """QACE's own options (the registry's ``qace-ref`` and ``qace-img`` entries)."""
+    p = parser.add_argument_group("QACE (--metric qace-ref / qace-img, or --variant)")
     p.add_argument(
         "--variant", default="ref", choices=["ref", "img"], action=Given, help="QACE-Ref or QACE-Img"
     )

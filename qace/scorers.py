@@ -62,7 +62,7 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True)
 class ScorerEntry:
-    """One metric: its names for the command line, where its code is, what it reads and writes."""
+    """One metric: its name on the command line, where its code is, what it reads and writes."""
 
     name: str
     """Its ``--metric`` name."""
@@ -126,12 +126,12 @@ class ScorerEntry:
 
     def settings_from(self, args: argparse.Namespace) -> dict[str, Any]:
         """The factory's keyword arguments (all but ``device``) from parsed command-line arguments."""
-        return {**dict(self.preset), **self.load(self.settings)(args)}
+        return self._preset(self.load(self.settings)(args))
 
     def build(self, device: str = "cpu", **settings: Any) -> Scorer:
         """The scorer on ``device`` (its extra checked first)."""
         self.require()
-        return self.load(self.factory)(device=device, **{**dict(self.preset), **settings})
+        return self.load(self.factory)(device=device, **self._preset(settings))
 
     def build_demo(self, *, device: str = "cpu", download: bool = False) -> Scorer:
         """The scorer ``qace demo --metric`` runs; `ConfigError` for an entry without a demo."""
@@ -156,8 +156,12 @@ class ScorerEntry:
             described = {"reads": self.reads, "columns": self.columns, "parts": self.parts}
             return reward(scorer, invalid_reward=invalid_reward, **described, **chosen)
         self.require()
-        settings = {**dict(self.preset), **settings}
-        return self.load(self.reward)(device=device, invalid_reward=invalid_reward, **chosen, **settings)
+        build = self.load(self.reward)
+        return build(device=device, invalid_reward=invalid_reward, **chosen, **self._preset(settings))
+
+    def _preset(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """``settings`` over the ones the name fixes."""
+        return {**dict(self.preset), **settings}
 
 
 _ENTRIES: dict[str, ScorerEntry] = {}
