@@ -11,7 +11,7 @@ Layout under ``<output>.shards/``:
 
 Why contiguous slices: concatenating the shard outputs in shard order *is* input order, so the
 merge streams files and needs no sort. Each worker is a fresh ``spawn`` process (CUDA cannot
-survive ``fork``) that builds its own `QACE` on its device. A killed run resumes per shard: each
+survive ``fork``) that builds its own scorer on its device. A killed run resumes per shard: each
 shard skips the ids its writer has committed. The merge writes the final output through a
 `ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so a killed merge resumes
 too; the shard directory is removed only after the final output exists.
@@ -102,11 +102,11 @@ def score_file_sharded(
 ) -> Summary:
     """Score ``input_path`` into ``output_path`` with one worker per entry of ``devices``.
 
-    ``scorer_kwargs`` are `QACE` keyword arguments (``models=``, ``variant=``, ...; not
-    ``device``). The output equals what one `QACE.score_file` run writes, byte for byte for JSONL.
+    ``scorer_kwargs`` are the scorer's keyword arguments (`QACE`'s: ``models=``, ``variant=``, ...; not
+    ``device``). The output equals what one `score_file` run of the scorer writes, byte for byte for JSONL.
     ``scorer_factory`` names a callable (``"package.module:function"``, or a class such as
     ``"qace.judges.visce2:VisCE2"``) that each worker calls as ``f(device=..., **scorer_kwargs)``
-    instead of `QACE`; it must return a `qace.scoring.FileScorer` and be importable in a fresh
+    instead of `QACE`; it must return a `qace.scorers.Scorer` and be importable in a fresh
     process. ``score_key`` is that scorer's main score column (for the summary's mean). ``force`` is
     `FileScorer.score_file`'s: resume outputs that cannot be checked. ``cpu_pool`` names the factory's
     setting that sizes its CPU worker processes (`qace.scorers.ScorerEntry.cpu_pool`; `QACE`'s
