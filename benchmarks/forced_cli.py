@@ -9,7 +9,9 @@ control (`benchmarks.workload.force_lengths`; random weights never stop on their
 file loop receives (``chunk_size`` rows), and of the CLI's return (output assembled), so the caller can
 tell start-up (imports, model load, first chunk) from the steady state. With ``QACE_BENCH_WARM_UP=1``
 the scorer captures every batch shape's CUDA graphs (`qace.api.QACE.warm_up`) before it scores, so
-the steady state holds no capture.
+the steady state holds no capture. With ``QACE_BENCH_IN_PROCESS=1`` it builds the same scorer from the
+same arguments but scores the input's records (read into memory first) through ``score_records``,
+without the file loop: the in-process rate, in a process just as fresh as the CLI's.
 """
 
 from __future__ import annotations
@@ -61,10 +63,26 @@ def main(argv: list[str] | None = None) -> int:
         return scorer
 
     cli._scorer = forced_scorer
-    status = cli.main(cli_args)
+    if os.environ.get("QACE_BENCH_IN_PROCESS") == "1":
+        status = _in_process(cli, cli_args, stamps)
+    else:
+        status = cli.main(cli_args)
     done = time.time()
     out.write_text(json.dumps({"started": STARTED, "stamps": stamps, "done": done, "status": status}))
     return status
+
+
+def _in_process(cli: Any, cli_args: list[str], stamps: list[tuple[int, float]]) -> int:
+    """The same scorer (built from the same arguments) on the same records, read into memory first,
+    through ``score_records``: no file loop, no output. The stamps come from ``score_records`` itself."""
+    from qace.data.records import read_records
+
+    args = cli.build_parser("score").parse_args(cli_args)
+    scorer = cli._scorer(args)
+    records = list(read_records(args.input, references=args.references, fmt=args.format))
+    for _ in stamped(scorer.score_records(records), stamps, scorer.config.chunk_size):
+        pass
+    return 0
 
 
 if __name__ == "__main__":

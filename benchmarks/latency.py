@@ -56,7 +56,7 @@ from benchmarks.workload import (
 from qace import __version__
 from qace.api import QACE
 from qace.data.records import Record
-from qace.engine.profiling import cuda_sync
+from qace.engine.instrument import cuda_sync
 from qace.reward import QACEReward
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,9 @@
 Speed: T5-small-shaped random QG and TQA models (benchmarks.workload shapes), the first ``--n``
 Flickr8k-Expert captions as QG prompts ("answer: <last word>  context: <caption> </s>") and TQA prompts,
 planned into batches by the engine's scheduler; every backend gets the same benchmark-only length
-control (``force``: seeded outputs, questions 8-16 tokens, answers 2-4). Rounds alternate the backends and the
-median round is reported. Agreement here is on random weights (tiny logit margins), so it is a worst case.
+control (``force_tokens``, `qace.engine.instrument`: seeded outputs, questions 8-16 tokens, answers
+2-4). Rounds alternate the backends and the median round is reported. Agreement here is on random
+weights (tiny logit margins), so it is a worst case.
 
 Quality: the whole metric on the tiny *trained* test models (100 captions, QACE-Ref and QACE-Img),
 ONNX fp32 / fp16 / int8 against PyTorch fp32: shares of identical questions and answers, score deltas.
@@ -31,11 +32,12 @@ import torch
 
 from benchmarks.workload import RANDOM_T5, T5_SMALL, batch_tokens, flickr_workload
 from qace import __version__
+from qace.engine import instrument
 from qace.engine.batches import TextBatch
 from qace.engine.onnx_runner import OnnxRunner
 from qace.engine.scheduler import pad_batch, plan_batches
-from qace.engine.torch_runner import TorchRunner
 from qace.export.cache import runner_for
+from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +58,7 @@ def _batches(tokenizer: Any, prompts: list[str], rows: int, tokens: int) -> list
 
 
 def _run(runner: Any, batches: list[TextBatch], role: str) -> tuple[float, list[list[int]]]:
-    runner.force = batch_tokens(role)
+    instrument.attach(runner, force_tokens=batch_tokens(role))
     start = time.perf_counter()
     tokens = [t for b in batches for t in runner.generate(b, max_new_tokens=MAX_NEW_TOKENS).tokens]
     return time.perf_counter() - start, tokens
@@ -74,7 +76,7 @@ def speed(args: argparse.Namespace, tokenizer: Any, work: Path) -> list[dict[str
     for seed, role in enumerate(("qg", "tqa")):
         model = _random_t5(seed)
         batches = _batches(tokenizer, prompts[role], args.batch_rows, args.batch_tokens)
-        runners: dict[str, Any] = {"torch_eager_fp32": TorchRunner(model)}
+        runners: dict[str, Any] = {"torch_eager_fp32": torch_runner(model)}
         exports = {}
         for variant in ("fp32", "int8"):
             result = export_model(model, work / role / variant, variant=variant, validate=False)

@@ -42,7 +42,8 @@ from benchmarks.workload import (
     preload_features,
     workload_models,
 )
-from qace.engine.profiling import NO_TIMER, StageTimer, cuda_sync
+from qace.engine import instrument
+from qace.engine.instrument import StageTimer, cuda_sync
 from qace.reward import QACEReward
 
 
@@ -57,7 +58,6 @@ def _calls(reward: QACEReward, records: list, batch: int, calls: int, seed: int)
 
 def stage_walls(reward: QACEReward, call: Callable[[int], None], calls: int) -> dict[str, Any]:
     timer = StageTimer(sync=cuda_sync)
-    reward.scorer.timer = timer
     pauses = {"collections": 0, "seconds": 0.0}
     started = [0.0]
 
@@ -70,12 +70,12 @@ def stage_walls(reward: QACEReward, call: Callable[[int], None], calls: int) -> 
 
     gc.callbacks.append(on_gc)
     walls = []
-    for i in range(calls):
-        start = time.perf_counter()
-        call(i)
-        walls.append(time.perf_counter() - start)
+    with instrument.attached(reward.scorer, timer=timer):
+        for i in range(calls):
+            start = time.perf_counter()
+            call(i)
+            walls.append(time.perf_counter() - start)
     gc.callbacks.remove(on_gc)
-    reward.scorer.timer = NO_TIMER
     ms = {k: 1000 * v / calls for k, v in timer.seconds.items()}
     wall = 1000 * float(np.mean(walls))
     return {

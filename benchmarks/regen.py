@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from qace import __version__
-from qace.engine.profiling import cuda_sync
+from qace.engine.instrument import cuda_sync
 from qace.judges.regen import RegenScore
 from qace.judges.regen_loading import ImageEncoder, Preprocess
 from qace.precision import TORCH_PRECISIONS, torch_dtype

@@ -37,7 +37,7 @@ from benchmarks.workload import (
 )
 from qace import __version__
 from qace.config import SPEED_OPTIONS
-from qace.engine.profiling import cuda_sync
+from qace.engine.instrument import cuda_sync
 from qace.reward import QACEReward
 
 

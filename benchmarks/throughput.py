@@ -15,10 +15,11 @@ T5-base-shaped QG/TQA and T5-small-shaped Visual-T5 with random weights, random 
 and the same seeded forced outputs for every system (questions 8-16 tokens, answers 2-4), so all do the
 same work.
 
-- ``engine``: ``QACE.warm_up()`` (CUDA graphs of every batch shape) and one pass over ``--warmup``
-  other captions, then a cold pass over the workload (``cold_captions_per_s``: captions never seen by
-  the process), then ``--passes`` passes, each after emptying every engine cache (`reset_caches`: prompt
-  ids, candidates, device features); their median is ``captions_per_s``. A synchronised pass over the
+- ``engine``: ``QACE.warm_up()`` (CUDA graphs of every batch shape; ``--capture lazy`` skips it) and
+  one pass over ``--warmup`` other captions, then a cold pass over the workload
+  (``cold_captions_per_s``: captions never seen by the process), then ``--passes`` passes, each after
+  emptying every engine cache (`reset_caches`: prompt ids, candidates, device features); their median
+  is ``captions_per_s``. A synchronised pass over the
   first ``--profile-captions`` captions gives each model's encoder and decoder FLOP utilisation.
 - ``baseline``: `benchmarks.hf_batched.Baseline` over the same records after a small warm-up, then
   plain ``generate`` alone on sampled batches of each stage (`generate_bound`);
@@ -28,8 +29,10 @@ same work.
   images and references); QACE-Img reads its features from an HDF5 store written for the run. The
   steady-state rate leaves out start-up (imports, model load) and the first chunk: rows after the
   first ``chunk_size`` rows over the time from then to the CLI's return (output written). The same
-  records through ``QACE.score_records`` in this process, built the same way and measured the same
-  way, give ``in_process_captions_per_s``.
+  scorer, built from the same arguments in a second fresh subprocess, scoring the same records (read
+  into memory first) through ``QACE.score_records`` and measured the same way, gives
+  ``in_process_captions_per_s``: both processes pay the same first-use costs (CUDA-graph captures,
+  kernel loading), so the ratio is what the file path costs.
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ import numpy as np
 import torch
 
 from benchmarks import hf_batched
-from benchmarks.forced_cli import stamped
 from benchmarks.gpu_suite import commit, gpu_tag
 from benchmarks.workload import (
     add_engine_arguments,
@@ -68,7 +70,8 @@ from benchmarks.workload import (
 from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
-from qace.engine.profiling import cuda_sync
+from qace.engine import instrument
+from qace.engine.instrument import StageTimer, cuda_sync
 from qace.metric.candidates import load_spacy
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, vendor datasheet (SXM)
@@ -95,8 +98,10 @@ def _runners(scorer: QACE) -> dict[str, Any]:
 
 
 def _zero_counters(scorer: QACE, profile: bool = False) -> None:
+    """Zero every runner's counters; ``profile`` attaches a fresh encoder/decoder timer to each
+    (`qace.engine.instrument`), else detaches it."""
     for runner in _runners(scorer).values():
-        runner.profile = profile
+        instrument.attach(runner, profile=StageTimer() if profile else None)
         runner.stats = dict.fromkeys(runner.stats, 0)
         runner.decoder.row_steps = 0
 
@@ -120,7 +125,7 @@ def engine_section(
     """Warm-up, the cold pass, the timed passes (caches emptied before each) and the profiled pass; also
     the last timed pass's scores."""
     start = time.perf_counter()
-    shapes = scorer.warm_up()
+    shapes = scorer.warm_up() if args.capture == "all" else None
     list(scorer.score_records(warm))
     warm_seconds = time.perf_counter() - start
     if args.device.startswith("cuda"):
@@ -161,16 +166,19 @@ def engine_section(
         for role, runner in _runners(scorer).items():
             enc, dec = _model_flops(runner)
             stats = runner.stats
+            profile = instrument.of(runner).profile
+            assert profile is not None
+            seconds = {stage: profile.seconds[stage] for stage in ("encoder", "decoder")}
             mfu[role] = {
                 "sequences": stats["sequences"],
                 "encoder_tokens_padded": stats["encoder_tokens"],
                 "decoder_row_steps": runner.decoder.row_steps,
-                "encoder_seconds": stats["encoder_seconds"],
-                "decoder_seconds": stats["decoder_seconds"],
-                "encoder_tflops": enc / max(stats["encoder_seconds"], 1e-9) / 1e12,
-                "decoder_tflops": dec / max(stats["decoder_seconds"], 1e-9) / 1e12,
-                "encoder_mfu": enc / max(stats["encoder_seconds"], 1e-9) / peak,
-                "decoder_mfu": dec / max(stats["decoder_seconds"], 1e-9) / peak,
+                "encoder_seconds": seconds["encoder"],
+                "decoder_seconds": seconds["decoder"],
+                "encoder_tflops": enc / max(seconds["encoder"], 1e-9) / 1e12,
+                "decoder_tflops": dec / max(seconds["decoder"], 1e-9) / 1e12,
+                "encoder_mfu": enc / max(seconds["encoder"], 1e-9) / peak,
+                "decoder_mfu": dec / max(seconds["decoder"], 1e-9) / peak,
             }
         _zero_counters(scorer)
         result["mfu"] = {"captions": len(profiled), "peak_flops": peak, **mfu}
@@ -241,7 +249,6 @@ def _steady(stamps: list[list[float]], end: float, chunk: int) -> dict[str, floa
 def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """``qace score`` end to end in a subprocess, then the same records in process (see module doc)."""
     from qace.data.features import pack_features
-    from qace.data.records import read_records
 
     records = pascal_workload(DATA, args.cli_captions, seed=args.seed)
     input_path = work / f"cli-{variant}.jsonl"
@@ -271,40 +278,13 @@ def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: 
         *[x for k, v in settings.items() for x in (f"--{k}", str(v))],
     ]  # fmt: skip
     start = time.time()
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.forced_cli", str(stamps_path), "--", *command],
-        check=True,
-        cwd=Path(__file__).resolve().parents[1],
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
-            ),
-        },
-    )
+    run = _forced_cli(stamps_path, command)
     wall = time.time() - start
-    run = json.loads(stamps_path.read_text())
     steady = _steady(run["stamps"], run["done"], args.chunk_size)
-
-    # the same records in this process, built and measured alike
-    scorer = workload_scorer(
-        models_dir,
-        variant,
-        device=args.device,
-        precision=args.precision,
-        args=args,
-        candidate_cache=True,  # as qace score keeps it
-        features=str(features) if features else None,
-    )
-    same = list(read_records(input_path))
-    stamps: list[tuple[int, float]] = []
-    for _ in stamped(scorer.score_records(same), stamps, args.chunk_size):
-        pass
-    cuda_sync()
-    in_process = _steady([list(s) for s in stamps], time.time(), args.chunk_size)
-    scorer.candidates.close()
-    del scorer
-    _release_memory()
+    # the same scorer from the same arguments on the same records, read into memory first, through
+    # score_records in a process as fresh as the CLI's (so both pay the same first-use costs)
+    alone = _forced_cli(work / f"stamps-{variant}-in-process.json", command, in_process=True)
+    in_process = _steady(alone["stamps"], alone["stamps"][-1][1], args.chunk_size)
     output.unlink(missing_ok=True)
     return {
         "captions": len(records),
@@ -318,8 +298,27 @@ def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: 
         "in_process_captions_per_s": in_process["captions_per_s"],
         "fraction_of_in_process": steady["captions_per_s"] / in_process["captions_per_s"],
         "method": f"rows after the first {args.chunk_size} over the time from then to the end "
-        "(qace score: its return, output written; in process: the last row)",
+        "(qace score: its return, output written; in process, a second fresh process running the same "
+        "scorer on the records read into memory: the last row)",
     }
+
+
+def _forced_cli(stamps_path: Path, command: list[str], *, in_process: bool = False) -> dict[str, Any]:
+    """Run `benchmarks.forced_cli` on ``command`` in a subprocess; its stamps."""
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    }
+    if in_process:
+        env["QACE_BENCH_IN_PROCESS"] = "1"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.forced_cli", str(stamps_path), "--", *command],
+        check=True,
+        cwd=root,
+        env=env,
+    )
+    return json.loads(stamps_path.read_text())
 
 
 def _release_memory() -> None:
@@ -375,6 +374,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workload", default="distinct", choices=["distinct", "repeats"])
     parser.add_argument("--captions", type=int, default=None, help="distinct workload (default 20,000)")
     parser.add_argument("--warmup", type=int, default=None, help="other captions for the warm-up pass")
+    parser.add_argument(
+        "--capture",
+        choices=["all", "lazy"],
+        default="all",
+        help="engine: capture every batch shape's CUDA graphs before the warm-up pass (all), or only "
+        "the shapes the passes meet, when first met (lazy: shorter runs; a timed pass may capture)",
+    )
     parser.add_argument("--passes", type=int, default=None, help="timed passes (default 3); median")
     parser.add_argument("--profile-captions", type=int, default=None, help="profiled pass (default 4,096)")
     parser.add_argument("--hf-batch", type=int, default=2048)
@@ -457,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                 "spacy_workers": args.spacy_workers,
                 "passes": args.passes,
                 "warmup_captions": args.warmup,
+                "capture": args.capture,
             },
             "models": "tiny random T5s (a smoke run: numbers mean nothing)"
             if args.tiny

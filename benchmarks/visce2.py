@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from qace import __version__
-from qace.engine.profiling import cuda_sync
+from qace.engine import instrument
+from qace.engine.instrument import cuda_sync
 from qace.judges.images import load_image
 from qace.judges.rating import parse_rating
 from qace.judges.visce2 import VisCE2
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         chunk_size=args.images * args.captions_per_image,
         progress=False,
     )
-    scorer.runner.force_full_length = True
+    instrument.attach(scorer.runner, full_length=True)
     per = args.captions_per_image
     with tempfile.TemporaryDirectory() as tmp:
         files = draw_images(Path(tmp), args.images, shapes["image_size"])

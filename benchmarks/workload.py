@@ -24,6 +24,7 @@ from qace.api import QACE
 from qace.config import SPEED_OPTIONS, QACEConfig, speed_defaults
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
+from qace.engine import instrument
 from qace.engine.batches import TextBatch, VisualBatch
 
 LENGTHS = {"qg": (8, 16), "tqa": (2, 4), "vqa": (2, 4)}
@@ -183,7 +184,8 @@ def padded_target_tokens(
 
 
 def batch_tokens(role: str) -> Any:
-    """``TorchRunner.force`` for ``role``: the forced outputs of every row of a planned batch."""
+    """The ``force_tokens`` hook (`qace.engine.instrument`) for ``role``'s runner: the forced outputs of
+    every row of a planned batch."""
 
     def tokens(batch: TextBatch | VisualBatch, steps: int) -> np.ndarray:
         return padded_target_tokens(batch.input_ids, batch.attention_mask, role, steps)
@@ -192,11 +194,11 @@ def batch_tokens(role: str) -> Any:
 
 
 def force_lengths(scorer: Any) -> Any:
-    """Apply the workload's benchmark-only output control to every model runner of ``scorer``."""
+    """Attach the workload's benchmark-only output control to every model runner of ``scorer``."""
     for role in ("qg", "tqa", "vqa"):
         runner = getattr(scorer.models, role)
         if runner is not None:
-            runner.force = batch_tokens(role)
+            instrument.attach(runner, force_tokens=batch_tokens(role))
     return scorer
 
 

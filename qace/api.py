@@ -16,8 +16,8 @@ from typing import Any
 
 from qace.config import QACEConfig, build_signature, speed_defaults
 from qace.data.records import Record, RecordError, caption_problem, require
+from qace.engine import instrument
 from qace.engine.gc_pause import collector_paused
-from qace.engine.profiling import NO_TIMER
 from qace.errors import ConfigError, FeatureError
 from qace.metric.pipeline import score_chunk
 from qace.scoring import FileScorer, list_ids
@@ -91,8 +91,6 @@ class QACE(FileScorer):
             precision=bertscore_precision(self.config),
         )
         self.candidates = CandidateExtractor(self.config.spacy_model, workers=self.config.spacy_workers)
-        self.timer: Any = NO_TIMER
-        """Benchmarks set a :class:`~qace.engine.profiling.StageTimer` here to time each stage."""
         self.signature = build_signature(
             self.config,
             qg=fingerprints["qg"],
@@ -231,7 +229,8 @@ class QACE(FileScorer):
         return _Prepared(results, valid, self.candidates.submit([r.caption for r in valid]))
 
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
-        with self.timer("candidates"):  # only the wait: extraction started in the prefetch thread
+        timer = instrument.of(self).timer  # benchmarks time the stages (`qace.engine.instrument`)
+        with timer("candidates"):  # only the wait: extraction started in the prefetch thread
             candidates = prepared.candidates.result()
         with collector_paused():
             rows = iter(
@@ -243,7 +242,7 @@ class QACE(FileScorer):
                     self.matcher,
                     features=self.features,
                     signature=self.signature,
-                    timer=self.timer,
+                    timer=timer,
                 )
             )
         return [next(rows) if r is None else r for r in prepared.results]

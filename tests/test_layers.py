@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qace"
-ABOVE_THE_ENGINE = ("qace.metric", "qace.models", "qace.export", "qace.judges")
+ABOVE_THE_ENGINE = ("qace.metric", "qace.models", "qace.families", "qace.export", "qace.judges")
 
 
 def imports(path: Path) -> set[str]:
@@ -31,6 +31,12 @@ def test_the_engine_imports_no_metric_model_family_or_exporter() -> None:
         if name.startswith(ABOVE_THE_ENGINE)
     }
     assert not offending, sorted(offending)
+
+
+def test_the_export_format_is_a_leaf() -> None:
+    """The ONNX runtime (engine) and the exporter both read `qace.onnx_format`; it imports neither."""
+    names = imports(PACKAGE / "onnx_format.py")
+    assert {name for name in names if name.startswith("qace")} == {"qace.errors"}
 
 
 def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:

@@ -4,12 +4,13 @@ Layout while a run is going: a sibling directory ``<path>.partial/`` holds
 
 - ``manifest.json``: format version, score signature, output format, the committed chunk list
   (name, rows, errors) and total counts;
-- per committed chunk ``NNNNNN.rows.jsonl`` (one JSON line per scored row, exactly the bytes the
-  final JSONL will hold), when it has any, ``NNNNNN.errors.jsonl`` (``{"id","line","reason"}`` lines;
-  ``id`` is null for a record whose id could not be read, ``line`` is absent outside input files)
-  and, when the caller logs its input (``input_log=True``), ``NNNNNN.input.jsonl``: the
-  `qace.data.fingerprint.InputMark` of every input record of the chunk, which a resumed run
-  compares with its input.
+- per committed chunk its scored rows: for JSONL output ``NNNNNN.rows.jsonl`` (one JSON line per row,
+  exactly the bytes the final JSONL will hold), for Parquet output ``NNNNNN.rows.arrow`` when it has any
+  (an Arrow part, `qace.data.parquet_parts`); when it has any, ``NNNNNN.errors.jsonl``
+  (``{"id","line","reason"}`` lines; ``id`` is null for a record whose id could not be read, ``line``
+  is absent outside input files) and, when the caller logs its input (``input_log=True``),
+  ``NNNNNN.input.jsonl``: the `qace.data.fingerprint.InputMark` of every input record of the chunk,
+  which a resumed run compares with its input.
 
 Commit protocol (`flush`): each chunk file is written as ``*.tmp``, fsynced and ``os.replace``d into
 place; only then is the chunk added to the manifest, which is itself written tmp + fsync +
@@ -19,12 +20,11 @@ are deleted and their rows are simply produced again.
 
 `close()` concatenates the chunks in order into ``<path>.tmp`` and replaces ``<path>`` with it;
 errors go to ``<stem>.errors.jsonl`` the same way (written only when there are errors); then the
-partial directory is removed. JSONL output is the concatenated lines. Parquet output is one table
-whose schema is unified over all rows: booleans, integers, floats (integers widen to float when
-mixed) and strings become typed columns; lists, dicts and columns of mixed kinds are stored as
-JSON strings, and their names are listed in the schema metadata key ``qace.json_columns``
-(``qace.signature`` holds the signature). Row groups have a fixed size, independent of chunk
-boundaries, so a resumed run writes the same bytes as an uninterrupted one.
+partial directory is removed. JSONL output is the concatenated lines. Parquet output is the parts
+joined into one table whose schema is unified over all rows (`qace.data.parquet_parts`: typed
+columns, lists, dicts and mixed kinds as JSON strings named in ``qace.json_columns``,
+``qace.signature`` in the metadata, fixed-size row groups), so a resumed run writes the same bytes as
+an uninterrupted one; joining parses no JSON, so closing a long run takes a fraction of a second.
 
 Resume rules: the scorer adds rows in input order and skips what is done (scored rows by id,
 `done_ids()`; errors by input line, `done_lines()`), so a resumed output is byte-identical to an
@@ -44,6 +44,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
+from json.encoder import encode_basestring as _encode_string
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
-PARQUET_ROW_GROUP = 65536
 _FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 
 
@@ -84,7 +84,8 @@ class ResultWriter:
         self.errors_path = self.path.with_name(self.path.stem + ".errors.jsonl")
         self.input_log = input_log
         self.force = force
-        self._rows: list[str] = []
+        self._rows: list[str] = []  # JSONL lines
+        self._plain_rows: list[dict[str, Any]] = []  # Parquet rows (`parquet_parts.plain_row`)
         self._errors: list[str] = []
         self._marks: list[str] = []
         self._seen: set[str] = set()
@@ -191,9 +192,10 @@ class ResultWriter:
         """Load the ids of every committed chunk; return the file names the manifest owns."""
         listed = {"manifest.json"}
         for chunk in manifest["chunks"]:
-            names = [f"{chunk['name']}.rows.jsonl"] + (
-                [f"{chunk['name']}.errors.jsonl"] if chunk["errors"] else []
-            )
+            rows = _rows_file(chunk)
+            errors = f"{chunk['name']}.errors.jsonl"
+            names = [rows] if rows else []
+            names += [errors] if chunk["errors"] else []
             if chunk.get("inputs"):
                 names.append(f"{chunk['name']}.input.jsonl")
             for name in names:
@@ -202,9 +204,14 @@ class ResultWriter:
                         f"{self.partial} is missing committed chunk {name}; remove it to start over"
                     )
                 listed.add(name)
-            self._done.update(_jsonl_ids(self.partial / names[0]))
+            if rows.endswith(".arrow"):
+                from qace.data.parquet_parts import part_ids
+
+                self._done.update(part_ids(self.partial / rows))
+            elif rows:
+                self._done.update(_jsonl_ids(self.partial / rows))
             if chunk["errors"]:
-                self._load_errors(self.partial / names[1])
+                self._load_errors(self.partial / errors)
         return listed
 
     def _load_errors(self, path: Path) -> None:
@@ -246,11 +253,14 @@ class ResultWriter:
             raise QACEError(f"a result row needs a string 'id', got {record_id!r}")
         self._claim(record_id, None)
         try:
-            line = json.dumps(row, ensure_ascii=False, allow_nan=False, default=_plain)
+            if self.fmt == "parquet":
+                self._plain_rows.append(_parts().plain_row(row))
+            else:
+                line = _ENCODE_ROW(row)
+                self._rows.append(line + "\n")
         except (TypeError, ValueError) as exc:
             self._seen.discard(record_id)
             raise QACEError(f"result row {record_id!r} cannot be written as JSON: {exc}") from exc
-        self._rows.append(line + "\n")
         self._add_mark(mark)
 
     def add_error(
@@ -270,7 +280,7 @@ class ResultWriter:
         if self.input_log:
             if mark is None:
                 raise QACEError(f"{self.path} logs its input: every row and error needs its input mark")
-            self._marks.append(json.dumps(list(mark), ensure_ascii=False) + "\n")
+            self._marks.append(_mark_line(mark))
         self._maybe_flush()
 
     def _claim(self, record_id: str | None, line: int | None) -> None:
@@ -295,26 +305,32 @@ class ResultWriter:
             self._seen.add(record_id)  # type: ignore[arg-type]  # not None: add_error checks
 
     def _maybe_flush(self) -> None:
-        if len(self._rows) + len(self._errors) >= self.chunk_size:
+        if len(self._rows) + len(self._plain_rows) + len(self._errors) >= self.chunk_size:
             self.flush()
 
     def flush(self) -> None:
         """Commit the pending rows and errors as one whole chunk (no-op when nothing is pending)."""
-        if not self._rows and not self._errors:
+        rows = len(self._rows) + len(self._plain_rows)
+        if not rows and not self._errors:
             return
         name = f"{len(self._manifest['chunks']):06d}"
-        _atomic_write(self.partial / f"{name}.rows.jsonl", self._rows)
+        chunk: dict[str, Any] = {"name": name, "rows": rows, "errors": len(self._errors)}
+        if self.fmt == "jsonl":
+            _atomic_write(self.partial / f"{name}.rows.jsonl", self._rows)
+        elif rows:
+            _atomic_part(self.partial / f"{name}.rows.arrow", _parts().chunk_table(self._plain_rows))
+        if self.fmt == "parquet":
+            chunk["part"] = "arrow" if rows else "none"
         if self._errors:
             _atomic_write(self.partial / f"{name}.errors.jsonl", self._errors)
-        chunk = {"name": name, "rows": len(self._rows), "errors": len(self._errors)}
         if self._marks:
             _atomic_write(self.partial / f"{name}.input.jsonl", self._marks)
             chunk["inputs"] = len(self._marks)
         self._manifest["chunks"].append(chunk)
-        self._manifest["rows"] += len(self._rows)
+        self._manifest["rows"] += rows
         self._manifest["errors"] += len(self._errors)
         self._write_manifest()
-        self._rows, self._errors, self._marks = [], [], []
+        self._rows, self._plain_rows, self._errors, self._marks = [], [], [], []
 
     def close(self) -> None:
         """Commit what is pending, then assemble the final output and errors files atomically."""
@@ -330,17 +346,26 @@ class ResultWriter:
             _concatenate(error_files, self.errors_path)
         elif self.errors_path.exists():
             self.errors_path.unlink()  # stale, from an older run of this path
-        row_files = [self.partial / f"{c['name']}.rows.jsonl" for c in chunks]
         if self.fmt == "jsonl":
-            _concatenate(row_files, self.path)
+            _concatenate([self.partial / f"{c['name']}.rows.jsonl" for c in chunks], self.path)
         else:
             tmp = self.path.with_name(self.path.name + ".tmp")
-            _write_parquet(row_files, tmp, self.signature)
+            _parts().assemble([self._part(c) for c in chunks if c["rows"]], tmp, self.signature)
             _fsync_path(tmp)
             os.replace(tmp, self.path)
             _fsync_dir(self.path.parent)
         shutil.rmtree(self.partial)
         log.info("wrote %s (%d rows, %d errors)", self.path, self._manifest["rows"], self._manifest["errors"])
+
+    def _part(self, chunk: dict[str, Any]) -> Path:
+        """The Arrow part of a committed chunk; a chunk an older qace committed as JSONL is converted
+        (into an unlisted file, which a killed close leaves for the next resume to delete)."""
+        path = self.partial / f"{chunk['name']}.rows.arrow"
+        if chunk.get("part") != "arrow":
+            with (self.partial / f"{chunk['name']}.rows.jsonl").open("rb") as f:
+                rows = [_parts().plain_row(json.loads(line)) for line in f if line.strip()]
+            _atomic_part(path, _parts().chunk_table(rows))
+        return path
 
     def _write_manifest(self) -> None:
         _atomic_write(self.partial / "manifest.json", [json.dumps(self._manifest, indent=1) + "\n"])
@@ -389,6 +414,16 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+_ENCODE_ROW = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=_plain).encode
+
+
+def _mark_line(mark: InputMark) -> str:
+    """``json.dumps(list(mark), ensure_ascii=False) + "\\n"``, written out (it runs for every record)."""
+    line = "null" if mark.line is None else str(mark.line)
+    record_id = "null" if mark.id is None else _encode_string(mark.id)
+    return f"[{line}, {record_id}, {_encode_string(mark.digest)}]\n"
+
+
 def _atomic_write(path: Path, lines: list[str]) -> None:
     """Write `path` via an fsynced `.tmp` sibling and os.replace, so it is whole or absent."""
     tmp = path.with_name(path.name + ".tmp")
@@ -398,6 +433,29 @@ def _atomic_write(path: Path, lines: list[str]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _parts() -> Any:
+    """`qace.data.parquet_parts`, imported when Parquet output is written (it imports pyarrow)."""
+    from qace.data import parquet_parts
+
+    return parquet_parts
+
+
+def _atomic_part(path: Path, table: Any) -> None:
+    """Write an Arrow part via an fsynced `.tmp` sibling and os.replace, so it is whole or absent."""
+    tmp = path.with_name(path.name + ".tmp")
+    _parts().write_part(table, tmp)
+    _fsync_path(tmp)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _rows_file(chunk: dict[str, Any]) -> str:
+    """The file holding a committed chunk's rows ('' for a Parquet chunk of errors only)."""
+    if chunk.get("part") == "arrow":
+        return f"{chunk['name']}.rows.arrow"
+    return f"{chunk['name']}.rows.jsonl" if chunk.get("part") != "none" else ""
 
 
 def _concatenate(sources: list[Path], target: Path) -> None:
@@ -435,13 +493,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _iter_rows(files: list[Path]) -> Iterator[dict[str, Any]]:
-    for path in files:
-        with path.open("rb") as f:
-            for line in f:
-                yield json.loads(line)
-
-
 def _jsonl_ids(path: Path) -> Iterator[str]:
     with path.open("rb") as f:
         for line in f:
@@ -473,81 +524,3 @@ def _final_signature(path: Path, fmt: str) -> str | None:
                 found = json.loads(line).get("signature")
                 return found if isinstance(found, str) else None
     return None
-
-
-def _column_kind(value: Any) -> str:
-    """Classify a value for schema unification; lists, dicts and odd types become JSON."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int" if -(2**63) <= value < 2**63 else "json"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    return "json"
-
-
-def _unify(kinds: set[str]) -> str:
-    kinds = kinds - {"null"}
-    if not kinds:
-        return "null"
-    if len(kinds) == 1:
-        return next(iter(kinds))
-    if kinds == {"int", "float"}:
-        return "float"
-    return "json"
-
-
-def _write_parquet(files: list[Path], target: Path, signature: str) -> None:
-    """Two passes over the chunks: unify the schema, then stream fixed-size row groups."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    kinds: dict[str, set[str]] = {"id": {"str"}}  # always present, so even an empty table has it
-    for row in _iter_rows(files):
-        for key, value in row.items():
-            kinds.setdefault(key, set()).add(_column_kind(value))
-    columns = {key: _unify(found) for key, found in kinds.items()}
-    arrow_types = {
-        "null": pa.null(),
-        "bool": pa.bool_(),
-        "int": pa.int64(),
-        "float": pa.float64(),
-        "str": pa.string(),
-        "json": pa.string(),
-    }
-    json_columns = [key for key, kind in columns.items() if kind == "json"]
-    schema = pa.schema(
-        [pa.field(key, arrow_types[kind]) for key, kind in columns.items()],
-        metadata={"qace.signature": signature, "qace.json_columns": json.dumps(json_columns)},
-    )
-
-    def cell(key: str, value: Any) -> Any:
-        if value is None:
-            return None
-        if columns[key] == "json":
-            return json.dumps(value, ensure_ascii=False)
-        return float(value) if columns[key] == "float" else value
-
-    with pq.ParquetWriter(target, schema) as writer:
-        batch: list[dict[str, Any]] = []
-        for row in _iter_rows(files):
-            batch.append(row)
-            if len(batch) == PARQUET_ROW_GROUP:
-                writer.write_table(_table(batch, schema, cell), row_group_size=PARQUET_ROW_GROUP)
-                batch = []
-        if batch or not columns:
-            writer.write_table(_table(batch, schema, cell), row_group_size=PARQUET_ROW_GROUP)
-
-
-def _table(rows: list[dict[str, Any]], schema: Any, cell: Any) -> Any:
-    """One Arrow table of `rows` under the unified `schema` (absent keys become null)."""
-    import pyarrow as pa
-
-    arrays = [
-        pa.array([cell(field.name, row.get(field.name)) for row in rows], type=field.type) for field in schema
-    ]
-    return pa.Table.from_arrays(arrays, schema=schema)

@@ -462,9 +462,12 @@ def _as_id(value: Any) -> str | None:
     return None
 
 
+_SURROGATE = re.compile("[\udc80-\udcff]")
+
+
 def _has_surrogate(text: str) -> bool:
     """True when `text` holds bytes that were not valid UTF-8 (decoded with surrogateescape)."""
-    return any("\udc80" <= ch <= "\udcff" for ch in text)
+    return _SURROGATE.search(text) is not None
 
 
 def _recorded(lines: Iterable[str], into: list[str]) -> Iterator[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,14 @@ def cut_at_eos(out: np.ndarray, eos_id: int) -> list[list[int]]:
     A row stops at its first EOS or ``-1`` (decoders write ``-1`` only after a row's EOS), found for
     all rows at once; a batch of thousands of rows costs one ``tolist`` instead of a loop of them.
     """
-    stop = (out == eos_id) | (out < 0)
-    lengths = np.where(stop.any(axis=1), stop.argmax(axis=1), out.shape[1]).tolist()
-    return [row[:n] for row, n in zip(out.tolist(), lengths, strict=True)]
+    lengths, _ = eos_lengths(out, eos_id)
+    return [row[:n] for row, n in zip(out.tolist(), lengths.tolist(), strict=True)]
+
+
+def eos_lengths(out: np.ndarray, eos_ids: int | Collection[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of generated ids ``(B, steps)``: how many come before its first EOS (any of ``eos_ids``)
+    or ``-1``, and whether it stopped there at all (False: it ran out of steps)."""
+    eos = (out == eos_ids) if isinstance(eos_ids, int) else np.isin(out, sorted(eos_ids))
+    stop = eos | (out < 0)
+    stopped = np.asarray(stop.any(axis=1), dtype=bool)
+    return np.where(stopped, stop.argmax(axis=1), out.shape[1]), stopped

@@ -1,4 +1,4 @@
-"""ONNX Runtime runner: the PyTorch runner's greedy loop on exported graphs (``qace.export``).
+"""ONNX Runtime runner: the engine's greedy loop (`engine.greedy`) on exported graphs (`qace.onnx_format`).
 
 Same contract as :class:`qace.engine.torch_runner.TorchRunner`: encoder once per batch, first decoder
 step through ``decoder_init`` (which also returns the cross-attention K/V), later steps through
@@ -17,25 +17,35 @@ Runtime needs only numpy and onnxruntime; torch is touched only to mirror its th
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from qace.engine import instrument
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
+from qace.engine.greedy import NumpyArrays, greedy_decode
 from qace.errors import BackendUnavailableError, ConfigError
+from qace.onnx_format import (
+    ENCODER_INPUTS,
+    ENCODER_OUTPUTS,
+    FEATURES,
+    GRAPHS,
+    GraphInfo,
+    compact_input_names,
+    compact_output_names,
+    decoder_input_names,
+    decoder_output_names,
+    init_input_names,
+    init_output_names,
+    merge_past,
+)
 
 logger = logging.getLogger(__name__)
 
-WEIGHTED_GRAPHS = ("encoder", "decoder_init", "decoder")
-"""The graphs traced from the model (the ones int8 quantizes)."""
-GRAPHS = (*WEIGHTED_GRAPHS, "compact")
-MANIFEST = "manifest.json"
 GPU_INSTALL = "pip uninstall -y onnxruntime && pip install 'qace[onnx-gpu]'"
 """What makes ``--backend onnx --device cuda`` work (the CPU and GPU wheels both provide ``onnxruntime``)."""
 
@@ -67,32 +77,6 @@ def check_device(device: str) -> None:
         _device_id(device)
     elif device != "cpu":
         raise ConfigError(f"the ONNX backend runs on 'cpu' or 'cuda[:N]', not {device!r}")
-
-
-@dataclass(frozen=True)
-class GraphInfo:
-    """What the runner reads from an export's manifest."""
-
-    layers: int
-    visual: bool
-    start_id: int
-    eos_id: int
-    float_dtype: str
-
-    @classmethod
-    def read(cls, export_dir: Path) -> GraphInfo:
-        path = export_dir / MANIFEST
-        try:
-            info = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path}: not a qace ONNX export ({exc}); re-run `qace export`") from exc
-        return cls(
-            int(info["layers"]),
-            bool(info["visual"]),
-            int(info["decoder_start_token_id"]),
-            int(info["eos_token_id"]),
-            "float16" if info["precision"] == "fp16" else "float32",
-        )
 
 
 def _default_threads() -> int:
@@ -137,75 +121,38 @@ class OnnxRunner:
             for name in GRAPHS
         }
         self._where = ("cuda", _device_id(device)) if device.startswith("cuda") else ("cpu", 0)
-        self._past_names = [i.name for i in self.sessions["decoder"].get_inputs()][2:]
-        self._init_outputs = [o.name for o in self.sessions["decoder_init"].get_outputs()][1:]
-        self._step_outputs = [o.name for o in self.sessions["decoder"].get_outputs()][1:]
-        self._compact_outputs = [o.name for o in self.sessions["compact"].get_outputs()]
-        self.force: Callable[[TextBatch | VisualBatch, int], Any] | None = None
-        """Benchmarks only: ``(batch, steps) -> (B, steps)`` tokens that replace each step's argmax, as
-        ``TorchRunner.force``."""
+        layers = self.info.layers
+        self._init_outputs = init_output_names(layers)[1:]  # the logits stay in the graph
+        self._step_inputs = decoder_input_names(layers)
+        self._step_outputs = decoder_output_names(layers)[1:]
+        self._compact_inputs = compact_input_names(layers)
+        self._compact_outputs = compact_output_names(layers)
 
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
     ) -> Generated:
         """Greedy-decode every row of ``batch``."""
+        inputs = (batch.input_ids, batch.attention_mask)
         feeds: dict[str, Any] = {
-            "input_ids": np.ascontiguousarray(batch.input_ids, dtype=np.int64),
-            "attention_mask": np.ascontiguousarray(batch.attention_mask, dtype=np.int64),
+            name: np.ascontiguousarray(value, dtype=np.int64)
+            for name, value in zip(ENCODER_INPUTS, inputs, strict=True)
         }
         if isinstance(batch, VisualBatch) != self.info.visual:
             raise ConfigError(f"{self.export_dir}: batch kind does not match the exported model")
         if isinstance(batch, VisualBatch):
-            feeds["features"] = np.ascontiguousarray(batch.features, dtype=np.float32)
-        hidden, mask = self._run("encoder", feeds, ["encoder_hidden_states", "encoder_attention_mask"])
-        forced = None if self.force is None else np.asarray(self.force(batch, max_new_tokens), dtype=np.int64)
-        return self._greedy(hidden, mask, len(feeds["input_ids"]), max_new_tokens, unanswerable_id, forced)
-
-    def _greedy(
-        self,
-        hidden: Any,
-        mask: Any,
-        rows: int,
-        max_new_tokens: int,
-        unanswerable_id: int | None,
-        forced: np.ndarray | None,
-    ) -> Generated:
-        alive = np.arange(rows)
-        finished = np.zeros(rows, dtype=bool)
-        token = np.full((rows, 1), self.info.start_id, dtype=np.int64)
-        out = np.full((rows, max_new_tokens), -1, dtype=np.int64)
-        answerability = None
-        past: list[Any] = []
-        for step in range(max_new_tokens):
-            if step == 0:
-                feeds = {
-                    "decoder_input_ids": token,
-                    "encoder_hidden_states": hidden,
-                    "encoder_attention_mask": mask,
-                    "unanswerable_id": np.array([unanswerable_id or 0], dtype=np.int64),
-                }
-                host = ("next_token", "answerability")
-                best, answer, *past = self._run("decoder_init", feeds, self._init_outputs, host)
-                if unanswerable_id is not None:
-                    answerability = answer
-            else:
-                feeds = {"decoder_input_ids": token, "encoder_attention_mask": mask}
-                feeds.update(zip(self._past_names, past, strict=True))
-                best, *self_kv = self._run("decoder", feeds, self._step_outputs, ("next_token",))
-                past = merge_past(self_kv, past)
-            next_token = best if forced is None else forced[alive, step]
-            out[alive, step] = np.where(finished, -1, next_token)
-            finished |= next_token == self.info.eos_id
-            token = np.where(finished, self.info.eos_id, next_token)[:, None]  # ended rows idle until dropped
-            n_alive = int((~finished).sum())
-            if n_alive == 0:
-                break
-            if n_alive <= len(alive) // 2:  # compact rarely: each drop copies the K/V
-                keep = np.flatnonzero(~finished)
-                alive, token, finished = alive[keep], token[keep], finished[keep]
-                feeds = {"index": keep, "encoder_attention_mask": mask}
-                feeds.update(zip(self._past_names, past, strict=True))
-                mask, *past = self._run("compact", feeds, self._compact_outputs)
+            feeds[FEATURES] = np.ascontiguousarray(batch.features, dtype=np.float32)
+        hidden, mask = self._run("encoder", feeds, ENCODER_OUTPUTS)
+        force = instrument.of(self).force_tokens
+        forced = None if force is None else np.asarray(force(batch, max_new_tokens), dtype=np.int64)
+        out, answerability = greedy_decode(
+            _OnnxSteps(self, hidden, mask, unanswerable_id),
+            len(batch.input_ids),
+            start_id=self.info.start_id,
+            eos_id=self.info.eos_id,
+            max_new_tokens=max_new_tokens,
+            unanswerable_id=unanswerable_id,
+            forced=forced,
+        )
         return Generated(tokens=cut_at_eos(out, self.info.eos_id), answerability=answerability)
 
     def _run(
@@ -227,10 +174,40 @@ class OnnxRunner:
         return [v.numpy() if name in host else v for name, v in zip(outputs, values, strict=True)]
 
 
-def merge_past(self_kv: list[Any], past: list[Any]) -> list[Any]:
-    """Next step's past: each layer's new self-attention K/V with its unchanged cross-attention K/V."""
-    return [
-        kv
-        for i in range(len(self_kv) // 2)
-        for kv in (*self_kv[2 * i : 2 * i + 2], *past[4 * i + 2 : 4 * i + 4])
-    ]
+class _OnnxSteps:
+    """One batch's decoding steps for `greedy_decode` on the exported graphs: ``decoder_init`` first (it
+    also returns the cross-attention K/V and the answerability), then ``decoder`` with the past K/V fed
+    back; dropped rows leave the K/V on the device (``compact``). A step's output is ``(next_token,
+    answerability)``, both on the host (the argmax is taken inside the graph)."""
+
+    arrays = NumpyArrays()
+
+    def __init__(self, runner: OnnxRunner, hidden: Any, mask: Any, unanswerable_id: int | None) -> None:
+        self.runner, self.hidden, self.mask = runner, hidden, mask
+        self.unanswerable_id = unanswerable_id
+        self.past: list[Any] = []
+
+    def step(self, step: int, token: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        runner, token = self.runner, token[:, None]
+        if step == 0:
+            unanswerable = np.array([self.unanswerable_id or 0], dtype=np.int64)
+            values = (token, self.hidden, self.mask, unanswerable)
+            feeds = dict(zip(init_input_names(), values, strict=True))
+            host = runner._init_outputs[:2]  # next_token, answerability
+            best, answer, *self.past = runner._run("decoder_init", feeds, runner._init_outputs, host)
+            return best, answer
+        feeds = dict(zip(runner._step_inputs, (token, self.mask, *self.past), strict=True))
+        best, *self_kv = runner._run("decoder", feeds, runner._step_outputs, runner._step_outputs[:1])
+        self.past = merge_past(self_kv, self.past)
+        return best, None
+
+    def choose(self, output: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:
+        return output[0]
+
+    def answerability(self, output: tuple[np.ndarray, np.ndarray | None], unanswerable_id: int) -> Any:
+        return output[1]
+
+    def keep(self, rows: np.ndarray) -> None:
+        runner = self.runner
+        feeds = dict(zip(runner._compact_inputs, (rows, self.mask, *self.past), strict=True))
+        self.mask, *self.past = runner._run("compact", feeds, runner._compact_outputs)

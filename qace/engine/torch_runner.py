@@ -1,4 +1,4 @@
-"""PyTorch runner: the Hugging Face encoder once per input, then the engine's static-cache greedy decoder."""
+"""PyTorch runner: a model family's encoder once per batch, then its greedy decoder (`engine.seq2seq`)."""
 
 from __future__ import annotations
 
@@ -9,31 +9,30 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from qace.engine import instrument
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
+from qace.engine.instrument import StageTimer
 from qace.engine.pinned_upload import to_device
-from qace.engine.t5_decoder import StaticT5Decoder
-from qace.engine.t5_encoder import T5Encoder
+from qace.engine.seq2seq import Seq2SeqParts
 
 K = TypeVar("K")
 
 
-
 class TorchRunner:
-    """Runs one seq2seq model (T5 or Visual-T5) on batches planned by the scheduler."""
+    """Runs one encoder-decoder model on batches planned by the scheduler, with the encoder and decoder
+    its family built (`qace.families.torch_runner` makes one from a loaded model)."""
 
-    def __init__(self, model: Any, *, device: str = "cpu") -> None:
+    def __init__(self, model: Any, parts: Seq2SeqParts, *, device: str = "cpu") -> None:
         self.model = model
         self.device = torch.device(device)
-        self.encoder = T5Encoder(model)
-        self.decoder = StaticT5Decoder(model)
-        self.force: Any = None
-        """Benchmarks only: maps a batch to the tokens each row must emit (see StaticT5Decoder)."""
-        self.profile = False
-        """Benchmarks only: synchronise around encoder and decoder to time them apart (costs a little)."""
+        self.encoder = parts.encoder
+        self.decoder = parts.decoder
         self.features: DeviceFeatureCache | None = None
         """Visual-T5 only: region features of hot images, kept on the device across chunks."""
-        self.stats = {"sequences": 0, "encoder_tokens": 0, "encoder_seconds": 0.0, "decoder_seconds": 0.0}
+        self.stats = {"sequences": 0, "encoder_tokens": 0}
+        """Rows and padded encoder positions run so far (benchmarks read them; encoder and decoder times
+        come through `qace.engine.instrument`'s ``profile``)."""
         self._side: torch.cuda.Stream | None = None
         """CUDA only: the stream `generate_jobs` runs this model's encoders on."""
 
@@ -42,14 +41,16 @@ class TorchRunner:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Device-resident features of ``image_ids`` (see `DeviceFeatureCache.rows`)."""
         if self.features is None:
-            dtype = self.model.encoder.img_emb.weight.dtype
+            dtype = self.encoder.feature_dtype
+            if dtype is None:
+                raise TypeError(f"{type(self.model).__name__} reads no region features")
             # on the CPU the slab only saves the per-chunk stacking, so it stays small (host RAM)
             capacity = 8192 if self.device.type == "cuda" else 512
             self.features = DeviceFeatureCache(self.device, dtype, capacity)
         return self.features.rows(image_ids, load)
 
-    def _clock(self) -> float:
-        if self.profile and self.device.type == "cuda":
+    def _clock(self, profile: StageTimer | None) -> float:
+        if profile is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
@@ -58,17 +59,16 @@ class TorchRunner:
         """Encoder hidden states and the attention mask the decoder's cross-attention needs."""
         ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)
         mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
+        features = None
         if isinstance(batch, VisualBatch):
-            feats = torch.as_tensor(batch.features, device=self.device)
-            embeds, mask = self.model.visual_embeds(ids, mask, feats)
-            return self.encoder(mask, inputs_embeds=embeds)
-        return self.encoder(mask, input_ids=ids)
+            features = torch.as_tensor(batch.features, device=self.device)
+        return self.encoder(ids, mask, features)
 
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
     ) -> Generated:
         """Greedy-decode every row of ``batch``."""
-        start = self._clock()
+        start = self._clock(instrument.of(self).profile)
         hidden, mask = self.encode(batch)
         return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id)
 
@@ -80,18 +80,15 @@ class TorchRunner:
         unanswerable_id: int | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> int:
-        """Capture now the decoder's CUDA graphs for batches of up to ``rows`` rows padded to ``length``,
-        for each ``(rows, length)`` of ``shapes``, so that no later call pays for a capture
-        (`GraphedDecoding.prepare`); returns how many batch shapes were new. Nothing to do on the CPU or
-        without graph decoding: returns 0."""
-        if self.device.type != "cuda" or not self.decoder.cuda_graphs:
-            return 0
-        like = torch.empty(0, device=self.device, dtype=self.decoder.embed.weight.dtype)
-        return self.decoder.graphed().prepare(
+        """Prepare now what the decoder would prepare on first sight of a batch (its CUDA graphs) for
+        batches of up to ``rows`` rows padded to ``length``, for each ``(rows, length)`` of ``shapes``, so
+        that no later call pays for it (`Decoder.warm_up`); returns how many batch shapes were new (0 on
+        the CPU)."""
+        return self.decoder.warm_up(
             shapes,
+            device=self.device,
             steps=max_new_tokens,
-            like=like,
-            forcing=self.force is not None,
+            forcing=instrument.of(self).force_tokens is not None,
             unanswerable_id=unanswerable_id,
             progress=progress,
         )
@@ -108,7 +105,7 @@ class TorchRunner:
         next batch's encoder (matrix products) now fills those gaps beside the decoder's memory-bound
         steps, also when the next batch belongs to another model (the engine streams a call's answers
         on the caption and on the image as one stream of jobs). The results are the same: each batch
-        runs the same kernels, in the same order on its own data. Profiling runs (``profile``) keep the
+        runs the same kernels, in the same order on its own data. Profiled runners (``profile``) keep the
         stages apart to time them.
         """
         it = iter(jobs)
@@ -116,7 +113,7 @@ class TorchRunner:
         if upcoming is None:
             return
         first = upcoming[0]
-        if first.device.type != "cuda" or first.profile:
+        if first.device.type != "cuda" or instrument.of(first).profile is not None:
             while upcoming is not None:
                 runner, key, batch, unanswerable_id = upcoming
                 yield (
@@ -161,16 +158,18 @@ class TorchRunner:
         max_new_tokens: int,
         unanswerable_id: int | None,
     ) -> Generated:
-        encoded = self._clock()
+        hooks = instrument.of(self)
+        encoded = self._clock(hooks.profile)
         forced = None
-        if self.force is not None:
-            forced = to_device(np.asarray(self.force(batch, max_new_tokens), dtype=np.int64), self.device)
+        if hooks.force_tokens is not None:
+            wanted = np.asarray(hooks.force_tokens(batch, max_new_tokens), dtype=np.int64)
+            forced = to_device(wanted, self.device)
         tokens, answerability = self.decoder.generate(
             hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
         )
-        if self.profile:
-            self.stats["encoder_seconds"] += encoded - start
-            self.stats["decoder_seconds"] += self._clock() - encoded
+        if hooks.profile is not None:
+            hooks.profile.seconds["encoder"] += encoded - start
+            hooks.profile.seconds["decoder"] += self._clock(hooks.profile) - encoded
         self.stats["sequences"] += mask.shape[0]
         self.stats["encoder_tokens"] += mask.numel()
         return Generated(

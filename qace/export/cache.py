@@ -11,7 +11,6 @@ a file lock, so parallel test sessions or workers export once.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -19,9 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from qace.engine.onnx_runner import GRAPHS, MANIFEST, OnnxRunner, check_device
+from qace.engine.onnx_runner import OnnxRunner, check_device
 from qace.errors import ConfigError
-from qace.export.exporter import FORMAT_VERSION, export_model
+from qace.export.exporter import export_model
+from qace.onnx_format import FORMAT_VERSION, GRAPHS, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ def export_location(source: str, variant: str, fingerprint: str) -> Path:
 def is_current(export_dir: Path, fingerprint: str) -> bool:
     """True when ``export_dir`` holds a complete, validated export of these weights in this format."""
     try:
-        info = json.loads((export_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
+        info = read_manifest(export_dir)
+    except ConfigError:
         return False
     return (
         info.get("format_version") == FORMAT_VERSION

@@ -14,7 +14,6 @@ returned in fp32); ``int8`` (ONNX Runtime dynamic quantization of the fp32 graph
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import shutil
 import tempfile
@@ -27,7 +26,8 @@ import numpy as np
 import torch
 
 from qace import __version__
-from qace.engine.onnx_runner import MANIFEST, WEIGHTED_GRAPHS, import_ort, merge_past
+from qace import onnx_format as fmt
+from qace.engine.onnx_runner import import_ort
 from qace.errors import ConfigError
 from qace.export import graphs
 from qace.export.validate import ValidationReport, validate_export
@@ -35,9 +35,6 @@ from qace.export.validate import ValidationReport, validate_export
 logger = logging.getLogger(__name__)
 
 VARIANTS = ("fp32", "fp16", "int8")
-FORMAT_VERSION = 2
-"""Bump when the graphs' inputs, outputs or arithmetic change: cached exports of older formats are redone.
-2: the decoder graphs return ``next_token`` (and ``answerability``), and ``compact.onnx`` drops rows."""
 OPSET = graphs.OPSET
 
 
@@ -90,7 +87,7 @@ def _export_graphs(model: Any, out: Path) -> None:
     batch = 2
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 1], [5, 6, 7, 1, 0, 0, 0]], dtype=torch.long)
     mask = (ids != 0).long()
-    enc_out = ["encoder_hidden_states", "encoder_attention_mask"]
+    enc_out = list(fmt.ENCODER_OUTPUTS)
     if is_visual(model):
         from qace.models.visual_t5 import NUM_REGIONS, QUESTION_SLOTS, REGION_DIM
 
@@ -103,7 +100,7 @@ def _export_graphs(model: Any, out: Path) -> None:
             encoder,
             (ids, mask, feats),
             out / "encoder.onnx",
-            ["input_ids", "attention_mask", "features"],
+            [*fmt.ENCODER_INPUTS, fmt.FEATURES],
             enc_out,
             {
                 "input_ids": {0: "batch"},
@@ -121,7 +118,7 @@ def _export_graphs(model: Any, out: Path) -> None:
             encoder,
             (ids, mask),
             out / "encoder.onnx",
-            ["input_ids", "attention_mask"],
+            list(fmt.ENCODER_INPUTS),
             enc_out,
             {
                 "input_ids": seq,
@@ -134,7 +131,7 @@ def _export_graphs(model: Any, out: Path) -> None:
     hidden = hidden.to(dtype)
     token = torch.full((batch, 1), int(config.decoder_start_token_id), dtype=torch.long)
     unanswerable = torch.tensor([2], dtype=torch.long)
-    init_out = graphs.init_output_names(layers)
+    init_out = fmt.init_output_names(layers)
     enc_axes = {
         "encoder_hidden_states": {0: "batch", 1: "encoder_length"},
         "encoder_attention_mask": {0: "batch", 1: "encoder_length"},
@@ -143,7 +140,7 @@ def _export_graphs(model: Any, out: Path) -> None:
         graphs.DecoderInit(model),
         (token, hidden, enc_mask, unanswerable),
         out / "decoder_init.onnx",
-        graphs.init_input_names(),
+        fmt.init_input_names(),
         init_out,
         {
             "decoder_input_ids": {0: "batch"},
@@ -156,8 +153,8 @@ def _export_graphs(model: Any, out: Path) -> None:
         _, _, _, *past = graphs.DecoderInit(model)(token, hidden, enc_mask, unanswerable)
         # Two steps of past, so no past axis is traced as the constant 1.
         _, _, *selfkv = graphs.DecoderWithPast(model)(token, enc_mask, *past)
-    past = merge_past(selfkv, past)
-    dec_in, dec_out = graphs.decoder_input_names(layers), graphs.decoder_output_names(layers)
+    past = fmt.merge_past(selfkv, past)
+    dec_in, dec_out = fmt.decoder_input_names(layers), fmt.decoder_output_names(layers)
     _export_graph(
         graphs.DecoderWithPast(model),
         (token, enc_mask, *past),
@@ -192,7 +189,7 @@ def _quantize(src: Path, dst: Path) -> None:
     quiet = _DropPreprocessHint()
     root.addFilter(quiet)  # onnxruntime logs a generic "run pre-processing" hint on the root logger
     try:
-        for name in WEIGHTED_GRAPHS:
+        for name in fmt.WEIGHTED_GRAPHS:
             quantize_dynamic(
                 str(src / f"{name}.onnx"),
                 str(dst / f"{name}.onnx"),
@@ -251,13 +248,13 @@ def export_model(
         else:
             _export_graphs(_prepared(model, variant), graphs_dir)
         manifest = _manifest(model, variant, fingerprint, source)
-        (graphs_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        fmt.write_manifest(graphs_dir, manifest)
         report = validate_export(
             reference, graphs_dir, variant=variant, device=validation_device, enforce=validate
         )
         manifest["validation"] = asdict(report)
         manifest["export_seconds"] = round(time.perf_counter() - start, 2)
-        (graphs_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        fmt.write_manifest(graphs_dir, manifest)
         if out.exists():
             shutil.rmtree(out)
         graphs_dir.rename(out)
@@ -279,24 +276,22 @@ def _manifest(model: Any, variant: str, fingerprint: str, source: str) -> dict[s
 
     ort = import_ort()
     config = model.config
-    return {
-        "format_version": FORMAT_VERSION,
-        "source": source,
-        "fingerprint": fingerprint,
-        "precision": "fp16" if variant == "fp16" else "fp32",
-        "variant": variant,
-        "visual": is_visual(model),
-        "layers": int(config.num_decoder_layers),
-        "decoder_start_token_id": int(config.decoder_start_token_id),
-        "eos_token_id": int(config.eos_token_id),
-        "vocab_size": int(config.vocab_size),
-        "opset": OPSET,
-        "exporter": f"torch.onnx (TorchScript) {torch.__version__}",
-        "versions": {
+    return fmt.manifest(
+        source=source,
+        fingerprint=fingerprint,
+        variant=variant,
+        visual=is_visual(model),
+        layers=int(config.num_decoder_layers),
+        start_id=int(config.decoder_start_token_id),
+        eos_id=int(config.eos_token_id),
+        vocab_size=int(config.vocab_size),
+        opset=OPSET,
+        exporter=f"torch.onnx (TorchScript) {torch.__version__}",
+        versions={
             "qace": __version__,
             "torch": torch.__version__,
             "onnx": onnx.__version__,
             "onnxruntime": ort.__version__,
             "numpy": np.__version__,
         },
-    }
+    )

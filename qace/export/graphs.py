@@ -8,7 +8,8 @@ written on plain tensors, so every graph has fixed named inputs and outputs and 
 are ordinary tensors. The export validation (``qace.export.validate``) proves they still equal the
 PyTorch model.
 
-Graphs (names of inputs and outputs are the contract with ``qace.engine.onnx_runner``):
+Graphs (their names, inputs and outputs are the export format, `qace.onnx_format`, which the runtime
+``qace.engine.onnx_runner`` reads too):
 
 - ``encoder``: ``input_ids``, ``attention_mask`` (B, S) -> ``encoder_hidden_states`` (B, S, D),
   ``encoder_attention_mask`` (B, S); the Visual-T5 encoder also takes ``features`` (B, 36, 2054) and
@@ -40,16 +41,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from qace.engine.t5_ops import clamp_fp16, rms_norm
+from qace.families.t5.ops import clamp_fp16, rms_norm
+from qace.onnx_format import compact_input_names, compact_output_names
 
 OPSET = 17
-SELF_KV = ("self_key", "self_value")
-CROSS_KV = ("cross_key", "cross_value")
-
-
-def past_names(layers: int, prefix: str, kinds: tuple[str, ...]) -> list[str]:
-    """``{prefix}.{i}.{kind}`` for every layer, layer-major (the order the graphs use)."""
-    return [f"{prefix}.{i}.{kind}" for i in range(layers) for kind in kinds]
 
 
 def _bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -246,22 +241,6 @@ class DecoderWithPast(nn.Module):
         return (logits, logits.argmax(dim=-1), *presents)
 
 
-def init_input_names() -> list[str]:
-    return ["decoder_input_ids", "encoder_hidden_states", "encoder_attention_mask", "unanswerable_id"]
-
-
-def init_output_names(layers: int) -> list[str]:
-    return ["logits", "next_token", "answerability", *past_names(layers, "present", SELF_KV + CROSS_KV)]
-
-
-def decoder_input_names(layers: int) -> list[str]:
-    return ["decoder_input_ids", "encoder_attention_mask", *past_names(layers, "past", SELF_KV + CROSS_KV)]
-
-
-def decoder_output_names(layers: int) -> list[str]:
-    return ["logits", "next_token", *past_names(layers, "present", SELF_KV)]
-
-
 def write_compact_graph(path: Path, layers: int, float_type: int) -> None:
     """Write the ``compact`` graph: one ``Gather`` on axis 0 per tensor that lives across steps.
 
@@ -270,17 +249,17 @@ def write_compact_graph(path: Path, layers: int, float_type: int) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    kv = past_names(layers, "past", SELF_KV + CROSS_KV)
-    names = ["encoder_attention_mask", *kv]
-    inputs = [helper.make_tensor_value_info("index", TensorProto.INT64, ["kept"])]
-    inputs.append(helper.make_tensor_value_info(names[0], TensorProto.INT64, ["batch", "encoder_length"]))
+    index, mask, *kv = compact_input_names(layers)
+    names, kept = [mask, *kv], compact_output_names(layers)
+    inputs = [helper.make_tensor_value_info(index, TensorProto.INT64, ["kept"])]
+    inputs.append(helper.make_tensor_value_info(mask, TensorProto.INT64, ["batch", "encoder_length"]))
     inputs += [
         helper.make_tensor_value_info(n, float_type, ["batch", "heads", f"len_{n}", "d_kv"]) for n in kv
     ]
     outputs = [
-        helper.make_tensor_value_info(f"kept.{n}", i.type.tensor_type.elem_type, None)
-        for n, i in zip(names, inputs[1:], strict=True)
+        helper.make_tensor_value_info(k, i.type.tensor_type.elem_type, None)
+        for k, i in zip(kept, inputs[1:], strict=True)
     ]
-    nodes = [helper.make_node("Gather", [n, "index"], [f"kept.{n}"], axis=0) for n in names]
+    nodes = [helper.make_node("Gather", [n, index], [k], axis=0) for n, k in zip(names, kept, strict=True)]
     graph = helper.make_graph(nodes, "compact", inputs, outputs)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), str(path))

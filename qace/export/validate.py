@@ -24,9 +24,19 @@ import numpy as np
 import torch
 
 from qace.engine.batches import TextBatch, VisualBatch
-from qace.engine.onnx_runner import OnnxRunner, merge_past
-from qace.engine.torch_runner import TorchRunner
+from qace.engine.onnx_runner import OnnxRunner
 from qace.errors import ExportValidationError
+from qace.families import torch_runner
+from qace.onnx_format import (
+    ENCODER_INPUTS,
+    ENCODER_OUTPUTS,
+    FEATURES,
+    decoder_input_names,
+    decoder_output_names,
+    init_input_names,
+    init_output_names,
+    merge_past,
+)
 
 TOLERANCES: dict[str, tuple[float, float]] = {
     "fp32": (1e-3, 1.0),
@@ -90,32 +100,23 @@ def _torch_logits(model: Any, batch: TextBatch | VisualBatch, decoder_ids: np.nd
 
 def _onnx_logits(runner: OnnxRunner, batch: TextBatch | VisualBatch, decoder_ids: np.ndarray) -> np.ndarray:
     """Step-by-step logits of the exported graphs, fed ``decoder_ids`` (teacher forcing, plain ``run``)."""
-    feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    feeds = dict(zip(ENCODER_INPUTS, (batch.input_ids, batch.attention_mask), strict=True))
     if isinstance(batch, VisualBatch):
-        feeds["features"] = batch.features
-    sessions = runner.sessions
-    hidden, mask = sessions["encoder"].run(["encoder_hidden_states", "encoder_attention_mask"], feeds)
-    init, step_graph = sessions["decoder_init"], sessions["decoder"]
-    init_names = [o.name for o in init.get_outputs()]
-    logits, *past = init.run(
+        feeds[FEATURES] = batch.features
+    sessions, layers = runner.sessions, runner.info.layers
+    hidden, mask = sessions["encoder"].run(list(ENCODER_OUTPUTS), feeds)
+    init_names = init_output_names(layers)
+    unanswerable = np.zeros(1, dtype=np.int64)
+    logits, *past = sessions["decoder_init"].run(
         [init_names[0], *init_names[3:]],  # logits and the K/V
-        {
-            "decoder_input_ids": decoder_ids[:, :1],
-            "encoder_hidden_states": hidden,
-            "encoder_attention_mask": mask,
-            "unanswerable_id": np.zeros(1, dtype=np.int64),
-        },
+        dict(zip(init_input_names(), (decoder_ids[:, :1], hidden, mask, unanswerable), strict=True)),
     )
     steps = [logits]
-    names = [i.name for i in step_graph.get_inputs()][2:]
-    step_names = [o.name for o in step_graph.get_outputs()]
+    step_inputs, step_outputs = decoder_input_names(layers), decoder_output_names(layers)
     for step in range(1, decoder_ids.shape[1]):
-        feeds = {
-            "decoder_input_ids": decoder_ids[:, step : step + 1],
-            "encoder_attention_mask": mask,
-            **dict(zip(names, past, strict=True)),
-        }
-        logits, *selfkv = step_graph.run([step_names[0], *step_names[2:]], feeds)
+        token = decoder_ids[:, step : step + 1]
+        feeds = dict(zip(step_inputs, (token, mask, *past), strict=True))
+        logits, *selfkv = sessions["decoder"].run([step_outputs[0], *step_outputs[2:]], feeds)
         past = merge_past(selfkv, past)
         steps.append(logits)
     return np.stack(steps, axis=1)
@@ -133,7 +134,7 @@ def measure(
     batch = batch if batch is not None else sample_batch(model)
     atol, min_agreement = TOLERANCES[variant]
     runner = OnnxRunner(export_dir, device=device)
-    expected = TorchRunner(model).generate(batch, max_new_tokens=VALIDATION_STEPS).tokens
+    expected = torch_runner(model).generate(batch, max_new_tokens=VALIDATION_STEPS).tokens
     got = runner.generate(batch, max_new_tokens=VALIDATION_STEPS).tokens
     agreement = float(np.mean([a == b for a, b in zip(expected, got, strict=True)]))
     start, eos = int(model.config.decoder_start_token_id), int(model.config.eos_token_id)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qace.engine import instrument
+from qace.engine.batches import eos_lengths
 from qace.errors import ModelNotFoundError
 from qace.judges.rating import NumberTokens
 from qace.precision import torch_dtype
@@ -128,8 +130,6 @@ class VLMRunner:
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.device = device
-        self.force_full_length = False
-        """Benchmarks only: suppress EOS so every answer runs to ``max_new_tokens`` (scores mean nothing)."""
         eos = model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
@@ -165,7 +165,7 @@ class VLMRunner:
         batch = self._collate(rows)
         recorder = _NumberRecorder(self._number_ids) if numbers else None
         extra: dict[str, Any] = {}
-        if self.force_full_length:
+        if instrument.of(self).full_length:  # benchmarks only: scores then mean nothing
             extra["min_new_tokens"] = max_new_tokens
         with torch.inference_mode():
             out = self.model.generate(
@@ -177,15 +177,15 @@ class VLMRunner:
                 logits_processor=LogitsProcessorList([recorder]) if recorder else None,
                 **extra,
             )
-        new = out[:, batch["input_ids"].shape[1] :].cpu().tolist()
+        new = out[:, batch["input_ids"].shape[1] :].cpu().numpy()
         probs = torch.stack(recorder.steps, dim=1).cpu().numpy() if recorder and recorder.steps else None
+        lengths, ended = eos_lengths(new, self.eos_ids)
         results = []
-        for i, ids in enumerate(new):
-            end = next((k for k, t in enumerate(ids) if t in self.eos_ids), None)
-            kept = ids if end is None else ids[:end]
+        for i, ids in enumerate(new.tolist()):
+            kept = ids[: lengths[i]]
             text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
             row_probs = probs[i, : len(kept)] if probs is not None else None
-            results.append(Generation(tuple(kept), text, end is None, row_probs))
+            results.append(Generation(tuple(kept), text, not ended[i], row_probs))
         return results
 
     def pieces(self, token_ids: Sequence[int], start: int, end: int) -> tuple[list[int], list[str]]:

@@ -17,7 +17,7 @@ import numpy as np
 from qace.config import VARIANT_NAMES, QACEConfig
 from qace.data.records import Record
 from qace.engine.engine import NO_LOCK, BatchLimits, run_stages, text_stage, visual_stage
-from qace.engine.profiling import NO_TIMER
+from qace.engine.instrument import NO_TIMER
 from qace.metric.aggregate import COMPONENTS, caption_scores
 from qace.metric.prompts import MAX_NEW_TOKENS, QG_TEMPLATE, TQA_TEMPLATE, clean_question
 from qace.metric.text import filter_stopwords_all

@@ -18,9 +18,9 @@ from qace.precision import torch_dtype
 def _runner(model: Any, config: QACEConfig, source: str, fingerprint: str) -> Any:
     """Wrap a loaded model in the configured backend's runner (ONNX exports it on first use)."""
     if config.backend == "torch":
-        from qace.engine.torch_runner import TorchRunner
+        from qace.families import torch_runner
 
-        return TorchRunner(model, device=config.device)
+        return torch_runner(model, device=config.device)
     if config.backend == "onnx":
         from qace.export.cache import runner_for
 

@@ -9,6 +9,7 @@ import torch
 from qace.engine.batches import TextBatch, VisualBatch
 from qace.engine.scheduler import pad_batch
 from qace.engine.torch_runner import TorchRunner
+from qace.families import torch_runner
 from qace.models.loading import load_seq2seq, load_visual_t5
 from qace.models.visual_t5 import visual_question_inputs
 
@@ -49,7 +50,7 @@ def test_streamed_jobs_equal_one_batch_at_a_time(test_models_dir, device: str, r
     else:
         model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device=device)
         batches = _text_batches(tokenizer, 4)
-    runner = TorchRunner(model, device=device)
+    runner = torch_runner(model, device=device)
     one_by_one = [runner.generate(batch, max_new_tokens=12, unanswerable_id=5) for _, batch in batches]
     jobs = ((runner, index, batch, 5) for index, batch in batches)
     streamed = list(TorchRunner.generate_jobs(jobs, max_new_tokens=12))
@@ -65,7 +66,7 @@ def test_jobs_of_two_models_stream_as_one(test_models_dir, device: str) -> None:
     the first visual encoder overlaps the last text-QA decode. Each job's outputs are its own."""
     tqa, tqa_tok = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device=device)
     vqa, vqa_tok = load_visual_t5(test_models_dir / "vqa", device=device)
-    text, visual = TorchRunner(tqa, device=device), TorchRunner(vqa, device=device)
+    text, visual = torch_runner(tqa, device=device), torch_runner(vqa, device=device)
     jobs = [(text, ("t", i), b, 5) for i, (_, b) in enumerate(_text_batches(tqa_tok, 2))]
     jobs += [(visual, ("v", i), b, 7) for i, (_, b) in enumerate(_visual_batches(vqa_tok, device, 2))]
     streamed = list(TorchRunner.generate_jobs(iter(jobs), max_new_tokens=12))

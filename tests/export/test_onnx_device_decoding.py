@@ -11,15 +11,17 @@ import numpy as np
 import onnxruntime
 import pytest
 
+from qace import onnx_format as fmt
 from qace.api import QACE
 from qace.cli import main as cli_main
-from qace.engine.onnx_runner import GRAPHS, OnnxRunner
-from qace.engine.torch_runner import TorchRunner
+from qace.engine.onnx_runner import OnnxRunner
 from qace.errors import BackendUnavailableError
 from qace.export.exporter import export_model
 from qace.export.validate import _onnx_logits, sample_batch
+from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.models import loading
+from qace.onnx_format import GRAPHS
 
 ROLES = ("qg", "tqa", "vqa")
 UNANSWERABLE = 7
@@ -68,7 +70,7 @@ def test_in_graph_argmax_equals_host_argmax_of_the_logits(loaded, exports, role,
     probs = np.exp(first - first.max(axis=-1, keepdims=True))
     np.testing.assert_allclose(got.answerability, 1 - probs[:, UNANSWERABLE] / probs.sum(axis=-1), atol=1e-6)
     if variant == "fp32":
-        expected = TorchRunner(model).generate(
+        expected = torch_runner(model).generate(
             batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=UNANSWERABLE
         )
         assert got.tokens == expected.tokens
@@ -106,7 +108,7 @@ def test_rows_dropped_on_the_device_keep_decoding_right(tmp_path):
 
     runner._run = counted
     got = runner.generate(batch, max_new_tokens=MAX_NEW_TOKENS)
-    expected = TorchRunner(model).generate(batch, max_new_tokens=MAX_NEW_TOKENS)
+    expected = torch_runner(model).generate(batch, max_new_tokens=MAX_NEW_TOKENS)
     assert kept and max(kept) >= 2, "the batch no longer ends rows early: pick another EOS id"
     assert max(map(len, got.tokens)) > 10  # kept rows decode on for many steps after the drop
     assert got.tokens == expected.tokens
@@ -125,6 +127,25 @@ def test_compact_graph_keeps_the_indexed_rows(exports):
     assert len(outputs) == len(feeds) - 1
     for (name, value), kept in zip(list(feeds.items())[1:], outputs, strict=True):
         np.testing.assert_array_equal(kept, value[[3, 0]], err_msg=name)
+
+
+@pytest.mark.parametrize("key", [("vqa", "fp32"), ("qg", "fp16")])
+def test_graphs_have_the_names_of_the_format(exports, key):
+    """The runner binds by the format's names (`qace.onnx_format`), not by what a session lists."""
+    runner = OnnxRunner(exports[key])
+    layers = runner.info.layers
+    expected = {
+        "encoder": ([*fmt.ENCODER_INPUTS, fmt.FEATURES], list(fmt.ENCODER_OUTPUTS)),
+        "decoder_init": (fmt.init_input_names(), fmt.init_output_names(layers)),
+        "decoder": (fmt.decoder_input_names(layers), fmt.decoder_output_names(layers)),
+        "compact": (fmt.compact_input_names(layers), fmt.compact_output_names(layers)),
+    }
+    if not runner.info.visual:
+        expected["encoder"][0].remove(fmt.FEATURES)
+    for graph, (inputs, outputs) in expected.items():
+        session = runner.sessions[graph]
+        assert [i.name for i in session.get_inputs()] == inputs, graph
+        assert [o.name for o in session.get_outputs()] == outputs, graph
 
 
 def test_export_has_the_device_graphs(exports):

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from qace.engine.onnx_runner import OnnxRunner
-from qace.engine.torch_runner import TorchRunner
 from qace.errors import ExportValidationError
 from qace.export.exporter import export_model
 from qace.export.validate import measure, sample_batch, validate_export
+from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.models.loading import load_seq2seq, load_visual_t5
 
@@ -65,7 +65,7 @@ def test_dynamic_batch_and_lengths(loaded, fp32_exports, role, rows):
 @pytest.mark.parametrize("role", ["tqa", "vqa"])
 def test_answerability_matches(loaded, fp32_exports, role):
     batch = sample_batch(loaded[role], rows=5, seed=3)
-    expected = TorchRunner(loaded[role]).generate(batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=7)
+    expected = torch_runner(loaded[role]).generate(batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=7)
     got = OnnxRunner(fp32_exports[role].out_dir).generate(
         batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=7
     )

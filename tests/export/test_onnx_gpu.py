@@ -14,9 +14,9 @@ import torch
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
 from qace.engine.onnx_runner import OnnxRunner
-from qace.engine.torch_runner import TorchRunner
 from qace.export.exporter import export_model
 from qace.export.validate import sample_batch
+from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.models import loading
 from tests.helpers import flickr_records
@@ -53,7 +53,7 @@ def test_cuda_export_validates_and_decodes_like_pytorch(test_models_dir, tmp_pat
     got = OnnxRunner(result.out_dir, device="cuda").generate(
         batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=7
     )
-    expected = TorchRunner(model.to(TORCH_DEVICE), device=TORCH_DEVICE).generate(
+    expected = torch_runner(model.to(TORCH_DEVICE), device=TORCH_DEVICE).generate(
         batch, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=7
     )
     assert got.tokens == expected.tokens

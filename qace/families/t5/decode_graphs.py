@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from qace.engine.t5_decoder import StaticT5Decoder
+    from qace.families.t5.decoder import StaticT5Decoder
 
 LENGTH_STEP = 16
 """Encoder lengths are padded up to a multiple of this for the graph's shape."""

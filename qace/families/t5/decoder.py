@@ -1,4 +1,4 @@
-"""Greedy T5 decoding with static caches: the engine's decoding loop.
+"""Greedy T5 decoding with static caches: the T5 family's decoder, eager or replayed as CUDA graphs.
 
 Hugging Face's per-step forward rebuilds masks and position biases, grows its caches by concatenation and
 recomputes nothing it could keep. Here, per batch:
@@ -9,9 +9,9 @@ recomputes nothing it could keep. Here, per batch:
 - the decoder's relative position bias (future masked) is computed once for all steps, and a step picks
   its row with the position held in a tensor;
 - the loop stops when every row has ended; on the CPU, rows that have ended are dropped once they are half
-  the batch (CTranslate2's trick);
+  the batch (CTranslate2's trick): the engine's greedy loop (`qace.engine.greedy`);
 - on CUDA, because a step's shapes never change, the step is captured once per batch shape as a CUDA
-  graph (`qace.engine.decode_graphs`) and replayed: one launch instead of hundreds of kernels a step;
+  graph (`qace.families.t5.decode_graphs`) and replayed: one launch instead of hundreds of kernels a step;
 - answerability is read from the first step's logits of the same pass.
 
 It reads the weights of a loaded ``T5ForConditionalGeneration`` (or Visual-T5), so it works for any T5
@@ -20,17 +20,19 @@ checkpoint, ReLU or gated-GELU, in fp32 (identical tokens to ``generate``), bf16
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from qace.engine.decode_attention import attend
-from qace.engine.t5_ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
+from qace.engine.greedy import TorchArrays, greedy_decode
+from qace.families.t5.decode_attention import attend
+from qace.families.t5.ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
 
 if TYPE_CHECKING:
-    from qace.engine.decode_graphs import GraphedDecoding
+    from qace.families.t5.decode_graphs import GraphedDecoding
 
 
 @dataclass
@@ -63,7 +65,7 @@ class StaticT5Decoder:
         ]
         self.qkv = [fused_qkv(lay.self_attn) for lay in self.layers]
         self.fused_norm = self.embed.weight.dtype in HALF
-        """Half precision: fused layer norms (`qace.engine.t5_ops.rms_norm`) and residual additions in the
+        """Half precision: fused layer norms (`qace.families.t5.ops.rms_norm`) and residual additions in the
         products' epilogues (`add_linear_`, `FeedForward`); fp32: Hugging Face's operations."""
         self.ff = [FeedForward(lay.ff, lay.ff_norm) for lay in self.layers] if self.fused_norm else []
         self.cross_weight = (
@@ -158,10 +160,35 @@ class StaticT5Decoder:
         """``(B, 1, 1, S)`` additive mask of the encoder's padding."""
         return torch.where(mask[:, None, None, :].bool(), 0.0, torch.finfo(dtype).min).to(dtype)
 
+    def warm_up(
+        self,
+        shapes: Iterable[tuple[int, int]],
+        *,
+        device: torch.device,
+        steps: int,
+        forcing: bool = False,
+        unanswerable_id: int | None = None,
+        progress: Callable[[int], object] | None = None,
+    ) -> int:
+        """Capture now the CUDA graphs of every batch shape up to each ``(rows, length)`` of ``shapes``
+        (`GraphedDecoding.prepare`); returns how many batch shapes were new. Nothing to do on the CPU or
+        without graph decoding: returns 0."""
+        if device.type != "cuda" or not self.cuda_graphs:
+            return 0
+        like = torch.empty(0, device=device, dtype=self.embed.weight.dtype)
+        return self.graphed().prepare(
+            shapes,
+            steps=steps,
+            like=like,
+            forcing=forcing,
+            unanswerable_id=unanswerable_id,
+            progress=progress,
+        )
+
     def graphed(self) -> GraphedDecoding:
-        """This decoder's CUDA-graph decoding (`qace.engine.decode_graphs`), made on first use."""
+        """This decoder's CUDA-graph decoding (`qace.families.t5.decode_graphs`), made on first use."""
         if self._graphs is None:
-            from qace.engine.decode_graphs import GraphedDecoding
+            from qace.families.t5.decode_graphs import GraphedDecoding
 
             self._graphs = GraphedDecoding(self)
         return self._graphs
@@ -180,48 +207,22 @@ class StaticT5Decoder:
 
         ``forced`` (benchmarks only, ``(B, max_new_tokens)``) replaces each step's argmax, so random-weight
         models can be timed on realistic outputs (varied, EOS-terminated) with all the work still done.
+        Eager decoding runs the engine's greedy loop (`qace.engine.greedy.greedy_decode`) on `_EagerSteps`;
+        CUDA-graph decoding (`graphed`) keeps the loop's rules inside its captured step.
         """
         if self.cuda_graphs and hidden.is_cuda:
             return self.graphed().generate(
                 hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
             )
-        rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
-        cross_bias = self.cross_bias(mask, dtype)
-        cross = self.cross_cache(hidden)
-        shape = (rows, self.heads, max_new_tokens, self.d_kv)
-        keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
-        values = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
-        self_bias = self.self_bias(max_new_tokens, device, dtype)
-
-        alive = torch.arange(rows, device=device)
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)
-        token = torch.full((rows,), self.start_id, dtype=torch.long, device=device)
-        out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
-        answerability = None
-        for step in range(max_new_tokens):
-            pos = torch.tensor([step], device=device)
-            logits = self.step(token, pos, keys, values, cross, cross_bias, self_bias)
-            self.row_steps += len(alive)
-            if step == 0 and unanswerable_id is not None:
-                answerability = self.answerability(logits, unanswerable_id)
-            token = logits.argmax(dim=-1) if forced is None else forced[alive, step]
-            out[alive, step] = torch.where(finished, -1, token)
-            finished |= token == self.eos_id
-            token = torch.where(finished, self.eos_id, token)  # ended rows idle until dropped
-            n_alive = int((~finished).sum())
-            if n_alive == 0:
-                break
-            if n_alive <= len(alive) // 2:
-                keep = (~finished).nonzero()[:, 0]
-                alive, token, finished, cross_bias = (
-                    alive[keep],
-                    token[keep],
-                    finished[keep],
-                    cross_bias[keep],
-                )
-                keys, values = [k[keep] for k in keys], [v[keep] for v in values]
-                cross = [(k[keep], v[keep]) for k, v in cross]
-        return out, answerability
+        return greedy_decode(
+            _EagerSteps(self, hidden, mask, max_new_tokens),
+            hidden.shape[0],
+            start_id=self.start_id,
+            eos_id=self.eos_id,
+            max_new_tokens=max_new_tokens,
+            unanswerable_id=unanswerable_id,
+            forced=forced,
+        )
 
     @staticmethod
     def answerability(logits: torch.Tensor, unanswerable_id: int) -> torch.Tensor:
@@ -267,3 +268,37 @@ class StaticT5Decoder:
         if self.output_scale is not None:
             h = h * self.output_scale
         return F.linear(h, self.lm_head)
+
+
+class _EagerSteps:
+    """One batch's eager decoding steps for `greedy_decode`: self-attention caches preallocated for every
+    step, cross-attention keys and values computed once; dropped rows leave every cache."""
+
+    def __init__(self, dec: StaticT5Decoder, hidden: torch.Tensor, mask: torch.Tensor, steps: int) -> None:
+        rows, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
+        self.dec, self.device = dec, device
+        self.cross_bias = dec.cross_bias(mask, dtype)
+        self.cross = dec.cross_cache(hidden)
+        shape = (rows, dec.heads, steps, dec.d_kv)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in dec.layers]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in dec.layers]
+        self.self_bias = dec.self_bias(steps, device, dtype)
+        self.arrays = TorchArrays(device)
+
+    def step(self, step: int, token: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of step ``step`` (`StaticT5Decoder.step`)."""
+        dec, pos = self.dec, torch.tensor([step], device=self.device)
+        logits = dec.step(token, pos, self.keys, self.values, self.cross, self.cross_bias, self.self_bias)
+        dec.row_steps += len(token)
+        return logits
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1)
+
+    def answerability(self, logits: torch.Tensor, unanswerable_id: int) -> torch.Tensor:
+        return self.dec.answerability(logits, unanswerable_id)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cross_bias = self.cross_bias[rows]
+        self.keys, self.values = [k[rows] for k in self.keys], [v[rows] for v in self.values]
+        self.cross = [(k[rows], v[rows]) for k, v in self.cross]

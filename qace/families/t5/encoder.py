@@ -8,8 +8,8 @@ the weights and the arithmetic of T5 and changes only how it is run:
   handed, contiguous, to PyTorch's memory-efficient attention kernel (scale 1, as T5 does not scale) in
   one call per layer (a strided mask had sent ``scaled_dot_product_attention`` to its fp32 math path);
 - q, k and v come from one matrix product; residual additions and the feed-forward ReLU happen in the
-  matrix products' epilogues (`qace.engine.t5_ops.add_linear_`, `FeedForward`);
-- layer norms are one fused kernel (`qace.engine.t5_ops.rms_norm`);
+  matrix products' epilogues (`qace.families.t5.ops.add_linear_`, `FeedForward`);
+- layer norms are one fused kernel (`qace.families.t5.ops.rms_norm`);
 - masked positions inside rows (Visual-T5's empty question slots, about half its 102 positions) are
   packed away before the first layer (`T5Encoder.__call__`).
 
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from qace.engine.t5_ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
+from qace.families.t5.ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
 
 
 class T5Encoder:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from qace.engine import fp16_guard
+from qace.families.t5 import fp16_guard
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -34,7 +34,7 @@ def rms_norm(x: torch.Tensor, norm: Any, fused: bool) -> torch.Tensor:
 
 def clamp_fp16(h: torch.Tensor) -> torch.Tensor:
     """Hugging Face's T5 guard against fp16 overflow after each residual (a no-op in other dtypes); on a
-    GPU two fused kernels that clamp in place (`qace.engine.fp16_guard`), elsewhere the formula."""
+    GPU two fused kernels that clamp in place (`qace.families.t5.fp16_guard`), elsewhere the formula."""
     if h.dtype != torch.float16:
         return h
     if fp16_guard.fused_available(h):

@@ -8,7 +8,7 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 from qace.engine.scheduler import pad_batch
-from qace.engine.t5_encoder import T5Encoder
+from qace.families.t5.encoder import T5Encoder
 from qace.models.loading import load_seq2seq, load_visual_t5
 from qace.models.visual_t5 import visual_question_inputs
 
@@ -85,7 +85,7 @@ def test_half_precision_is_as_close_to_fp32_as_hugging_faces_half(test_models_di
 def test_visual_inputs_pack_their_question_slots_and_encode_as_encode_visual(test_models_dir) -> None:
     """Visual-T5's empty question slots are dropped: each kept position's state equals Hugging Face's
     (relative positions kept), and greedy decoding on the packed states gives the same tokens."""
-    from qace.engine.t5_decoder import StaticT5Decoder
+    from qace.families.t5.decoder import StaticT5Decoder
 
     model, tokenizer = load_visual_t5(test_models_dir / "vqa", dtype=torch.float32)
     questions = ["what is on the grass ?", "who runs ?", "what does the young girl in a red dress hold ?"]

@@ -17,8 +17,8 @@ import pytest
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from qace.engine.t5_decoder import StaticT5Decoder
-from qace.engine.t5_encoder import T5Encoder
+from qace.families.t5.decoder import StaticT5Decoder
+from qace.families.t5.encoder import T5Encoder
 
 T5_BASE = dict(vocab_size=32128, d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12)
 SMALL = dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from qace.engine.t5_ops import HALF
+from qace.families.t5.ops import HALF
 
 try:
     import triton

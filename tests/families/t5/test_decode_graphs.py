@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from qace.engine.decode_graphs import bucket_length, bucket_rows, windows
 from qace.engine.scheduler import pad_batch
-from qace.engine.t5_decoder import StaticT5Decoder
+from qace.families.t5.decode_graphs import bucket_length, bucket_rows, windows
+from qace.families.t5.decoder import StaticT5Decoder
 from qace.models.loading import load_seq2seq
 
 PROMPTS = [

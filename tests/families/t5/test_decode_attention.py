@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qace.engine.decode_attention import attend, fused_available
+from qace.families.t5.decode_attention import attend, fused_available
 
 
 def _inputs(rows: int, heads: int, keys: int, dtype: torch.dtype, device: str, seed: int = 0):
@@ -73,7 +73,7 @@ def test_fused_kernel_reads_a_stacked_cache_past_two_billion_elements() -> None:
     element 2**31, where 32-bit offsets would wrap. The last layer's view reads what a copy reads."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from qace.engine.t5_decoder import StaticT5Decoder
+    from qace.families.t5.decoder import StaticT5Decoder
 
     config = T5Config(
         d_model=768, d_kv=64, num_heads=12, num_layers=1, num_decoder_layers=12, vocab_size=8,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from qace.engine import fp16_guard
-from qace.engine.t5_ops import FeedForward, add_linear_, clamp_fp16, rms_norm
+from qace.families.t5 import fp16_guard
+from qace.families.t5.ops import FeedForward, add_linear_, clamp_fp16, rms_norm
 
 
 def _block(gated: bool) -> tuple[torch.nn.Module, torch.nn.Module]:

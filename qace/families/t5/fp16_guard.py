@@ -1,7 +1,7 @@
 """Hugging Face T5's fp16 overflow guard as two Triton kernels instead of five PyTorch ones.
 
 After every residual addition in fp16, T5 clamps the activations to the largest half value, or to 1,000
-below it when any of them is already infinite (``t5_ops.clamp_fp16``'s formula: ``isinf``, ``any``,
+below it when any of them is already infinite (``ops.clamp_fp16``'s formula: ``isinf``, ``any``,
 ``where``, ``clamp``). The engine keeps that guard so fp16 answers match Hugging Face's, but as PyTorch
 operators it is four or five kernels and three passes over the activations per residual: 36 more kernels
 in every T5-base decoding step's graph, 24 more passes over each encoder batch.
@@ -19,7 +19,7 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CPU-only installs: t5_ops uses the formula
+except ImportError:  # CPU-only installs: ops.clamp_fp16 uses the formula
     triton = None
 
 BLOCK = 4096
@@ -41,7 +41,7 @@ def fused_available(h: torch.Tensor) -> bool:
 
 
 def clamp_fp16_(h: torch.Tensor) -> torch.Tensor:
-    """``h`` guarded in place, as ``t5_ops.clamp_fp16`` would return it (see the module docstring)."""
+    """``h`` guarded in place, as ``ops.clamp_fp16`` would return it (see the module docstring)."""
     flat = h.view(-1)
     n = flat.numel()
     flag = torch.zeros(1, dtype=torch.int32, device=h.device)

@@ -1,0 +1,74 @@
+"""What the PyTorch runner needs from a model family: an encoder and a greedy decoder.
+
+The engine knows no model family. `qace.engine.torch_runner.TorchRunner` runs any encoder-decoder model
+whose family (`qace.families`) hands it these two parts; the family owns the model's arithmetic (fused
+kernels, caches, CUDA graphs), the runner owns batches, devices, streams and instrumentation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class Encoder(Protocol):
+    """Encodes a batch once; the decoder cross-attends to its output."""
+
+    @property
+    def feature_dtype(self) -> torch.dtype | None:
+        """The dtype region features are kept in on the device (models that read them), else None."""
+        ...
+
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states ``(B, S, D)`` and the mask the decoder's cross-attention needs with them (a
+        family may pack positions away, so both can be narrower than the input). ``features``: the
+        region features of a visual batch, on the runner's device."""
+        ...
+
+
+class Decoder(Protocol):
+    """Greedy generation from encoder states."""
+
+    eos_id: int
+
+    def generate(
+        self,
+        hidden: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        unanswerable_id: int | None = None,
+        forced: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Greedy tokens ``(B, max_new_tokens)`` (``-1`` after a row ended) and, with
+        ``unanswerable_id``, ``1 - P(unanswerable)`` of the first step per row. ``forced`` (benchmarks,
+        ``(B, max_new_tokens)``) replaces each step's argmax."""
+        ...
+
+    def warm_up(
+        self,
+        shapes: Iterable[tuple[int, int]],
+        *,
+        device: torch.device,
+        steps: int,
+        forcing: bool = False,
+        unanswerable_id: int | None = None,
+        progress: Callable[[int], object] | None = None,
+    ) -> int:
+        """Prepare now what later batches of up to ``rows`` rows padded to ``length`` would otherwise
+        prepare on first sight (CUDA graphs), for each ``(rows, length)`` of ``shapes``; returns how many
+        batch shapes were new (0 where there is nothing to prepare)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Seq2SeqParts:
+    """A model family's encoder and decoder of one loaded model, for `TorchRunner`."""
+
+    encoder: Encoder
+    decoder: Decoder
