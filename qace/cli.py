@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from qace import __version__
-from qace.checks import check_device, check_img_features, check_output_file
+from qace import __version__, scorers
+from qace.checks import check_device, check_output_file
 from qace.errors import BackendUnavailableError, QACEError
 from qace.extras import require_extra
+from qace.options import add_metric_option, add_scorer_options, entry_for
 from qace.progress import add_output_options, configure, summary
 
 if TYPE_CHECKING:
+    from qace.scorers import Scorer
     from qace.scoring import Summary
-
-log = logging.getLogger("qace")
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ OPTIONAL_COMMANDS = {
         "qace.serve.cli",
         "serve",
         ("fastapi", "uvicorn"),
-        "serve QACE rewards over HTTP (own API and OpenRLHF's /get_reward)",
+        "serve a registered scorer as rewards over HTTP (own API and OpenRLHF's /get_reward)",
     ),
     "score-ray": OptionalCommand(
         "qace.scale.cli", "ray", ("ray",), "score Parquet/JSONL on a Ray cluster into a Parquet directory"
@@ -65,40 +64,19 @@ OPTIONAL_COMMANDS = {
     ),
 }
 
-QACE_METRICS = {"qace-ref": "ref", "qace-img": "img"}
-JUDGE_MODULES = {"visce2": "qace.judges.visce2", "regen": "qace.judges.regen"}
-"""Judges of ``--metric``: each module has ``add_cli_arguments(parser)``, ``cli_settings(args)`` (the
-scorer's keyword arguments), ``from_cli(args)``, ``demo_scorer(...)``, ``SCORER``, the name of its
-scorer class (so ``--gpus`` workers can build it from those keyword arguments), and ``NEEDS``, the
-modules of the ``judges`` extra it runs with. Importing one must stay light (no torch)."""
-METRICS = (*QACE_METRICS, *JUDGE_MODULES)
-
-TEST_MODEL_WARNING = """
-!!! WARNING: scoring with qace's TINY TEST MODELS (random weights, trained for seconds on a toy task).
-!!! These scores MEAN NOTHING. They only show that the pipeline runs.
-!!! For real QACE scores, give the paper's models: either let qace download them once
-!!!   (huggingface-cli download mrm8488/t5-base-finetuned-question-generation-ap / valhalla/t5-base-qa-qg-hl)
-!!! or pass --models DIR with qg/, tqa/ and vqa/ checkpoints (see README, "Real models").
-"""
-
 
 def _add_score(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("score", help="score captions from a JSONL/CSV/COCO/Parquet file")
     p.add_argument(
         "input", help="JSONL (id, image_id, image, caption, references), CSV, or COCO results JSON"
     )
-    p.add_argument(
-        "--metric",
-        choices=METRICS,
-        help="qace-ref / qace-img (same as --variant ref / img; default: --variant), visce2 (a VLM judge) "
-        "or regen (image regeneration score); visce2 and regen read each record's image file",
-    )
+    add_metric_option(p, "the metric (judges read each record's image file)")
     p.add_argument("--output", "-o", required=True, help="output .jsonl or .parquet")
     p.add_argument("--references", help="references file for COCO-style results")
     p.add_argument(
         "--format", default="auto", choices=["auto", "jsonl", "csv", "coco", "parquet"], help="input format"
     )
-    _add_model_args(p)
+    add_scorer_options(p)
     p.add_argument(
         "--resume", action="store_true", help="continue a killed run (same settings and input required)"
     )
@@ -113,146 +91,36 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
         "output merged in input order, resumable per shard",
     )
     _add_detector_args(p, device=False)
-    for module in JUDGE_MODULES.values():  # light: a judge's extra loads with its scorer
-        try:
-            importlib.import_module(module).add_cli_arguments(p)
-        except ImportError as exc:  # a judge not installed (or not written yet)
-            log.debug("options of %s unavailable: %s", module, exc)
+    scorers.add_options(p)  # light: a metric's extra loads with its scorer
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--variant", default="ref", choices=["ref", "img"], action=_Given, help="QACE-Ref or QACE-Img"
-    )
-    p.add_argument("--models", help="directory with qg/, tqa/, vqa/ (default: the paper's models)")
-    p.add_argument("--qg", help="QG model (hub id or directory), overrides --models")
-    p.add_argument("--tqa", help="text-QA model (hub id or directory), overrides --models")
-    p.add_argument("--vqa", help="Visual-T5 model (directory or state-dict file), overrides --models")
-    p.add_argument(
-        "--features",
-        help="region features: a directory of per-image .npz files, an HDF5 store (qace's or VL-T5's) or a "
-        "bottom-up-attention .tsv; without it, QACE-Img extracts the records' images (see --detector)",
-    )
-    p.add_argument(
-        "--precision",
-        default="fp32",
-        choices=["fp32", "bf16", "fp16", "int8"],
-        help="int8: ONNX backend on CPU only",
-    )
-    p.add_argument("--backend", default="torch", choices=["torch", "onnx"])
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
-    p.add_argument("--bertscore-model", help="BERTScore encoder (default: offline all-MiniLM-L6-v2)")
-    p.add_argument("--bertscore-layer", type=int)
-    p.add_argument("--explain", action="store_true", help="attach per-question evidence to every row")
-    gpu = "on a GPU by its memory"
-    p.add_argument("--batch-tokens", type=int, help=f"padded tokens per model batch (CPU 16384; {gpu})")
-    p.add_argument("--batch-rows", type=int, help=f"sequences per model batch (CPU 256; {gpu})")
-    p.add_argument("--chunk-size", type=int, help="captions per committed output chunk (CPU 512, GPU 2048)")
-    p.add_argument(
-        "--spacy-workers",
-        type=int,
-        help="processes parsing captions ahead of the models (CPU 0; GPU: the cores less two, at most 14)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-
-
-def _scorer(args: argparse.Namespace, models: str | None = None):  # noqa: ANN202
-    from qace.api import QACE
-    from qace.config import given_speed_settings
-
-    return QACE(
-        models=models or args.models,
-        qg=args.qg,
-        tqa=args.tqa,
-        vqa=args.vqa,
-        features=args.features,
-        variant=args.variant,
-        precision=args.precision,
-        backend=args.backend,
-        device=args.device,
-        bertscore_model=args.bertscore_model,
-        bertscore_layer=args.bertscore_layer,
-        explain=args.explain,
-        progress=not args.no_progress,
-        **given_speed_settings(args),
-    )
-
-
-JUDGE_TEST_MODEL_WARNING = """
-!!! WARNING: scoring with qace's TINY TEST MODELS (random weights, built locally in a second).
-!!! These {metric} scores MEAN NOTHING. They only show that the pipeline runs.
-!!! {hint}
-"""
-
-
-def _warn_if_test_models(scorer: object) -> None:
-    if not getattr(scorer, "uses_test_models", False):
-        return
-    hint = getattr(scorer, "real_model_hint", None)
-    if hint is None:  # logged, so that it is a JSON record with --log-format json
-        log.warning(TEST_MODEL_WARNING)
-    else:
-        log.warning(JUDGE_TEST_MODEL_WARNING.format(metric=scorer.score_key, hint=hint))  # type: ignore[attr-defined]
-
-
-class _Given(argparse.Action):
-    """Store the value and remember that it was given, so defaults can be told from choices."""
-
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001, ANN204
-        setattr(namespace, self.dest, values)
-        setattr(namespace, f"{self.dest}_given", True)
-
-
-def _resolve_metric(args: argparse.Namespace) -> str:
-    """The metric to run; ``--metric qace-ref|qace-img`` and ``--variant`` are one setting."""
-    metric = getattr(args, "metric", None)
-    given = getattr(args, "variant_given", False)
-    if metric is None:
-        return f"qace-{args.variant}"
-    if metric in QACE_METRICS:
-        if given and args.variant != QACE_METRICS[metric]:
-            raise QACEError(f"--metric {metric} contradicts --variant {args.variant}; pass one of them")
-        args.variant = QACE_METRICS[metric]
-    elif given:
-        raise QACEError(f"--variant is a QACE option; it has no meaning for --metric {metric}")
-    return metric
-
-
-def _judge(metric: str):  # noqa: ANN202
-    """The module of judge ``metric`` (a clear error when its extra is not installed)."""
-    module = JUDGE_MODULES[metric]
-    try:
-        judge = importlib.import_module(module)
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"--metric {metric} needs {module}, which cannot be imported here ({exc}); "
-            "install the judges extra: pip install 'qace[judges]'"
-        ) from exc
-    require_extra("judges", judge.NEEDS, f"--metric {metric}")
-    return judge
-
-
-def judge_demo_scorer(metric: str, *, device: str, download: bool):  # noqa: ANN201
-    """The scorer ``qace demo --metric <judge>`` runs: each judge module's ``demo_scorer``."""
-    return _judge(metric).demo_scorer(device=device, download=download)
+def _scorer(args: argparse.Namespace, models: str | None = None) -> Scorer:
+    """The scorer of the metric ``args`` name, built through its registry entry; ``models`` overrides
+    ``--models`` (QACE). `benchmarks.forced_cli` wraps this function."""
+    entry = entry_for(args)
+    settings = entry.settings_from(args)
+    if models:
+        settings["models"] = models
+    return entry.build(args.device, **settings)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    metric = _resolve_metric(args)
-    judge = _judge(metric) if metric in JUDGE_MODULES else None
+    entry = entry_for(args)
+    entry.require()
     check_output_file(args.output)
     if not args.gpus:  # --gpus checks its devices in resolve_devices
         check_device(args.device)
-    if judge is None:
-        _features_on_demand(args)
-        check_img_features(args.variant, args.features)
+    _features_on_demand(args)
     if args.gpus:
         from qace.scale.cli import cmd_score_sharded
 
-        return cmd_score_sharded(args, judge)
-    scorer = _scorer(args) if judge is None else judge.from_cli(args)
-    _warn_if_test_models(scorer)
-    summary = scorer.score_file(
+        return cmd_score_sharded(args, entry)
+    from qace.scoring import score_file
+
+    scorer = _scorer(args)
+    scorers.warn_if_test_models(scorer, entry)
+    summary = score_file(
+        scorer,
         args.input,
         args.output,
         references=args.references,
@@ -395,8 +263,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--metric",
         default="qace",
-        choices=["qace", *JUDGE_MODULES],
-        help="qace (QACE-Ref and QACE-Img), or a judge scoring the example's images",
+        choices=["qace", *scorers.demo_names()],
+        help="qace (QACE-Ref and QACE-Img), or another registered metric scoring the example's images",
     )
     p.add_argument("--device", default="cpu")
     p.add_argument(

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from qace import __version__
 from qace.errors import ConfigError
 from qace.signature import Signature
 
@@ -146,15 +145,14 @@ def build_signature(config: QACEConfig, *, qg: str, qa: str, vqa: str | None, be
     """sacrebleu-style ``key:value`` signature naming everything that changes the numbers."""
     models = [("qg", qg), ("qa", qa)] + ([("vqa", vqa)] if config.variant == "img" else [])
     return str(
-        Signature.of(
+        Signature.of_scorer(
             VARIANT_NAMES[config.variant],
             *models,
             ("bs", bertscore),
             ("prec", config.precision),
             ("be", config.backend),
             ("maxin", config.max_input_tokens),
-            ("version", __version__),
-            ("spec", SPEC_VERSION),
+            spec=SPEC_VERSION,
         )
     )
 

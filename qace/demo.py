@@ -15,6 +15,10 @@ from importlib import resources
 from pathlib import Path
 
 from qace.errors import ModelNotFoundError
+from qace.scorers import TEST_MODEL_WARNING, get, warn_if_test_models
+from qace.testing.home import test_models_home
+
+__all__ = ["example_path", "run_demo", "run_judge_demo", "test_models_home"]
 
 log = logging.getLogger(__name__)
 
@@ -22,13 +26,6 @@ log = logging.getLogger(__name__)
 def example_path() -> Path:
     """The bundled example: 12 captions of 4 images, each with 5 references, some deliberately bad."""
     return Path(str(resources.files("qace").joinpath("examples/captions.jsonl")))
-
-
-def test_models_home() -> Path:
-    """Where the demo caches test models (``QACE_TEST_MODELS`` overrides)."""
-    import os
-
-    return Path(os.environ.get("QACE_TEST_MODELS", Path.home() / ".cache" / "qace" / "test-models"))
 
 
 def run_demo(
@@ -41,15 +38,14 @@ def run_demo(
 ) -> int:
     """Score the example; without ``download``, the paper's models come only from a directory or cache.
 
-    ``metric`` is ``qace`` (QACE-Ref and QACE-Img) or a judge of ``qace.judges`` (``visce2``, ``regen``),
-    which scores the example's images (``qace/examples/images/``).
+    ``metric`` is ``qace`` (QACE-Ref and QACE-Img) or a registered metric with a demo (`qace.scorers`:
+    ``visce2``, ``regen``), which scores the example's images (``qace/examples/images/``).
     """
     if metric != "qace":
         return run_judge_demo(output_dir, metric, device=device, download=download)
     import os
 
     from qace.api import QACE
-    from qace.cli import TEST_MODEL_WARNING
     from qace.data.features import RandomFeatureStore
     from qace.testing.qace_models import make_test_models
 
@@ -99,16 +95,18 @@ def run_demo(
 
 
 def run_judge_demo(output_dir: Path, metric: str, *, device: str = "cpu", download: bool = False) -> int:
-    """Score the example with a judge: its real models if loadable, else its test models (loudly)."""
-    from qace.cli import _warn_if_test_models, judge_demo_scorer
+    """Score the example with a registered metric's demo scorer: its real models if loadable, else its
+    test models (loudly)."""
+    from qace.scoring import score_file
 
+    entry = get(metric)
     output_dir.mkdir(parents=True, exist_ok=True)
-    scorer = judge_demo_scorer(metric, device=device, download=download)
-    _warn_if_test_models(scorer)
+    scorer = entry.build_demo(device=device, download=download)
+    warn_if_test_models(scorer, entry)
     out = output_dir / f"example.{metric}.jsonl"
     for stale in (out, out.with_name(out.stem + ".errors.jsonl")):
         stale.unlink(missing_ok=True)
-    summary = scorer.score_file(example_path(), out)
+    summary = score_file(scorer, example_path(), out)
     key = scorer.score_key
     print(f"\n{scorer.signature}")
     captions = _example_captions()

@@ -1,7 +1,9 @@
-"""QACE as a reward for reinforcement learning: one in-process object, three calling conventions.
+"""QACE (and any registered scorer) as a reward for reinforcement learning: one in-process object, three
+calling conventions.
 
 `QACEReward` loads the models once on a chosen device and turns captions into one float per
-caption. It plugs into trainers as they are:
+caption; `ScorerReward` does the same for any scorer (`qace.scorers`: the reward service serves every
+registered metric so). `QACEReward` plugs into trainers as they are:
 
 - plain: ``reward(captions, references=...)`` or ``reward(captions, image_ids=...)`` -> a 1-D
   float32 tensor (on ``reward.device`` unless ``tensor_device`` says otherwise);
@@ -26,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qace.data.records import caption_problem
+from qace.data.records import RecordError, caption_problem
 from qace.errors import ConfigError, InputError
 from qace.scoring import list_ids
+from qace.signature import Signature
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +60,149 @@ class RewardResult:
     row: dict[str, Any] | None = None
 
 
-class QACEReward:
+class ScorerReward:
+    """Any scorer (`qace.scorers.Scorer`, e.g. a registry entry's: `qace.scorers.ScorerEntry.build_reward`)
+    as an RL reward: one float per caption, its ``component`` column (default: the scorer's score).
+
+    ``reads`` is the context every caption comes with (``references``, ``image_id`` or ``image``; None
+    for the caption alone): a missing one is the caller's bug and raises `InputError` naming the sample.
+    ``columns`` are the scorer's numeric columns, the components a reward can be built from; ``parts``
+    those a trainer logs beside the reward (`qace.scorers.ScorerEntry`'s, as its reward). Invalid
+    captions, and captions the scorer could not score (an unreadable image, an answer without a rating),
+    get ``invalid_reward`` with the reason.
+    """
+
+    max_caption_chars: int | None = None
+    """Longer captions are always invalid (a scorer's own limit); None: no limit of its own."""
+
+    def __init__(
+        self,
+        scorer: Any,
+        *,
+        reads: str | None = None,
+        columns: Sequence[str] | None = None,
+        parts: Sequence[str] = (),
+        component: str | None = None,
+        invalid_reward: float = 0.0,
+        tensor_device: str | None = None,
+    ) -> None:
+        self.scorer = scorer
+        self.reads = reads
+        self.score_key: str = scorer.score_key
+        self.components = tuple(columns or (self.score_key,))
+        self.logged = tuple(parts)
+        """The components a trainer logs next to the reward."""
+        self.component = _checked(component or self.score_key, self.components)
+        self.invalid_reward = float(invalid_reward)
+        self.device = str(getattr(getattr(scorer, "config", None), "device", "cpu"))
+        self.tensor_device = tensor_device or self.device
+        self.signature: str = scorer.signature
+        self.name = Signature.parse(self.signature).metric
+        """The metric's name (its signature's head: ``QACE-Ref``, ``VisCE2``)."""
+
+    def warm_up(self) -> int:
+        """Warm the scorer up (its ``warm_up``, where it has one); returns what it reports, else 0."""
+        warm_up = getattr(self.scorer, "warm_up", None)
+        return int(warm_up()) if callable(warm_up) else 0
+
+    def score(
+        self,
+        captions: Sequence[Any],
+        *,
+        image_ids: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str]] | None = None,
+        images: Sequence[Any] | None = None,
+        component: str | None = None,
+        max_chars: int | None = None,
+    ) -> list[RewardResult]:
+        """One `RewardResult` per caption, in order; invalid captions get ``invalid_reward``.
+
+        ``max_chars`` also treats longer captions as invalid (a runaway generation, not a caption);
+        captions over the scorer's own limit (`max_caption_chars`) always are.
+        """
+        component = _checked(component or self.component, self.components)
+        limit = self.max_caption_chars
+        max_chars = limit if max_chars is None else max_chars if limit is None else min(max_chars, limit)
+        n = len(captions)
+        list_ids(captions, image_ids=image_ids, references=references, images=images)
+        self._check_contexts(n, image_ids, references, images)
+        results: list[RewardResult | None] = [None] * n
+        keep = []
+        for i, caption in enumerate(captions):
+            reason = caption_problem(caption, max_chars)
+            if reason is None:
+                keep.append(i)
+            else:
+                results[i] = RewardResult(self.invalid_reward, False, reason)
+        if keep:
+            from qace.data.records import Record
+
+            records = [
+                Record(
+                    str(i),
+                    captions[i],
+                    str(image_ids[i]) if image_ids is not None else None,
+                    tuple(references[i]) if references is not None else None,
+                    str(images[i]) if images is not None else None,
+                )
+                for i in keep
+            ]
+            for i, row in zip(keep, self.scorer.score_records(records), strict=True):
+                results[i] = self._result(i, row, component)
+        invalid = sum(1 for r in results if r is not None and not r.valid)
+        if invalid:
+            log.debug("%d of %d captions invalid; rewarded %s", invalid, n, self.invalid_reward)
+        return results  # type: ignore[return-value]
+
+    def __call__(self, captions: Sequence[Any], **contexts: Any) -> torch.Tensor:
+        """Rewards as a float32 tensor of shape ``(len(captions),)`` on ``tensor_device``; ``contexts``
+        are `score`'s keywords (``references=``, ``image_ids=``, ``images=``, ``component=``)."""
+        import torch
+
+        results = self.score(captions, **contexts)
+        return torch.tensor([r.reward for r in results], dtype=torch.float32, device=self.tensor_device)
+
+    def _result(self, sample: int, row: dict[str, Any] | RecordError, component: str) -> RewardResult:
+        """The reward of a scored row; a caption the scorer could not score gets ``invalid_reward``."""
+        if isinstance(row, RecordError):
+            return RewardResult(self.invalid_reward, False, row.reason)
+        scores = {name: float(row[name]) for name in self.components if _is_number(row.get(name))}
+        if component not in scores:
+            reason = f"no {component} for this caption (flags: {', '.join(row.get('flags', [])) or 'none'})"
+            return RewardResult(self.invalid_reward, False, reason, scores, row)
+        return RewardResult(scores[component], True, None, scores, row)
+
+    def _check_contexts(
+        self,
+        n: int,
+        image_ids: Sequence[Any] | None,
+        references: Sequence[Sequence[str]] | None,
+        images: Sequence[Any] | None,
+    ) -> None:
+        """Fail loudly on a missing context: it is a data bug, not a bad caption."""
+        if self.reads is None:
+            return
+        given = {"references": references, "image_id": image_ids, "image": images}[self.reads]
+        keyword, missing = CONTEXTS[self.reads]
+        if given is None:
+            raise InputError(f"{self.name} rewards need {keyword}")
+        for i, value in enumerate(given):
+            if not (_references_ok(value) if self.reads == "references" else _filled(value)):
+                raise InputError(missing, record_id=f"sample {i}")
+
+
+CONTEXTS = {
+    "references": (
+        "references=[[ref, ...], ...] (one list per caption)",
+        "references must be a non-empty list of non-empty strings",
+    ),
+    "image_id": ("image_ids=[...] (one per caption)", "missing image id"),
+    "image": ("images=[...] (one image file per caption)", "missing image file"),
+}
+"""Per context a reward reads: the keyword that gives it and what a sample without it is told."""
+
+
+class QACEReward(ScorerReward):
     """QACE as an RL reward; models are loaded once, on ``device``. See the module docstring.
 
     Either pass a built ``scorer`` (a :class:`qace.api.QACE`), or the ``QACE`` keyword arguments
@@ -77,10 +222,7 @@ class QACEReward:
         models: str | Path | None = None,
         **settings: Any,
     ) -> None:
-        if component not in COMPONENTS:
-            raise ConfigError(
-                f"unknown reward component {component!r}; choose one of {', '.join(COMPONENTS)}"
-            )
+        _checked(component, COMPONENTS)
         if scorer is None:
             from qace.api import QACE
 
@@ -92,13 +234,13 @@ class QACEReward:
             raise ConfigError("pass either a built scorer or QACE settings (models=, device=, ...), not both")
         if component == "qace_max" and scorer.config.variant != "ref":
             raise ConfigError("component 'qace_max' (best reference) exists only for variant='ref'")
-        self.scorer = scorer
-        self.component = component
-        self.invalid_reward = float(invalid_reward)
-        self.device = scorer.config.device
-        self.tensor_device = tensor_device or self.device
         self.variant = scorer.config.variant
-        self.signature = scorer.signature
+        reads = "references" if self.variant == "ref" else "image_id"
+        super().__init__(
+            scorer, reads=reads, columns=COMPONENTS, parts=LOGGED_COMPONENTS, component=component,
+            invalid_reward=invalid_reward, tensor_device=tensor_device,
+        )  # fmt: skip
+        self.max_caption_chars = scorer.config.max_caption_chars
 
     def warm_up(self, max_rows: int | None = None, max_length: int = 96) -> int:
         """Warm the engine up before the first training step (`QACE.warm_up`: the decoders' CUDA graphs,
@@ -106,98 +248,12 @@ class QACEReward:
         shapes were captured (0 on the CPU)."""
         return self.scorer.warm_up(max_rows, max_length)
 
-    # -- core ----------------------------------------------------------------------------------
-
-    def score(
-        self,
-        captions: Sequence[Any],
-        *,
-        image_ids: Sequence[Any] | None = None,
-        references: Sequence[Sequence[str]] | None = None,
-        component: str | None = None,
-        max_chars: int | None = None,
-    ) -> list[RewardResult]:
-        """One `RewardResult` per caption, in order; invalid captions get ``invalid_reward``.
-
-        ``max_chars`` also treats longer captions as invalid (a runaway generation, not a caption);
-        captions over the scorer's ``max_caption_chars`` always are.
-        """
-        component = component or self.component
-        limit = self.scorer.config.max_caption_chars
-        max_chars = limit if max_chars is None else min(max_chars, limit)
-        if component not in COMPONENTS:
-            raise ConfigError(
-                f"unknown reward component {component!r}; choose one of {', '.join(COMPONENTS)}"
-            )
-        n = len(captions)
-        list_ids(captions, image_ids=image_ids, references=references)
-        self._check_contexts(n, image_ids, references)
-        results: list[RewardResult | None] = [None] * n
-        keep = []
-        for i, caption in enumerate(captions):
-            reason = caption_problem(caption, max_chars)
-            if reason is None:
-                keep.append(i)
-            else:
-                results[i] = RewardResult(self.invalid_reward, False, reason)
-        if keep:
-            from qace.data.records import Record
-
-            records = [
-                Record(
-                    str(i),
-                    captions[i],
-                    str(image_ids[i]) if image_ids is not None else None,
-                    tuple(references[i]) if references is not None else None,
-                )
-                for i in keep
-            ]
-            for i, row in zip(keep, self.scorer.score_records(records), strict=True):
-                if not isinstance(row, dict):
-                    raise InputError(row.reason, record_id=f"sample {i}")
-                scores = {name: float(row[name]) for name in COMPONENTS}
-                results[i] = RewardResult(scores[component], True, None, scores, row)
-        invalid = n - len(keep)
-        if invalid:
-            log.debug("%d of %d captions invalid; rewarded %s", invalid, n, self.invalid_reward)
-        return results  # type: ignore[return-value]
-
-    def _check_contexts(
-        self, n: int, image_ids: Sequence[Any] | None, references: Sequence[Sequence[str]] | None
-    ) -> None:
-        """Fail loudly on a missing context: it is a data bug, not a bad caption."""
-        if self.variant == "ref":
-            if references is None:
-                raise InputError("QACE-Ref rewards need references=[[ref, ...], ...] (one list per caption)")
-            for i, refs in enumerate(references):
-                if (
-                    isinstance(refs, str)
-                    or not refs
-                    or not all(isinstance(r, str) and r.strip() for r in refs)
-                ):
-                    raise InputError(
-                        "references must be a non-empty list of non-empty strings", record_id=f"sample {i}"
-                    )
-        else:
-            if image_ids is None:
-                raise InputError("QACE-Img rewards need image_ids=[...] (one per caption)")
-            for i, image_id in enumerate(image_ids):
-                if image_id is None or str(image_id).strip() == "":
-                    raise InputError("missing image id", record_id=f"sample {i}")
-
-    def __call__(
-        self,
-        captions: Sequence[Any],
-        *,
-        image_ids: Sequence[Any] | None = None,
-        references: Sequence[Sequence[str]] | None = None,
-        component: str | None = None,
-    ) -> torch.Tensor:
-        """Rewards as a float32 tensor of shape ``(len(captions),)`` on ``tensor_device``."""
-        import torch
-
-        results = self.score(captions, image_ids=image_ids, references=references, component=component)
-        return torch.tensor([r.reward for r in results], dtype=torch.float32, device=self.tensor_device)
+    def _result(self, sample: int, row: dict[str, Any] | RecordError, component: str) -> RewardResult:
+        """A row QACE could not score is a context problem (unknown features): the caller's bug."""
+        if isinstance(row, RecordError):
+            raise InputError(row.reason, record_id=f"sample {sample}")
+        scores = {name: float(row[name]) for name in COMPONENTS}
+        return RewardResult(scores[component], True, None, scores, row)
 
     # -- trainer adapters ----------------------------------------------------------------------
 
@@ -316,3 +372,24 @@ def completion_text(completion: Any, strip: Sequence[str] = DEFAULT_STRIP) -> An
             if marker and text.endswith(marker):
                 text, changed = text[: -len(marker)].rstrip(), True
     return text
+
+
+def _checked(component: str, components: Sequence[str]) -> str:
+    """``component`` if it is one of ``components``; else a `ConfigError` listing them."""
+    if component not in components:
+        raise ConfigError(f"unknown reward component {component!r}; choose one of {', '.join(components)}")
+    return component
+
+
+def _filled(value: Any) -> bool:
+    """Whether a context value (an image id or path) is given and not blank."""
+    return value is not None and str(value).strip() != ""
+
+
+def _references_ok(refs: Any) -> bool:
+    """Whether ``refs`` is a non-empty list of non-empty strings."""
+    return not isinstance(refs, str) and bool(refs) and all(isinstance(r, str) and r.strip() for r in refs)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -22,12 +22,14 @@ from qace.errors import InputError, QACEError
 if TYPE_CHECKING:
     from qace.data.fingerprint import InputMark
     from qace.data.output import ResultWriter
+    from qace.scorers import Scorer
 
 log = logging.getLogger(__name__)
 
 
 class FileScorer:
-    """Base of QACE and the judges: what every scorer does the same way around its ``score_records``.
+    """Base of QACE and the judges: what every scorer does the same way around its ``score_records``
+    (the `qace.scorers.Scorer` protocol).
 
     Subclasses set ``signature``, ``score_key`` and ``config`` (with ``chunk_size`` and ``progress``)
     and implement ``score_records``.
@@ -36,6 +38,7 @@ class FileScorer:
     signature: str
     score_key: str
     config: Any
+    uses_test_models: bool = False
 
     @property
     def chunk_size(self) -> int:
@@ -83,7 +86,7 @@ class FileScorer:
 
 
 def score_file(
-    scorer: FileScorer,
+    scorer: Scorer,
     input_path: str | Path,
     output_path: str | Path,
     *,
@@ -92,8 +95,8 @@ def score_file(
     resume: bool = False,
     force: bool = False,
 ) -> Summary:
-    """Score a JSONL/CSV/COCO/Parquet file into JSONL or Parquet with ``scorer``, committing whole chunks
-    (resumable).
+    """Score a JSONL/CSV/COCO/Parquet file into JSONL or Parquet with ``scorer`` (any `qace.scorers.Scorer`),
+    committing whole chunks (resumable).
 
     ``force`` lets ``resume`` continue an output that cannot be checked: a partial output without an
     input fingerprint, or a finished one without a signature (`qace.data.output`)."""
@@ -121,7 +124,7 @@ def score_file(
 
 
 def write_results(
-    scorer: FileScorer,
+    scorer: Scorer,
     items: Iterable[Record | RecordError],
     writer: ResultWriter,
     *,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qace import __version__
 from qace.errors import ConfigError
 
 MODEL_KEYS = frozenset({"qg", "qa", "vqa", "bs", "vlm", "gen", "enc"})
@@ -27,6 +28,13 @@ class Signature:
     def of(cls, metric: str, *fields: tuple[str, object]) -> Signature:
         """The signature of ``metric`` with ``fields`` as (key, value) pairs, in order."""
         return cls(metric, tuple((key, str(value)) for key, value in fields))
+
+    @classmethod
+    def of_scorer(cls, metric: str, *fields: tuple[str, object], spec: str | None = None) -> Signature:
+        """A scorer's signature, the one way every scorer builds it: ``fields`` (what changes its numbers),
+        then qace's ``version``, then ``spec``, the version of the scorer's own decisions, when it has one."""
+        tail = [("version", __version__)] + ([] if spec is None else [("spec", spec)])
+        return cls.of(metric, *fields, *tail)
 
     @classmethod
     def parse(cls, text: str) -> Signature:

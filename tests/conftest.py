@@ -32,6 +32,15 @@ def test_models_dir() -> Path:
     return make_test_models(cache)  # reuses a complete build; rebuilds a partial one
 
 
+@pytest.fixture(scope="session")
+def test_vlm_dir() -> Path:
+    """The tiny LLaVA-style VLM (VisCE²'s judge), built once and cached (QACE_TEST_VLM or
+    .qace-cache/test-vlm)."""
+    from qace.testing.vlm import make_test_vlm
+
+    return make_test_vlm(os.environ.get("QACE_TEST_VLM") or REPO_ROOT / ".qace-cache" / "test-vlm")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread() -> None:
     """The test models are tiny: thread hand-offs cost more than they save (6x slower on 2 busy cores)."""

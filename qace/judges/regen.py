@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from qace import __version__
 from qace.data.records import Record, RecordError
 from qace.errors import ConfigError, InputError
 from qace.judges.images import load_image
@@ -58,10 +57,6 @@ DEFAULT_IMAGE_ENCODER = "openai/clip-vit-large-patch14"
 """CLIP ViT-L/14 image features (the paper's ViT-g/14 is e.g. laion/CLIP-ViT-g-14-laion2B-s12B-b42K)."""
 RegenPrecision = Literal["fp32", "fp16", "bf16"]
 
-REAL_MODEL_HINT = (
-    f"pass --generator and --image-encoder (hub ids or local directories), or run `qace demo --metric "
-    f"regen --download` once to fetch {DEFAULT_GENERATOR} and {DEFAULT_IMAGE_ENCODER} (about 6 GB)"
-)
 ImageReader = Callable[[str], np.ndarray]
 """Reads an image file into a uint8 ``(H, W, 3)`` RGB array; raises ``InputError`` naming the file."""
 
@@ -128,7 +123,7 @@ _CONFIG_FIELDS = {f.name for f in fields(RegenConfig)}
 def build_regen_signature(config: RegenConfig, *, generator: str, encoder: str) -> str:
     """sacrebleu-style signature (`qace.signature.Signature`)."""
     return str(
-        Signature.of(
+        Signature.of_scorer(
             METRIC_NAME,
             ("gen", generator),
             ("enc", encoder),
@@ -138,8 +133,7 @@ def build_regen_signature(config: RegenConfig, *, generator: str, encoder: str) 
             ("seed", config.seed),
             ("n", config.samples),
             ("prec", config.precision),
-            ("version", __version__),
-            ("spec", REGEN_SPEC_VERSION),
+            spec=REGEN_SPEC_VERSION,
         )
     )
 
@@ -219,11 +213,6 @@ class RegenScore(FileScorer):
         self.signature = build_regen_signature(cfg, generator=generator_fp, encoder=encoder_fp)
         self._originals: OrderedDict[str, torch.Tensor | str] = OrderedDict()
         self._tokenizer = getattr(pipeline, "tokenizer", None)
-
-    @property
-    def real_model_hint(self) -> str:
-        """How to score with real models (the CLI prints it next to its test-model warning)."""
-        return REAL_MODEL_HINT
 
     # -- scoring -------------------------------------------------------------------------------
 
@@ -458,14 +447,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-SCORER = "RegenScore"
-"""The scorer class by name: ``qace score --gpus`` workers build it from `cli_settings` (a fresh process)."""
-NEEDS = ("PIL", "diffusers")
-"""Modules of the ``judges`` extra the score runs with (`qace.cli` checks them before loading models)."""
-
-
 def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """`RegenScore` keyword arguments from parsed ``qace score`` arguments (its options + generic ones)."""
+    """`RegenScore` keyword arguments but ``device`` from parsed arguments (its options and the shared
+    ones); the registry's ``regen`` entry (`qace.scorers`) names it."""
     settings: dict[str, Any] = {
         "samples": args.samples,
         "steps": args.regen_steps,
@@ -474,7 +458,6 @@ def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.regen_seed,
         "batch_size": args.regen_batch,
         "save_images": args.save_images,
-        "device": getattr(args, "device", None) or "cpu",
         "precision": getattr(args, "precision", None) or "fp32",
         "progress": not getattr(args, "no_progress", False),
     }
@@ -485,43 +468,3 @@ def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "chunk_size", None):
         settings["chunk_size"] = args.chunk_size
     return settings
-
-
-def from_cli(args: argparse.Namespace) -> RegenScore:
-    """Build the scorer from parsed ``qace score`` arguments."""
-    return RegenScore(**cli_settings(args))
-
-
-def demo_scorer(*, device: str = "cpu", download: bool = False) -> RegenScore:
-    """The scorer ``qace demo --metric regen`` uses: the default models if loadable, else the test models.
-
-    Without ``download`` the default models come only from the local cache (the hub is not asked).
-    ``uses_test_models`` on the result says which it is (the CLI warns loudly about test models).
-    """
-    from qace.demo import test_models_home
-    from qace.errors import ModelNotFoundError
-    from qace.testing.regen import make_regen_test_models
-
-    settings: dict[str, Any] = {"device": device, "save_images": None, "chunk_size": 16}
-    previous = os.environ.get("HF_HUB_OFFLINE")
-    if not download:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        return RegenScore(**settings)
-    except ModelNotFoundError as exc:
-        log.warning(
-            "the default regeneration models are not available here (%s)", str(exc).splitlines()[0][:200]
-        )
-    finally:
-        if previous is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = previous
-    models = make_regen_test_models(test_models_home() / "regen")
-    return RegenScore(
-        generator=str(models / "generator"),
-        image_encoder=str(models / "encoder"),
-        size=32,
-        steps=2,
-        **settings,
-    )

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qace import __version__
 from qace.config import given_speed_settings
 from qace.data.records import Record, RecordError
 from qace.engine.scheduler import plan_batches
@@ -120,7 +119,7 @@ def build_signature(config: VisCE2Config, model_fingerprint: str) -> str:
     variant = VARIANTS[config.variant]
     context = [("ctx", config.context_tokens)] if variant.context_prompt is not None else []
     return str(
-        Signature.of(
+        Signature.of_scorer(
             METRIC_NAMES[config.variant],
             ("vlm", model_fingerprint),
             *context,
@@ -128,7 +127,6 @@ def build_signature(config: VisCE2Config, model_fingerprint: str) -> str:
             ("exp", "yes" if config.expected else "no"),
             ("prec", config.precision),
             ("dec", "greedy"),
-            ("version", __version__),
         )
     )
 
@@ -173,10 +171,6 @@ class VisCE2(FileScorer):
     """
 
     score_key = "visce2"
-    real_model_hint = (
-        f"For real VisCE² scores, pass --vlm with a VLM you have (default {DEFAULT_VLM}; "
-        f"`huggingface-cli download {DEFAULT_VLM}` while online)."
-    )
 
     def __init__(self, config: VisCE2Config | None = None, **settings: Any) -> None:
         unknown = set(settings) - _CONFIG_FIELDS
@@ -424,14 +418,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-SCORER = "VisCE2"
-"""The scorer class by name: ``qace score --gpus`` workers build it from `cli_settings` (a fresh process)."""
-NEEDS = ("PIL",)
-"""Modules of the ``judges`` extra VisCE² runs with (`qace.cli` checks them before loading the VLM)."""
-
-
 def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """`VisCE2` keyword arguments from parsed ``qace score`` arguments (the shared options included)."""
+    """`VisCE2` keyword arguments but ``device`` from parsed arguments (the shared options included);
+    the registry's ``visce2`` entry (`qace.scorers`) names it."""
     precision = getattr(args, "precision", "fp32")
     check_precision(precision, what="VisCE² --precision")
     return {
@@ -442,41 +431,7 @@ def cli_settings(args: argparse.Namespace) -> dict[str, Any]:
         "context_tokens": args.visce2_context_tokens,
         "rating_tokens": args.visce2_rating_tokens,
         "precision": precision,
-        "device": getattr(args, "device", "cpu"),
         "progress": not getattr(args, "no_progress", False),
         # the speed settings given; VisCE2Config's defaults for the others
         **given_speed_settings(args, ("max_batch_tokens", "max_batch_rows", "chunk_size")),
     }
-
-
-def from_cli(args: argparse.Namespace) -> VisCE2:
-    """A scorer from parsed ``qace score`` arguments."""
-    return VisCE2(**cli_settings(args))
-
-
-def demo_scorer(*, device: str = "cpu", download: bool = False) -> VisCE2:
-    """The scorer ``qace demo --metric visce2`` uses: the default VLM if loadable, else the test VLM.
-
-    Without ``download`` the default VLM comes only from the local cache. ``uses_test_models`` on the
-    result says which one it is (the CLI warns loudly about the test VLM).
-    """
-    import os
-
-    from qace.demo import test_models_home
-    from qace.errors import ModelNotFoundError
-    from qace.testing.vlm import make_test_vlm
-
-    settings: dict[str, Any] = {"device": device, "explain": True, "expected": True, "chunk_size": 64}
-    previous = os.environ.get("HF_HUB_OFFLINE")
-    if not download:  # don't wait on network retries for a model that is not cached
-        os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        return VisCE2(**settings)
-    except ModelNotFoundError as exc:
-        log.warning("the default VLM is not available here (%s)", str(exc).splitlines()[0][:200])
-    finally:
-        if previous is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = previous
-    return VisCE2(model=str(make_test_vlm(test_models_home() / "visce2-vlm")), context_tokens=64, **settings)

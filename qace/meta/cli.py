@@ -38,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from qace.meta.correlation import METHODS
     from qace.meta.datasets import PASCAL_SEEDS
     from qace.meta.report import DEFAULT_METRICS
+    from qace.meta.scorers import scorer_names
 
     meta = subparsers.add_parser("meta", help="meta-evaluation: metric vs human correlation, judge agreement")
     sub = meta.add_subparsers(dest="meta_command", required=True)
@@ -59,8 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--datasets", nargs="+", default=["flickr8k", "pascal50s"],
                    choices=["flickr8k", "pascal50s"])
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--with-scorers", nargs="+", default=[], choices=["qace-ref", "qace-img"], metavar="S",
-                   help="also score the data sets with these QACE variants (qace-ref, qace-img; cached)")
+    p.add_argument("--with-scorers", nargs="+", default=[], choices=scorer_names(), metavar="S",
+                   help="also score the data sets with these registered metrics (cached; of "
+                        f"{', '.join(scorer_names())}: those that read references or region features)")
     p.add_argument("--models", help="qg/, tqa/, vqa/ folder for --with-scorers (default: the paper's models)")
     p.add_argument("--features", type=Path,
                    help="region features of the benchmark images, keyed by image id (needed by qace-img)")

@@ -86,7 +86,8 @@ class ReportConfig:
     datasets: tuple[str, ...] = ("flickr8k", "pascal50s")
     """Which benchmarks to run."""
     scorers: tuple[str, ...] = ()
-    """QACE variants to score the benchmarks with (``qace-ref``, ``qace-img``); rows named after them."""
+    """Registered metrics to score the benchmarks with (``qace-ref``, ``qace-img``, others that read
+    references or region features: `qace.meta.scorers.scorer_names`); rows named after them."""
     models: str | Path | None = None
     """Folder with qg/, tqa/, vqa/ for ``scorers`` (None: the paper's models)."""
     features: Path | None = None

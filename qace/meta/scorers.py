@@ -1,10 +1,12 @@
-"""Score the benchmark captions with QACE itself (``qace meta report --with-scorers``), cached.
+"""Score the benchmark captions with QACE itself or another registered metric (``qace meta report
+--with-scorers``, `qace.scorers`), cached.
 
-A :class:`ScorerRun` builds the scorer once, on first use, and keeps its per-caption scores on
-disk keyed by the scorer's signature (models, variant, settings) and the exact inputs, like the
-baseline cache, so a second report reads them instead of re-running the models. QACE-Ref reads
-each caption's references; QACE-Img reads the region features of its image instead (a feature
-store named with ``features``), so its scores do not depend on the sampled references.
+A :class:`ScorerRun` builds the scorer once, on first use, through its registry entry, and keeps its
+per-caption scores on disk keyed by the scorer's signature (models, variant, settings) and the exact
+inputs, like the baseline cache, so a second report reads them instead of re-running the models.
+QACE-Ref reads each caption's references; QACE-Img reads the region features of its image instead (a
+feature store named with ``features``), so its scores do not depend on the sampled references. Metrics
+that read image files do not fit: the benchmark data sets carry no images.
 """
 
 from __future__ import annotations
@@ -18,55 +20,59 @@ from typing import Any
 
 import numpy as np
 
+from qace import scorers
 from qace.errors import ConfigError
 from qace.meta.baselines import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
 
-def scorer_variants() -> dict[str, str]:
-    """``{"qace-ref": "ref", "qace-img": "img"}``: scorer name (as ``qace score --metric``) to variant."""
-    from qace.config import VARIANT_NAMES
+DATA_SET_CONTEXTS = ("references", "image_id", None)
+"""What the benchmark data sets give a caption: references and an image id (no image files)."""
 
-    return {name.lower(): variant for variant, name in VARIANT_NAMES.items()}
+
+def scorer_names() -> list[str]:
+    """The registered metrics (`qace.scorers`) that can score the benchmark data sets: those reading
+    references, region features by image id, or the caption alone (not image files)."""
+    return [name for name in scorers.names() if scorers.get(name).reads in DATA_SET_CONTEXTS]
 
 
 def check_scorers(names: Sequence[str], features: str | Path | None) -> None:
     """Refuse unknown scorer names and QACE-Img without features, before any model loads."""
-    variants = scorer_variants()
-    unknown = [n for n in names if n not in variants]
+    known = scorer_names()
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ConfigError(f"unknown scorer(s) {unknown}; choose from {list(variants)}")
+        raise ConfigError(f"unknown scorer(s) {unknown}; choose from {known}")
     if "qace-img" in names and features is None:
         raise ConfigError("qace-img needs the region features of the benchmark images: pass --features "
                           "(a folder of per-image .npz files or an HDF5 store keyed by image id)")
 
 
 class ScorerRun:
-    """One QACE variant, built lazily, with a disk cache of its per-caption scores."""
+    """One registered metric, built lazily through its registry entry, with a disk cache of its
+    per-caption scores."""
 
     def __init__(self, name: str, *, models: str | Path | None = None, features: str | Path | None = None,
                  device: str = "cpu", cache_dir: Path | str | None = None, use_cache: bool = True) -> None:
         check_scorers([name], features)
         self.name = name
-        self.variant = scorer_variants()[name]
-        self.models, self.features, self.device = models, features, device
+        self.entry = scorers.get(name)
+        given = {"models": models, "features": features}  # QACE's settings; other metrics take none
+        self.settings = {key: value for key, value in given.items() if value is not None}
+        self.device = device
         folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.cache = folder if use_cache else None
         self._scorer: Any = None
 
     @property
     def reference_free(self) -> bool:
-        return self.variant == "img"
+        return self.entry.reads != "references"
 
     @property
     def scorer(self) -> Any:
-        """The :class:`qace.api.QACE` scorer (loaded on first use)."""
+        """The scorer (built on first use)."""
         if self._scorer is None:
-            from qace.api import QACE
-
-            self._scorer = QACE(models=self.models, variant=self.variant, features=self.features,
-                                device=self.device, progress=False)
+            self._scorer = self.entry.build(self.device, progress=False, **self.settings)
             if self._scorer.uses_test_models:
                 logger.warning("%s runs on qace's TINY TEST MODELS: its scores mean nothing", self.name)
         return self._scorer
@@ -77,22 +83,28 @@ class ScorerRun:
 
     def score(self, ids: Sequence[str], candidates: Sequence[str], references: Sequence[Sequence[str]],
               image_ids: Sequence[str]) -> np.ndarray:
-        """Per-caption score (``qace`` column), NaN where the scorer refused a caption."""
-        refs = None if self.reference_free else [list(r) for r in references]
-        images = list(image_ids) if self.reference_free else None
+        """Per-caption score (the metric's score column), NaN where the scorer refused a caption."""
+        from qace.data.records import Record, RecordError
+
+        refs = [list(r) for r in references] if self.entry.reads == "references" else None
+        images = list(image_ids) if self.entry.reads == "image_id" else None
         key = [self.scorer.signature, list(ids), list(candidates), refs, images]
         h = hashlib.sha256(json.dumps(key).encode())
         path = self.cache / f"{self.name}-{h.hexdigest()[:20]}.npy" if self.cache else None
         if path is not None and path.exists():
             return np.load(path)
         logger.info("%s: scoring %d captions", self.name, len(candidates))
-        rows = self.scorer.score(list(candidates), references=refs, image_ids=images, ids=list(ids))
-        failed = [r for r in rows if "error" in r]
+        records = [Record(str(i), c, None if images is None else str(images[n]),
+                          None if refs is None else tuple(refs[n]))
+                   for n, (i, c) in enumerate(zip(ids, candidates, strict=True))]
+        rows = list(self.scorer.score_records(records))
+        failed = [r for r in rows if isinstance(r, RecordError)]
         if failed:
             logger.warning("%s could not score %d captions (first: %s: %s)", self.name, len(failed),
-                           failed[0]["id"], failed[0]["error"])
+                           failed[0].id, failed[0].reason)
         key_col = self.scorer.score_key
-        values = np.array([np.nan if "error" in r else r.get(key_col, np.nan) for r in rows], dtype=float)
+        values = np.array([np.nan if isinstance(r, RecordError) else r.get(key_col, np.nan) for r in rows],
+                          dtype=float)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             np.save(path, values)

@@ -16,13 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qace import scorers
 from qace.errors import InputError
 
-SCORE_KEYS = ("qace", "visce2", "regen")
-"""The main score of each metric's rows, in the order they are looked for."""
-COMPONENTS = {"qace": ("qace_f1", "qace_bs", "qace_an"), "visce2": ("visce2_expected",), "regen": ()}
-JUDGED_IMAGES = ("visce2", "regen")
-"""Metrics whose rows show the image they judged (from the row, else from ``--input``)."""
 THUMBNAIL_PIXELS = 160
 
 
@@ -36,6 +32,8 @@ class System:
     rows: dict[str, dict[str, Any]]
     signatures: list[str]
     errors: list[dict[str, str]] = field(default_factory=list)
+    judges_image: bool = False
+    """Its rows show the image they judged (from the row, else from ``--input``)."""
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -76,10 +74,11 @@ def load_system(path: Path, name: str | None = None) -> System:
     rows = read_rows(path)
     if not rows:
         raise InputError(f"score file {str(path)!r} has no rows")
-    key = next((k for k in SCORE_KEYS if k in rows[0]), None)
-    if key is None:
+    metrics = {entry.score_key: entry for entry in map(scorers.get, scorers.names())}
+    entry = next((metrics[k] for k in metrics if k in rows[0]), None)
+    if entry is None:
         raise InputError(
-            f"{path}: rows have none of the score columns {', '.join(SCORE_KEYS)}; "
+            f"{path}: rows have none of the score columns {', '.join(metrics)}; "
             "give the output of qace score"
         )
     by_id: dict[str, dict[str, Any]] = {}
@@ -93,7 +92,8 @@ def load_system(path: Path, name: str | None = None) -> System:
     if errors_path.is_file():
         errors = [json.loads(line) for line in errors_path.open(encoding="utf-8") if line.strip()]
     signatures = list(dict.fromkeys(str(r.get("signature", "")) for r in rows if r.get("signature")))
-    return System(name or path.name, key, COMPONENTS[key], by_id, signatures, errors)
+    judged = entry.reads == "image"
+    return System(name or path.name, entry.score_key, entry.parts, by_id, signatures, errors, judged)
 
 
 def read_inputs(path: Path) -> dict[str, dict[str, Any]]:
@@ -149,7 +149,7 @@ def shown_row(
     if "regen_samples" in row:
         out["samples"] = [number(v) for v in row["regen_samples"]]
     image = row.get("image") or given.get("image")
-    if image and system.score_key in JUDGED_IMAGES:
+    if image and system.judges_image:
         out["original"] = thumbnail(image, images)
     if row.get("generated_images"):
         out["generated"] = [thumbnail(p, images) for p in row["generated_images"] if p]

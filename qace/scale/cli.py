@@ -1,48 +1,43 @@
-"""CLI for scaling out: ``qace score --gpus N|all`` (sharded) and ``qace score-ray`` (Ray Data)."""
+"""CLI for scaling out: ``qace score --gpus N|all`` (sharded) and ``qace score-ray`` (Ray Data).
+
+Both build any registered metric (`qace.scorers`) from its entry: the workers and actors call the entry's
+factory with the settings of the command line.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
-from qace.checks import check_img_features
-from qace.config import given_speed_settings
+from qace import scorers
+from qace.options import add_metric_option, add_scorer_options, entry_for
 from qace.progress import summary as say
+
+if TYPE_CHECKING:
+    from qace.scorers import ScorerEntry
 
 log = logging.getLogger(__name__)
 
 
-def scorer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """`QACE` keyword arguments from ``qace score``'s model options, minus the device (set per shard)."""
-    return {
-        "models": args.models, "qg": args.qg, "tqa": args.tqa, "vqa": args.vqa, "features": args.features,
-        "variant": args.variant, "precision": args.precision, "backend": args.backend,
-        "bertscore_model": args.bertscore_model, "bertscore_layer": args.bertscore_layer,
-        "explain": args.explain, "progress": False, **given_speed_settings(args),
-    }  # fmt: skip
-
-
-def cmd_score_sharded(args: argparse.Namespace, judge: Any = None, devices: list[str] | None = None) -> int:
+def cmd_score_sharded(
+    args: argparse.Namespace, entry: ScorerEntry | None = None, devices: list[str] | None = None
+) -> int:
     """``qace score --gpus``: one scorer per GPU, output merged in input order, resumable per shard.
 
-    ``judge`` is a ``qace.judges`` module (``--metric visce2|regen``): its workers build the module's
-    ``SCORER`` class from ``cli_settings(args)``; without one, the workers run QACE.
+    ``entry`` is the metric's registry entry (default: the one ``args`` name); every worker builds the
+    entry's factory from its settings of ``args``, on its own device.
     """
     from qace.scale.shards import resolve_devices, score_file_sharded
 
+    entry = entry or entry_for(args)
+    kwargs = {**entry.settings_from(args), "progress": False}
     devices = devices or resolve_devices(args.gpus)
-    if judge is None:
-        kwargs, factory, key = scorer_kwargs(args), None, "qace"
-    else:
-        kwargs = {**judge.cli_settings(args), "progress": False}
-        kwargs.pop("device")
-        factory = f"{judge.__name__}:{judge.SCORER}"
-        key = getattr(judge, judge.SCORER).score_key
-    log.info("scoring %s on %d devices: %s", key, len(devices), ", ".join(devices))
+    log.info("scoring %s on %d devices: %s", entry.name, len(devices), ", ".join(devices))
     summary = score_file_sharded(
-        args.input, args.output, devices=devices, scorer_kwargs=kwargs, scorer_factory=factory,
-        score_key=key, references=args.references, fmt=args.format, resume=args.resume, force=args.force,
+        args.input, args.output, devices=devices, scorer_kwargs=kwargs, scorer_factory=entry.factory,
+        cpu_pool=entry.cpu_pool, score_key=entry.score_key, references=args.references, fmt=args.format,
+        resume=args.resume, force=args.force,
     )  # fmt: skip
     lines = [summary.line()]
     if summary.errors:
@@ -61,11 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("inputs", nargs="+", help="Parquet files/directories or JSONL files (shared storage)")
     p.add_argument("--output", "-o", required=True, help="output directory of Parquet files")
     p.add_argument("--format", default="auto", choices=["auto", "jsonl", "csv", "coco", "parquet"])
-    p.add_argument("--models", help="directory with qg/, tqa/, vqa/ visible to every node")
-    p.add_argument("--variant", default="ref", choices=["ref", "img"])
-    p.add_argument("--features", help="region features visible to every node (QACE-Img)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--explain", action="store_true")
+    add_metric_option(p, "the metric; models, features and images must be visible to every node")
+    add_scorer_options(p, device=False)  # an actor runs on its GPU, or on the CPU with --gpus-per-actor 0
+    scorers.add_options(p)
     p.add_argument("--actors", default="1", help="actor pool size N, or MIN,MAX to autoscale")
     p.add_argument("--gpus-per-actor", type=float, default=1.0, help="0 runs the actors on CPU")
     p.add_argument("--batch-size", type=int, default=512, help="captions per map_batches call")
@@ -75,7 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_score_ray(args: argparse.Namespace) -> int:
-    check_img_features(args.variant, args.features)
+    entry = entry_for(args)
+    entry.require()
+    kwargs = {**entry.settings_from(args), "progress": False}
     import ray
 
     from qace.scale.ray_data import score_to_parquet
@@ -83,11 +78,9 @@ def cmd_score_ray(args: argparse.Namespace) -> int:
     sizes = [int(x) for x in args.actors.split(",")]
     actors: int | tuple[int, int] = sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
     ray.init(address=args.address, ignore_reinit_error=True)
-    kwargs = {"models": args.models, "variant": args.variant, "features": args.features,
-              "precision": args.precision, "explain": args.explain}  # fmt: skip
     result = score_to_parquet(
-        args.inputs, args.output, scorer_kwargs=kwargs, fmt=args.format, resume=args.resume, actors=actors,
-        gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size,
+        args.inputs, args.output, scorer_kwargs=kwargs, entry=entry, fmt=args.format, resume=args.resume,
+        actors=actors, gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size,
     )  # fmt: skip
     print(f"wrote {result['scored']} rows to {args.output} ({result['skipped']} already done) "
           f"in {result['seconds']:.1f}s")  # fmt: skip

@@ -2,9 +2,9 @@
 
 Why Ray Data and not our own cluster code: it already streams blocks from shared storage, keeps
 one model-holding actor per GPU busy (``ActorPoolStrategy``), retries lost tasks and writes
-Parquet in parallel. What it adds here is small: `QACEBatchScorer` (a callable class, so each
-actor loads the models once) and a fixed output schema, so every Parquet file of a run, and of
-its resumed runs, reads back as one table.
+Parquet in parallel. What it adds here is small: `BatchScorer` (a callable class, so each actor
+loads the models once, of any registered metric: `qace.scorers`) and a fixed output schema per metric,
+so every Parquet file of a run, and of its resumed runs, reads back as one table.
 
 Input files are read by `qace.data.records.read_records` inside Ray tasks, one task per file, so
 every format of ``qace score`` (JSONL, CSV, COCO, Parquet) is read with the same checks: a malformed
@@ -25,24 +25,32 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from qace import scorers
+from qace.data.records import Record, RecordError
 from qace.errors import BackendUnavailableError, ConfigError, InputError
+
+if TYPE_CHECKING:
+    from qace.scorers import ScorerEntry
 
 log = logging.getLogger(__name__)
 
-SCORE_FIELDS = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
+SCORE_FIELDS = scorers.get("qace-ref").columns
+"""QACE's score columns, the output columns of a run without another metric."""
 
 
-def output_schema() -> Any:
-    """The Arrow schema of every output file: scores are null (and ``error`` set) for rejected records."""
+def output_schema(columns: Sequence[str] = SCORE_FIELDS) -> Any:
+    """The Arrow schema of every output file of a metric with score ``columns`` (`ScorerEntry.columns`):
+    scores are null (and ``error`` set) for rejected records; ``n_questions`` and ``n_references`` are
+    QACE's (null for other metrics)."""
     import pyarrow as pa
 
     return pa.schema(
         [("id", pa.string()), ("source", pa.string()), ("line", pa.int64()), ("image_id", pa.string())]
-        + [(name, pa.float64()) for name in SCORE_FIELDS]
+        + [(name, pa.float64()) for name in columns]
         + [
             ("n_questions", pa.int64()),
             ("n_references", pa.int64()),
@@ -54,29 +62,37 @@ def output_schema() -> Any:
     )
 
 
-class QACEBatchScorer:
-    """Callable class for ``Dataset.map_batches``: one `QACE` per actor, one Arrow table per batch.
+class BatchScorer:
+    """Callable class for ``Dataset.map_batches``: one scorer per actor, built from a registry entry
+    (`qace.scorers`; default QACE), and one Arrow table per batch.
 
-    Input columns: ``id`` and ``caption``, plus ``references`` (list of strings, or a JSON list
-    string) for QACE-Ref or ``image_id`` for QACE-Img; optional ``error`` (a row the reader rejected:
-    passed through as an error row), ``source`` and ``line`` (copied to the output). Under Ray each GPU
-    actor sees only its GPU, so the default device is ``cuda`` when one is visible, else ``cpu``.
+    Input columns: ``id`` and ``caption``, plus what the metric reads: ``references`` (list of strings,
+    or a JSON list string), ``image_id`` (QACE-Img) or ``image`` (a file path every node can read);
+    optional ``error`` (a row the reader rejected: passed through as an error row), ``source`` and
+    ``line`` (copied to the output). Under Ray each GPU actor sees only its GPU, so the default device
+    is ``cuda`` when one is visible, else ``cpu``.
     """
 
-    def __init__(self, scorer_kwargs: dict[str, Any] | None = None, torch_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        scorer_kwargs: dict[str, Any] | None = None,
+        torch_threads: int | None = None,
+        entry: ScorerEntry | None = None,
+    ) -> None:
         import torch
-
-        from qace.api import QACE
 
         if torch_threads:
             torch.set_num_threads(torch_threads)
+        entry = entry or scorers.get("qace-ref")
         kwargs = dict(scorer_kwargs or {})
-        kwargs.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
+        device = kwargs.pop("device", "cuda" if torch.cuda.is_available() else "cpu")
         kwargs.setdefault("progress", False)
-        # parse in the actor's own process: Ray reserves CPUs per actor (``cpus_per_actor``), and a GPU
-        # engine's default spaCy pool would take the host's cores (`qace.config.speed_defaults`)
-        kwargs.setdefault("spacy_workers", 0)
-        self.scorer = QACE(**kwargs)
+        if entry.cpu_pool is not None:
+            # work in the actor's own process: Ray reserves CPUs per actor (``cpus_per_actor``), and a GPU
+            # engine's default pool would take the host's cores (`qace.config.speed_defaults`)
+            kwargs.setdefault(entry.cpu_pool, 0)
+        self.columns = entry.columns
+        self.scorer = entry.build(device, **kwargs)
         self.signature = self.scorer.signature
 
     def __call__(self, batch: Any) -> Any:
@@ -85,53 +101,58 @@ class QACEBatchScorer:
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else _rows_of(batch)
         if rows and "id" not in rows[0]:
             raise InputError("the data set needs an 'id' column (unique per caption; resume relies on it)")
-        image_ids: Any = [None if row.get("image_id") is None else str(row["image_id"]) for row in rows]
-        valid = [i for i, row in enumerate(rows) if row.get("error") is None]
-        results: list[dict[str, Any]] = [
-            {"id": row["id"], "error": row["error"]} for row in rows
-        ]  # valid rows are replaced below
-        if valid:
-            # per-row None (and non-string captions) are allowed: QACE.score turns them into error rows
-            references: Any = [_references(rows[i].get("references")) for i in valid]
-            kept_images: Any = [image_ids[i] for i in valid]
-            captions: Any = [rows[i].get("caption") for i in valid]
-            scored = self.scorer.score(
-                captions,
-                references=references if any(r is not None for r in references) else None,
-                image_ids=kept_images if any(i is not None for i in kept_images) else None,
-                ids=[str(rows[i]["id"]) for i in valid],
-            )
-            for i, result in zip(valid, scored, strict=True):
-                results[i] = result
-        schema = output_schema()
+        results = list(self.scorer.score_records([_record(row) for row in rows]))
+        schema = output_schema(self.columns)
         out: dict[str, list[Any]] = {name: [] for name in schema.names}
-        for row, image_id, result in zip(rows, image_ids, results, strict=True):
-            out["id"].append(result["id"])
+        for row, result in zip(rows, results, strict=True):
+            scored = {"id": result.id, "error": result.reason} if isinstance(result, RecordError) else result
+            out["id"].append(scored["id"])
             out["source"].append(row.get("source"))
             out["line"].append(row.get("line"))
-            out["image_id"].append(image_id)
-            for name in (*SCORE_FIELDS, "n_questions", "n_references", "flags"):
-                out[name].append(result.get(name))
-            out["error"].append(result.get("error"))
+            out["image_id"].append(None if row.get("image_id") is None else str(row["image_id"]))
+            for name in (*self.columns, "n_questions", "n_references", "flags", "error"):
+                out[name].append(scored.get(name))
             out["signature"].append(self.signature)
-            explanation = result.get("explanation")
+            explanation = scored.get("explanation")
             out["explanation"].append(
                 None if explanation is None else json.dumps(explanation, ensure_ascii=False)
             )
         return pa.Table.from_pydict(out, schema=schema)
 
 
+QACEBatchScorer = BatchScorer
+"""The former name (a `BatchScorer` builds QACE unless given another entry)."""
+
+
+def _record(row: dict[str, Any]) -> Record | RecordError:
+    """A batch row as a record to score: the error the reader found, a caption that is no string or
+    references that are not non-empty strings as errors naming the row, else the record."""
+    if row.get("error") is not None:
+        return RecordError(row["id"], row["error"])
+    record_id, caption = str(row["id"]), row.get("caption")
+    references = _references(row.get("references"))
+    if not isinstance(caption, str):
+        return RecordError(record_id, f"caption must be a string, got {type(caption).__name__}")
+    if references is not None and not all(ref.strip() for ref in references):
+        return RecordError(record_id, "references must be a list of non-empty strings")
+    image_id, image = row.get("image_id"), row.get("image")
+    refs = None if references is None else tuple(references)
+    return Record(record_id, caption, None if image_id is None else str(image_id), refs, image)
+
+
 def score_dataset(
     ds: Any,
     *,
     scorer_kwargs: dict[str, Any] | None = None,
+    entry: ScorerEntry | None = None,
     actors: int | tuple[int, int] = 1,
     gpus_per_actor: float = 1.0,
     cpus_per_actor: float = 1.0,
     batch_size: int = 512,
     torch_threads: int | None = None,
 ) -> Any:
-    """Lazily score a Ray ``Dataset``; ``actors`` is a fixed pool size or ``(min, max)`` for autoscaling.
+    """Lazily score a Ray ``Dataset`` with the metric of ``entry`` (a `qace.scorers.ScorerEntry`; default
+    QACE) built from ``scorer_kwargs``; ``actors`` is a fixed pool size or ``(min, max)`` for autoscaling.
 
     With ``gpus_per_actor=0`` the actors run on CPU (tests, CPU clusters).
     """
@@ -142,8 +163,12 @@ def score_dataset(
     else:
         pool = ActorPoolStrategy(size=actors)
     return ds.map_batches(
-        QACEBatchScorer,
-        fn_constructor_kwargs={"scorer_kwargs": scorer_kwargs or {}, "torch_threads": torch_threads},
+        BatchScorer,
+        fn_constructor_kwargs={
+            "scorer_kwargs": scorer_kwargs or {},
+            "torch_threads": torch_threads,
+            "entry": entry,
+        },
         batch_size=batch_size,
         batch_format="pyarrow",
         compute=pool,
@@ -157,6 +182,7 @@ def score_to_parquet(
     output_dir: str | Path,
     *,
     scorer_kwargs: dict[str, Any] | None = None,
+    entry: ScorerEntry | None = None,
     fmt: str = "auto",
     resume: bool = False,
     actors: int | tuple[int, int] = 1,
@@ -166,7 +192,8 @@ def score_to_parquet(
     torch_threads: int | None = None,
 ) -> dict[str, Any]:
     """Read JSONL, CSV, COCO or Parquet ``inputs`` (files, or directories of ``.parquet`` files), score
-    them, write Parquet files into ``output_dir``; ``fmt`` is `qace.data.records.read_records`'s.
+    them with ``entry``'s metric (`score_dataset`), write Parquet files into ``output_dir``; ``fmt`` is
+    `qace.data.records.read_records`'s.
 
     ``resume=True`` skips the records already in ``output_dir`` (see the module docstring); without
     it an existing non-empty ``output_dir`` is refused. Returns counts: ``scored`` (rows written by
@@ -190,6 +217,7 @@ def score_to_parquet(
     scored = score_dataset(
         ds,
         scorer_kwargs=scorer_kwargs,
+        entry=entry,
         actors=actors,
         gpus_per_actor=gpus_per_actor,
         cpus_per_actor=cpus_per_actor,
@@ -204,14 +232,15 @@ def score_to_parquet(
     return {"scored": written, "skipped": len(done), "seconds": time.perf_counter() - start}
 
 
-def read_scores(output_dir: str | Path) -> Any:
-    """All rows of a (possibly resumed) output directory as one Arrow table."""
+def read_scores(output_dir: str | Path, columns: Sequence[str] = SCORE_FIELDS) -> Any:
+    """All rows of a (possibly resumed) output directory of a metric with score ``columns`` (QACE's by
+    default) as one Arrow table."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = sorted(Path(output_dir).glob("*.parquet"))
-    tables = [pq.read_table(path, schema=output_schema()) for path in files]
-    return pa.concat_tables(tables) if tables else output_schema().empty_table()
+    schema = output_schema(columns)
+    tables = [pq.read_table(path, schema=schema) for path in sorted(Path(output_dir).glob("*.parquet"))]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def _read(ray: Any, inputs: str | list[str], fmt: str) -> Any:
@@ -237,14 +266,15 @@ READ_BATCH = 4096
 
 def _read_file(batch: Any, fmt: str) -> Iterator[Any]:
     """The records of the file named in ``batch`` as Arrow tables of `READ_BATCH` rows: ``id, source,
-    line, caption, references, image_id, error`` (``error`` set for a record the reader rejected)."""
+    line, caption, references, image_id, image, error`` (``error`` set for a record the reader rejected)."""
     import pyarrow as pa
 
     from qace.data.records import RecordError, read_records
 
     schema = pa.schema(
         [("id", pa.string()), ("source", pa.string()), ("line", pa.int64()), ("caption", pa.string()),
-         ("references", pa.list_(pa.string())), ("image_id", pa.string()), ("error", pa.string())]
+         ("references", pa.list_(pa.string())), ("image_id", pa.string()), ("image", pa.string()),
+         ("error", pa.string())]
     )  # fmt: skip
     for source in batch.column("path").to_pylist():
         rows: list[dict[str, Any]] = []
@@ -253,7 +283,9 @@ def _read_file(batch: Any, fmt: str) -> Iterator[Any]:
             if isinstance(item, RecordError):
                 row["error"] = item.reason
             else:
-                row.update(caption=item.caption, references=item.references, image_id=item.image_id)
+                row.update(
+                    caption=item.caption, references=item.references, image_id=item.image_id, image=item.image
+                )
             rows.append(row)
             if len(rows) == READ_BATCH:
                 yield pa.Table.from_pylist(rows, schema=schema)

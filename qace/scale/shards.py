@@ -11,18 +11,18 @@ Layout under ``<output>.shards/``:
 
 Why contiguous slices: concatenating the shard outputs in shard order *is* input order, so the
 merge streams files and needs no sort. Each worker is a fresh ``spawn`` process (CUDA cannot
-survive ``fork``) that builds its own `QACE` on its device. A killed run resumes per shard: each
+survive ``fork``) that builds its own scorer on its device. A killed run resumes per shard: each
 shard skips the ids its writer has committed. The merge writes the final output through a
 `ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so a killed merge resumes
 too; the shard directory is removed only after the final output exists.
 
 ``scorer_factory`` (``"package.module:function"``, default `QACE`) builds each worker's scorer from
-``device=`` and ``scorer_kwargs``; benchmarks use it to set up the same scorer in every worker.
+``device=`` and ``scorer_kwargs``: ``qace score --gpus`` names a registered metric's factory
+(`qace.scorers`), benchmarks their own to set up the same scorer in every worker.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import multiprocessing
@@ -40,6 +40,7 @@ from typing import Any
 from qace.config import auto_spacy_workers
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
+from qace.scorers import load_callable as load_factory
 from qace.scoring import Summary
 
 log = logging.getLogger(__name__)
@@ -97,22 +98,25 @@ def score_file_sharded(
     scorer_factory: str | None = None,
     score_key: str = "qace",
     force: bool = False,
+    cpu_pool: str | None = None,
 ) -> Summary:
     """Score ``input_path`` into ``output_path`` with one worker per entry of ``devices``.
 
-    ``scorer_kwargs`` are `QACE` keyword arguments (``models=``, ``variant=``, ...; not
-    ``device``). The output equals what one `QACE.score_file` run writes, byte for byte for JSONL.
+    ``scorer_kwargs`` are the scorer's keyword arguments (`QACE`'s: ``models=``, ``variant=``, ...; not
+    ``device``). The output equals what one `score_file` run of the scorer writes, byte for byte for JSONL.
     ``scorer_factory`` names a callable (``"package.module:function"``, or a class such as
     ``"qace.judges.visce2:VisCE2"``) that each worker calls as ``f(device=..., **scorer_kwargs)``
-    instead of `QACE`; it must return a `qace.scoring.FileScorer` and be importable in a fresh
+    instead of `QACE`; it must return a `qace.scorers.Scorer` and be importable in a fresh
     process. ``score_key`` is that scorer's main score column (for the summary's mean). ``force`` is
-    `FileScorer.score_file`'s: resume outputs that cannot be checked.
+    `FileScorer.score_file`'s: resume outputs that cannot be checked. ``cpu_pool`` names the factory's
+    setting that sizes its CPU worker processes (`qace.scorers.ScorerEntry.cpu_pool`; `QACE`'s
+    ``spacy_workers`` without a factory): on GPUs, each shard gets its share of the host's cores.
     """
     if not devices:
         raise ConfigError("devices must name at least one torch device")
     if scorer_factory is not None:
         load_factory(scorer_factory)  # fail here, before any work, on a wrong name
-    kwargs = shard_settings(scorer_kwargs or {}, devices, scorer_factory)
+    kwargs = shard_settings(scorer_kwargs or {}, devices, scorer_factory, cpu_pool)
     output = Path(output_path)
     work = output.with_name(output.name + ".shards")
     start = time.perf_counter()
@@ -298,15 +302,20 @@ def _run_workers(
 
 
 def shard_settings(
-    scorer_kwargs: dict[str, Any], devices: list[str], scorer_factory: str | None = None
+    scorer_kwargs: dict[str, Any],
+    devices: list[str],
+    scorer_factory: str | None = None,
+    cpu_pool: str | None = None,
 ) -> dict[str, Any]:
-    """Every shard's scorer settings: no progress bars, and QACE's spaCy pools on GPUs share the host's
-    cores (on its own, each GPU engine would take them all: `qace.config.speed_defaults`)."""
+    """Every shard's scorer settings: no progress bars, and on GPUs the scorers' CPU worker pools (the
+    ``cpu_pool`` setting; `QACE`'s spaCy pool without a factory) share the host's cores (on its own, each
+    GPU engine would take them all: `qace.config.speed_defaults`)."""
     if "device" in scorer_kwargs:
         raise ConfigError("pass devices=[...] instead of a device in scorer_kwargs")
     kwargs = {"progress": False, **scorer_kwargs}
-    if scorer_factory is None and any(d.startswith("cuda") for d in devices):
-        kwargs.setdefault("spacy_workers", auto_spacy_workers(len(devices)))
+    pool = "spacy_workers" if scorer_factory is None else cpu_pool
+    if pool is not None and any(d.startswith("cuda") for d in devices):
+        kwargs.setdefault(pool, auto_spacy_workers(len(devices)))
     return kwargs
 
 
@@ -382,20 +391,6 @@ def _closing_candidates(scorer: Any) -> Iterator[None]:
         close = getattr(getattr(scorer, "candidates", None), "close", None)
         if callable(close):
             close()
-
-
-def load_factory(path: str) -> Callable[..., Any]:
-    """The callable that ``"package.module:function"`` names (a `ConfigError` if there is none)."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"scorer_factory must look like 'package.module:function', got {path!r}")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load scorer_factory {path!r}: {exc}") from exc
-    if not callable(target):
-        raise ConfigError(f"scorer_factory {path!r} is not callable")
-    return target
 
 
 def _merge(

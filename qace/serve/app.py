@@ -1,17 +1,23 @@
-"""The reward service's HTTP API (FastAPI): QACE's own endpoint, OpenRLHF's protocol, health, metrics.
+"""The reward service's HTTP API (FastAPI): its own endpoint, OpenRLHF's protocol, health, metrics.
+
+It serves one reward: QACE's (`qace.reward.QACEReward`) or any registered scorer's
+(`qace.reward.ScorerReward`, built by `qace.scorers.ScorerEntry.build_reward`). Each item carries the
+context the reward reads: references (QACE-Ref), an image id (QACE-Img) or an image file path on the
+server (VisCE², the regeneration score).
 
 Endpoints (all but ``/health`` need ``Authorization: Bearer <token>``, or the token in the path where a
 route offers it):
 
-- ``POST /v1/reward``: ``{"request_id", "items": [{"id", "caption", "references" | "image_id"}],
+- ``POST /v1/reward``: ``{"request_id", "items": [{"id", "caption", "references" | "image_id" | "image"}],
   "component"?}`` -> ``{"request_id", "signature", "component", "results": [{"id", "reward",
   "valid", "reason", "scores"}]}``; ids are echoed so a client can check every reward's owner.
 - ``POST /get_reward`` and ``POST /t/<token>/get_reward``: OpenRLHF's remote reward protocol,
   ``{"query", "prompts", "labels"}`` -> ``{"rewards", "scores"[, "extra_logs"]}``. OpenRLHF's clients
   send no header, so the second form carries the token in the URL they are given. The caption is the
   query minus its prompt (a query that does not start with its prompt is scored whole, counted in
-  ``/metrics`` and logged); each label carries the context: an image id (QACE-Img), or references as a
-  list, a JSON list string, a single string, or ``{"references": [...]}`` / ``{"image_id": ...}``.
+  ``/metrics`` and logged); each label carries the context: an image id (QACE-Img) or an image path,
+  references as a list, a JSON list string or a single string, or ``{"references": [...]}`` /
+  ``{"image_id": ...}`` / ``{"image": ...}``.
   ``extra_logs`` (the components) holds one number per name and comes only with one-query requests
   (OpenRLHF 0.11 sends one query per request and makes a tensor of each value; 0.8 sends a batch and
   can only ``torch.cat`` tensors, which JSON cannot carry, so a list there crashes it).
@@ -42,7 +48,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from qace.errors import ConfigError, InputError
-from qace.reward import COMPONENTS, completion_text
+from qace.reward import COMPONENTS, LOGGED_COMPONENTS, completion_text
 from qace.serve.batcher import Item, MicroBatcher, Overloaded
 
 log = logging.getLogger(__name__)
@@ -69,6 +75,36 @@ class ServeSettings:
     """A request waiting longer gets 503."""
     retry_after_s: float = 1.0
     """Value of ``Retry-After`` on 429/503."""
+
+
+@dataclass(frozen=True)
+class _Served:
+    """What the service needs to know of its reward."""
+
+    reads: str | None
+    """The context every item carries: ``references``, ``image_id``, ``image`` or None (none)."""
+    components: tuple[str, ...]
+    """The columns a request may ask for (``component``)."""
+    logged: tuple[str, ...]
+    """The components of OpenRLHF's ``extra_logs``."""
+    key: str
+    """The score column: ``/v1/reward``'s default component, ``<key>_valid`` in ``extra_logs``."""
+
+    @classmethod
+    def of(cls, reward: Any) -> _Served:
+        """A `qace.reward.ScorerReward`'s own; for a QACE-shaped reward that has only ``variant``
+        (``ref`` or ``img``) and ``score``, QACE's."""
+        variant = getattr(reward, "variant", "ref")
+        return cls(
+            getattr(reward, "reads", "references" if variant == "ref" else "image_id"),
+            tuple(getattr(reward, "components", COMPONENTS)),
+            tuple(getattr(reward, "logged", LOGGED_COMPONENTS)),
+            getattr(reward, "score_key", "qace"),
+        )
+
+
+CONTEXT_KEYWORDS = {"references": "references", "image_id": "image_ids", "image": "images"}
+"""The reward's ``score`` keyword of each kind of context."""
 
 
 class _HTTPError(Exception):
@@ -106,7 +142,8 @@ WARM_UP_RETRY_AFTER_S = 5
 def create_app(
     reward: Any, *, token: str, settings: ServeSettings | None = None, warm_up: bool = False
 ) -> FastAPI:
-    """The FastAPI app serving ``reward`` (a `qace.reward.QACEReward` or anything with its ``score``).
+    """The FastAPI app serving ``reward`` (a `qace.reward.ScorerReward`, such as `QACEReward`, or anything
+    with its ``score``).
 
     ``warm_up``: on start, run ``reward.warm_up()`` (`QACEReward.warm_up`) in a thread while the server
     already answers: ``/health`` says 503 ``warming_up`` and reward requests are held until it is done
@@ -122,13 +159,15 @@ def create_app(
             "a full request could never be queued"
         )
     counts: dict[str, int] = {"prompt_mismatch": 0}
+    served = _Served.of(reward)
 
     def score_items(items: list[Item]) -> list[Any]:
         captions = [item.caption for item in items]
-        limit = settings.max_caption_chars
-        if reward.variant == "ref":
-            return reward.score(captions, references=[item.references for item in items], max_chars=limit)
-        return reward.score(captions, image_ids=[item.image_id for item in items], max_chars=limit)
+        contexts = {}
+        if served.reads is not None:
+            values = [getattr(item, served.reads) for item in items]
+            contexts[CONTEXT_KEYWORDS[served.reads]] = values
+        return reward.score(captions, max_chars=settings.max_caption_chars, **contexts)
 
     batcher = MicroBatcher(
         score_items,
@@ -225,7 +264,7 @@ def create_app(
     async def v1_reward(request: Request) -> Any:
         try:
             payload = await body(request)
-            request_id, ids, items, component = _parse_v1(payload, reward.variant)
+            request_id, ids, items, component = _parse_v1(payload, served)
             results = await run(items)
         except _HTTPError as exc:
             return _error(exc)
@@ -250,7 +289,7 @@ def create_app(
     async def get_reward(request: Request) -> Any:
         try:
             payload = await body(request)
-            items, mismatched = _parse_openrlhf(payload, reward.variant)
+            items, mismatched = _parse_openrlhf(payload, served.reads)
             if mismatched:
                 counts["prompt_mismatch"] += len(mismatched)
                 log.warning(
@@ -264,8 +303,8 @@ def create_app(
         out: dict[str, Any] = {"rewards": rewards, "scores": rewards}
         if len(results) == 1:  # see the module docstring: what OpenRLHF 0.11 and 0.8 both accept
             (r,) = results
-            logs = {name: float(r.scores.get(name, 0.0)) for name in ("qace_f1", "qace_bs", "qace_an")}
-            out["extra_logs"] = {**logs, "qace_valid": 1.0 if r.valid else 0.0}
+            logs = {name: float(r.scores.get(name, 0.0)) for name in served.logged}
+            out["extra_logs"] = {**logs, f"{served.key}_valid": 1.0 if r.valid else 0.0}
         if isinstance(payload, dict) and "request_id" in payload:
             out["request_id"] = payload["request_id"]
         return out
@@ -321,27 +360,28 @@ def _error(exc: _HTTPError) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
 
 
-def _parse_v1(payload: Any, variant: str) -> tuple[str, list[str], list[Item], str]:
+def _parse_v1(payload: Any, served: _Served) -> tuple[str, list[str], list[Item], str]:
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
         raise _HTTPError(422, 'expected {"request_id": str, "items": [{"id", "caption", ...}]}')
     request_id = payload.get("request_id")
     if not isinstance(request_id, str) or not request_id:
         raise _HTTPError(422, "request_id must be a non-empty string (it is echoed back)")
-    component = payload.get("component", "qace")
-    if component not in COMPONENTS:
-        raise _HTTPError(422, f"unknown component {component!r}; choose one of {', '.join(COMPONENTS)}")
+    component = payload.get("component", served.key)
+    if component not in served.components:
+        choices = ", ".join(served.components)
+        raise _HTTPError(422, f"unknown component {component!r}; choose one of {choices}")
     ids, items = [], []
     for n, entry in enumerate(payload["items"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
             raise _HTTPError(422, f"item {n} needs a string 'id'")
         ids.append(entry["id"])
-        items.append(_item(entry.get("caption"), entry, variant, f"item {entry['id']!r}"))
+        items.append(_item(entry.get("caption"), entry, served.reads, f"item {entry['id']!r}"))
     if len(set(ids)) != len(ids):
         raise _HTTPError(422, "item ids must be unique within a request")
     return request_id, ids, items, component
 
 
-def _parse_openrlhf(payload: Any, variant: str) -> tuple[list[Item], list[int]]:
+def _parse_openrlhf(payload: Any, reads: str | None) -> tuple[list[Item], list[int]]:
     """The items of an OpenRLHF request, and the samples whose query does not start with its prompt."""
     if not isinstance(payload, dict) or not isinstance(payload.get("query"), list):
         raise _HTTPError(422, 'expected {"query": [...], "prompts": [...], "labels": [...]}')
@@ -350,9 +390,11 @@ def _parse_openrlhf(payload: Any, variant: str) -> tuple[list[Item], list[int]]:
     labels = payload.get("labels")
     if not isinstance(prompts, list) or len(prompts) != len(queries):
         raise _HTTPError(422, "prompts must be a list as long as query")
+    if reads is None and labels is None:
+        labels = [{}] * len(queries)
     if not isinstance(labels, list) or len(labels) != len(queries):
         raise _HTTPError(
-            422, "labels must be a list as long as query (they carry the references or image id)"
+            422, "labels must be a list as long as query (they carry the references, image id or image)"
         )
     items, mismatched = [], []
     for n, (query, prompt, label) in enumerate(zip(queries, prompts, labels, strict=True)):
@@ -362,34 +404,37 @@ def _parse_openrlhf(payload: Any, variant: str) -> tuple[list[Item], list[int]]:
                 caption = query[len(prompt) :]
             else:
                 mismatched.append(n)
-        items.append(_item(completion_text(caption), _label_context(label, variant), variant, f"sample {n}"))
+        items.append(_item(completion_text(caption), _label_context(label, reads), reads, f"sample {n}"))
     return items, mismatched
 
 
-def _label_context(label: Any, variant: str) -> dict[str, Any]:
-    """Read an OpenRLHF label into ``{"references"}`` or ``{"image_id"}``."""
+def _label_context(label: Any, reads: str | None) -> dict[str, Any]:
+    """Read an OpenRLHF label into ``{"references"}``, ``{"image_id"}`` or ``{"image"}``."""
     if isinstance(label, str) and label.lstrip().startswith(("[", "{")):
         try:
             label = json.loads(label)
         except ValueError:
             pass
-    if isinstance(label, dict):
-        return label
-    if variant == "ref":
+    if isinstance(label, dict) or reads is None:
+        return label if isinstance(label, dict) else {}
+    if reads == "references":
         return {"references": [label] if isinstance(label, str) else label}
-    return {"image_id": label}
+    return {reads: label}
 
 
-def _item(caption: Any, context: dict[str, Any], variant: str, where: str) -> Item:
+def _item(caption: Any, context: dict[str, Any], reads: str | None, where: str) -> Item:
     """Check the context (a bad one is the caller's bug: 422); the caption is judged by the reward."""
-    if variant == "ref":
+    if reads == "references":
         refs = context.get("references")
         if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
             raise _HTTPError(422, f"{where}: references must be a non-empty list of non-empty strings")
-        return Item(caption, None, tuple(refs))
-    image_id = context.get("image_id")
-    if isinstance(image_id, int) and not isinstance(image_id, bool):
-        image_id = str(image_id)
-    if not isinstance(image_id, str) or not image_id.strip():
-        raise _HTTPError(422, f"{where}: needs an image_id (string or integer)")
-    return Item(caption, image_id, None)
+        return Item(caption, references=tuple(refs))
+    if reads is None:
+        return Item(caption)
+    value = context.get(reads)
+    if reads == "image_id" and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        kind = "(string or integer)" if reads == "image_id" else "(a file path on the server)"
+        raise _HTTPError(422, f"{where}: needs an {reads} {kind}")
+    return Item(caption, image_id=value) if reads == "image_id" else Item(caption, image=value)

@@ -40,11 +40,12 @@ class Unavailable(Overloaded):
 
 @dataclass(frozen=True)
 class Item:
-    """One caption to reward, with its context (references or an image id)."""
+    """One caption to reward, with its context (references, an image id or an image file)."""
 
     caption: Any
     image_id: str | None = None
     references: tuple[str, ...] | None = None
+    image: str | None = None
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""``qace serve``: run the reward service (needs the ``serve`` extra: fastapi, uvicorn)."""
+"""``qace serve``: run the reward service (needs the ``serve`` extra: fastapi, uvicorn) for any registered
+metric (`qace.scorers`; ``--metric``, QACE-Ref by default)."""
 
 from __future__ import annotations
 
@@ -7,29 +8,31 @@ import logging
 import os
 import secrets
 
-from qace.checks import check_device, check_img_features
+from qace import scorers
+from qace.checks import check_device
+from qace.options import add_metric_option, add_scorer_options, entry_for
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``qace serve`` (`qace.cli` calls this only where the ``serve`` extra is installed)."""
-    from qace.reward import COMPONENTS
     from qace.serve.app import ServeSettings
 
     d = ServeSettings()
     p = sub.add_parser(
-        "serve", description="Serve QACE rewards over HTTP (own API and OpenRLHF's /get_reward)."
+        "serve",
+        description="Serve a registered scorer (QACE by default) as rewards over HTTP (own API and "
+        "OpenRLHF's /get_reward).",
     )
-    p.add_argument("--models", help="directory with qg/, tqa/, vqa/ (default: the paper's models)")
-    p.add_argument("--variant", default="ref", choices=["ref", "img"])
-    p.add_argument("--features", help="region features (QACE-Img)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--batch-rows", type=int, help="sequences per model batch (default: by the device)")
-    p.add_argument("--batch-tokens", type=int, help="padded tokens per model batch (default: by the device)")
-    p.add_argument("--spacy-workers", type=int, help="spaCy processes (default: by the device)")
-    p.add_argument("--component", default="qace", choices=COMPONENTS, help="default reward component")
+    add_metric_option(p, "the metric to serve as a reward")
+    add_scorer_options(p)
+    scorers.add_options(p)
+    p.add_argument(
+        "--component",
+        help="default reward component: one of the metric's score columns (default: its score; QACE: "
+        "qace, qace_f1, qace_bs, qace_an, qace_max)",
+    )
     p.add_argument("--invalid-reward", type=float, default=0.0, help="reward of empty/invalid captions")
     p.add_argument("--host", default="127.0.0.1", help="bind address (use 0.0.0.0 only behind a firewall)")
     p.add_argument("--port", type=int, default=8000)
@@ -60,31 +63,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from qace.config import given_speed_settings
-    from qace.reward import QACEReward
     from qace.serve.app import ServeSettings, check_token, create_app
 
-    check_device(args.device)  # arguments first: nothing below may fail after the models load
-    check_img_features(args.variant, args.features)
+    entry = entry_for(args)  # arguments first: nothing below may fail after the models load
+    entry.require()
+    check_device(args.device)
     token = args.token or os.environ.get("QACE_SERVE_TOKEN", "")
     if token:
         check_token(token)
     else:
         token = secrets.token_hex(16)
         print(f"no --token or QACE_SERVE_TOKEN given; clients must send: Authorization: Bearer {token}")
-    reward = QACEReward(
-        models=args.models,
-        variant=args.variant,
-        features=args.features,
-        device=args.device,
-        precision=args.precision,
-        component=args.component,
-        invalid_reward=args.invalid_reward,
-        **given_speed_settings(args, ("max_batch_rows", "max_batch_tokens", "spacy_workers")),
+    settings = {**entry.settings_from(args), "progress": False}
+    reward = entry.build_reward(
+        args.device, component=args.component, invalid_reward=args.invalid_reward, **settings
     )
-    if reward.scorer.uses_test_models:
-        log.warning("serving qace's TINY TEST MODELS: rewards mean nothing")
-    settings = ServeSettings(
+    scorers.warn_if_test_models(reward.scorer, entry)
+    limits = ServeSettings(
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
@@ -96,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.warm_up:
         print("warming up (CUDA graphs on a GPU, spaCy workers): /health answers 503 until it is done")
     uvicorn.run(
-        create_app(reward, token=token, settings=settings, warm_up=args.warm_up),
+        create_app(reward, token=token, settings=limits, warm_up=args.warm_up),
         host=args.host,
         port=args.port,
         log_level="warning",

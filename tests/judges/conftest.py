@@ -1,21 +1,11 @@
-"""Shared judge fixtures: the tiny test VLM and small drawn images. Keep this file small."""
+"""Shared judge fixtures: small drawn images (the tiny test VLM is the root conftest's). Keep this file
+small."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def test_vlm_dir() -> Path:
-    """The tiny LLaVA-style VLM, built once and cached (QACE_TEST_VLM or .qace-cache/test-vlm)."""
-    from qace.testing.vlm import make_test_vlm
-
-    return make_test_vlm(os.environ.get("QACE_TEST_VLM") or REPO_ROOT / ".qace-cache" / "test-vlm")
 
 
 @pytest.fixture(scope="session")

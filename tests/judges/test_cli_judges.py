@@ -86,13 +86,27 @@ def test_contradictory_metric_options_exit_with_a_clear_message(flags, message, 
     assert not (tmp_path / "o.jsonl").exists()
 
 
-def test_a_judge_that_cannot_be_imported_is_a_clear_error(monkeypatch, tmp_path, capsys):
-    import qace.cli
+def test_a_judge_that_cannot_be_imported_is_a_clear_error(tmp_path, capsys):
+    from dataclasses import replace
 
-    monkeypatch.setitem(qace.cli.JUDGE_MODULES, "regen", "qace.judges.not_installed_here")
-    assert main(["score", str(EXAMPLE), "-o", str(tmp_path / "o.jsonl"), "--metric", "regen"]) == 2
+    from qace import scorers
+
+    missing = "qace.judges.not_installed_here"
+    entry = replace(
+        scorers.get("regen"),
+        name="regen-missing",
+        factory=f"{missing}:RegenScore",
+        settings=f"{missing}:cli_settings",
+        options=f"{missing}:add_cli_arguments",
+    )
+    scorers.register(entry)
+    try:
+        argv = ["score", str(EXAMPLE), "-o", str(tmp_path / "o.jsonl"), "--metric", "regen-missing"]
+        assert main(argv) == 2
+    finally:
+        scorers.unregister("regen-missing")
     err = capsys.readouterr().err
-    assert "qace.judges.not_installed_here" in err and "judges" in err
+    assert missing in err and "pip install 'qace[judges]'" in err
 
 
 def test_demo_metric_visce2_uses_the_test_vlm_offline(tmp_path, monkeypatch, capsys):

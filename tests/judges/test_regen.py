@@ -24,11 +24,11 @@ from qace.judges.regen import (  # noqa: E402
     RegenConfig,
     RegenScore,
     add_cli_arguments,
-    from_cli,
     image_file_name,
     sample_seed,
 )
 from qace.judges.regen_loading import Preprocess, tree_fingerprint  # noqa: E402
+from qace.scorers import get  # noqa: E402
 from qace.testing.regen import make_regen_test_models  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -283,6 +283,12 @@ def test_resumed_file_run_equals_uninterrupted_run(regen_loading, images, tmp_pa
         other.score_file(source, broken, resume=True)
 
 
+def from_cli(args: argparse.Namespace) -> RegenScore:
+    """The scorer ``qace score --metric regen`` builds from parsed arguments: the registry's entry."""
+    entry = get("regen")
+    return entry.build(args.device, **entry.settings_from(args))  # type: ignore[return-value]
+
+
 def test_cli_options_build_the_configured_scorer(regen_loading, tmp_path):
     parser = argparse.ArgumentParser()
     for flag, kwargs in [
@@ -374,12 +380,11 @@ def test_settings_are_checked(regen_loading):
 
 
 def test_demo_falls_back_to_test_models_without_touching_the_environment(tmp_path, monkeypatch):
-    from qace.judges.regen import demo_scorer
-
     monkeypatch.setenv("QACE_TEST_MODELS", str(tmp_path))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    judge = demo_scorer()  # the default models are not in this machine's cache: offline, so no hub call
-    assert judge.uses_test_models and "--generator" in judge.real_model_hint
+    entry = get("regen")
+    judge = entry.build_demo()  # the default models are not in this machine's cache: offline, no hub call
+    assert judge.uses_test_models and "--generator" in (entry.hint or "")
     assert (judge.config.size, judge.config.steps) == (32, 2)
     assert "HF_HUB_OFFLINE" not in os.environ
 

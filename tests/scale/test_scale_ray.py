@@ -87,3 +87,26 @@ def test_ray_fuzz_corpus_gets_one_row_per_record(ray_local, test_models_dir, tmp
             {"id": row["id"], "line": row["line"], "reason": row["error"]} for row in rows if row["error"]
         ]
         check_invariant(corpus, scored, errors)
+
+
+def test_ray_scores_a_registered_metric_through_the_cli(ray_local, tmp_path) -> None:
+    """``qace score-ray --metric``: the actors build the toy metric (`tests.toy_scorer`) from its entry;
+    each record gets one row, with the metric's own columns and the reader's or the scorer's errors."""
+    from qace.cli import main
+    from tests.toy_scorer import registered
+
+    out = tmp_path / "scores"
+    argv = ["score-ray", str(EXAMPLES), "-o", str(out), "--metric", "length", "--length-unit", "chars"]
+    with registered() as entry:
+        assert main([*argv, "--gpus-per-actor", "0", "--batch-size", "4"]) == 0
+    table = read_scores(out, entry.columns).to_pylist()
+    rows = {row["id"]: row for row in table}
+    records = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
+    assert len(table) == len(rows) == len(records)
+    for record in records:
+        row = rows[record["id"]]
+        if record["caption"].strip():
+            assert row["length"] == len(record["caption"]) and row["error"] is None
+        else:
+            assert row["length"] is None and "empty" in row["error"]
+        assert row["signature"].startswith("Length|unit:chars|")

@@ -1,0 +1,85 @@
+"""A toy metric, added the way any metric is: one module (this one) and one registry entry (`ENTRY`).
+
+It scores a caption by its length in words (or characters), so its numbers are known exactly. Importable
+as ``tests.toy_scorer`` from the repository root, as ``--gpus`` workers and Ray actors import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from qace import scorers
+from qace.data.records import Record, RecordError
+from qace.scoring import FileScorer
+from qace.signature import Signature
+
+
+@dataclass(frozen=True)
+class LengthConfig:
+    unit: str = "words"
+    chunk_size: int = 4
+    progress: bool = True
+    device: str = "cpu"
+
+
+class CaptionLength(FileScorer):
+    """``length``: the caption's length in ``unit``s (``words`` or ``chars``); empty captions are errors."""
+
+    score_key = "length"
+
+    def __init__(self, *, device: str = "cpu", **settings: Any) -> None:
+        self.config = LengthConfig(device=device, **settings)
+        self.signature = str(Signature.of_scorer("Length", ("unit", self.config.unit)))
+
+    def score_records(
+        self, records: Iterable[Record | RecordError]
+    ) -> Iterator[dict[str, Any] | RecordError]:
+        iterator = iter(records)
+        while chunk := list(itertools.islice(iterator, self.chunk_size)):
+            yield from map(self._row, chunk)
+
+    def _row(self, record: Record | RecordError) -> dict[str, Any] | RecordError:
+        if isinstance(record, RecordError):
+            return record
+        if not record.caption.strip():
+            return RecordError(record.id, "empty caption", record.line)
+        units = record.caption.split() if self.config.unit == "words" else record.caption
+        return {"id": record.id, "length": float(len(units)), "flags": [], "signature": self.signature}
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--length-unit", default="words", choices=["words", "chars"], help="the toy's unit")
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    chunk = {"chunk_size": args.chunk_size} if getattr(args, "chunk_size", None) else {}
+    return {"unit": args.length_unit, "progress": not getattr(args, "no_progress", False), **chunk}
+
+
+def demo(*, device: str = "cpu", download: bool = False) -> CaptionLength:
+    return CaptionLength(device=device, chunk_size=5)
+
+
+MODULE = "tests.toy_scorer"
+ENTRY = scorers.ScorerEntry(
+    name="length", help="a toy metric: the caption's length",
+    score_key="length", columns=("length",), parts=(), signature="Length",
+    factory=f"{MODULE}:CaptionLength", settings=f"{MODULE}:settings",
+    options=f"{MODULE}:add_options", demo=f"{MODULE}:demo",
+)  # fmt: skip
+"""The one registry entry that adds the metric (`registered` registers it for a block)."""
+
+
+@contextmanager
+def registered() -> Iterator[scorers.ScorerEntry]:
+    """The toy metric registered for the block, unregistered after it."""
+    scorers.register(ENTRY)
+    try:
+        yield ENTRY
+    finally:
+        scorers.unregister(ENTRY.name)
