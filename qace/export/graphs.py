@@ -45,6 +45,9 @@ from qace.families.t5.ops import clamp_fp16, rms_norm
 from qace.onnx_format import compact_input_names, compact_output_names
 
 OPSET = 17
+IR_VERSION = 8
+"""The ONNX IR version of the graphs qace builds itself: the lowest that opset 17 needs, so that any
+ONNX Runtime that runs opset 17 loads them (a newer onnx package would stamp its own, newer version)."""
 
 
 def _bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -262,4 +265,5 @@ def write_compact_graph(path: Path, layers: int, float_type: int) -> None:
     ]
     nodes = [helper.make_node("Gather", [n, index], [k], axis=0) for n, k in zip(names, kept, strict=True)]
     graph = helper.make_graph(nodes, "compact", inputs, outputs)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), str(path))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    onnx.save(model, str(path))

@@ -155,6 +155,20 @@ def test_export_has_the_device_graphs(exports):
     assert manifest["format_version"] == 2
 
 
+def test_graphs_carry_an_ir_version_older_runtimes_load(exports):
+    """A newer onnx package stamps its own IR version on graphs built with its helpers (IR 14 with onnx
+    1.23), which ONNX Runtime 1.31 refused (it loads up to 13): every graph states the version opset 17
+    needs, whatever onnx built it."""
+    import onnx
+
+    from qace.export.graphs import IR_VERSION
+
+    for out in (exports["tqa", "fp32"], exports["qg", "fp16"]):
+        graphs = out.glob("*.onnx")
+        versions = {p.stem: onnx.load(str(p), load_external_data=False).ir_version for p in graphs}
+        assert versions["compact"] == IR_VERSION and max(versions.values()) <= 10, versions
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="this onnxruntime has the CUDA provider")
 def test_cuda_without_the_gpu_build_names_the_install_line_before_loading(test_models_dir, monkeypatch):
     def no_loading(*args, **kwargs):
