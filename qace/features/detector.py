@@ -156,37 +156,15 @@ def resize_for_detector(image: Any, config: DetectorConfig) -> tuple[np.ndarray,
 
 
 class Conv2d(nn.Conv2d):
-    """A convolution followed by its frozen batch norm (the checkpoint's ``<conv>.norm.*`` keys).
-
-    In fp32 (the exact mode) the two run as written. Under autocast (bf16/fp16) the norm is folded into
-    the convolution's weight and bias (computed in fp32, kept until the weights change), which saves a
-    pass over every activation; the result differs from convolution-then-norm by rounding only."""
+    """A convolution followed by its frozen batch norm (the checkpoint's ``<conv>.norm.*`` keys)."""
 
     def __init__(self, *args: Any, norm: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.norm = nn.BatchNorm2d(norm) if norm else None
-        self._folded: tuple[tuple[int, ...], Tensor, Tensor] | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.norm is not None and torch.is_autocast_enabled(x.device.type):
-            weight, bias = self.folded()
-            return self._conv_forward(x, weight, bias)
         x = super().forward(x)
         return self.norm(x) if self.norm is not None else x
-
-    def folded(self) -> tuple[Tensor, Tensor]:
-        """The weight and bias of this convolution with its (frozen, eval-mode) norm folded in."""
-        norm = self.norm
-        assert norm is not None and norm.running_mean is not None and norm.running_var is not None
-        parts = (self.weight, norm.weight, norm.bias, norm.running_mean, norm.running_var)
-        key = tuple(t._version for t in parts) + (self.weight.data_ptr(),)
-        if self._folded is None or self._folded[0] != key:
-            with torch.no_grad():
-                scale = norm.weight / torch.sqrt(norm.running_var + norm.eps)
-                shift = norm.bias - norm.running_mean * scale
-                bias = shift if self.bias is None else self.bias * scale + shift
-                self._folded = (key, self.weight * scale[:, None, None, None], bias)
-        return self._folded[1], self._folded[2]
 
 
 class Bottleneck(nn.Module):
@@ -387,8 +365,6 @@ class ROIHeads(nn.Module):
             [torch.cat([torch.full_like(p[:, :1], i), p], dim=1) for i, p in enumerate(proposals)], dim=0
         )
         x = roi_pool(res4.float(), rois.float(), self.config.pooler_resolution, 1.0 / 16)
-        if x.is_cuda:  # the layout of the (channels-last) convolutions that read it, converted once
-            x = x.contiguous(memory_format=torch.channels_last)
         pooled = self.res5(x, None).mean(dim=(2, 3))
         return pooled, self.box_predictor.cls_score(pooled)
 
