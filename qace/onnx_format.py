@@ -14,8 +14,8 @@ per name in `GRAPHS` and `MANIFEST`:
 - ``compact`` (no weights): `compact_input_names` -> `compact_output_names`: the rows ``index`` of the
   encoder mask and every past K/V.
 
-Bump `FORMAT_VERSION` when the graphs' inputs, outputs or arithmetic change: cached exports of older
-formats are then redone.
+Bump `FORMAT_VERSION` when the graphs' inputs, outputs or arithmetic change, or which ONNX Runtime
+versions can load them: cached exports of older formats are then redone.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from typing import Any
 
 from qace.errors import ConfigError
 
-FORMAT_VERSION = 2
-"""2: the decoder graphs return ``next_token`` (and ``answerability``), and ``compact.onnx`` drops rows."""
+FORMAT_VERSION = 3
+"""2: the decoder graphs return ``next_token`` (and ``answerability``), and ``compact.onnx`` drops rows;
+3: every graph states ONNX IR version 8 (an older ``compact.onnx`` could carry the onnx package's newer
+version, which ONNX Runtime refused to load)."""
 MANIFEST = "manifest.json"
 WEIGHTED_GRAPHS = ("encoder", "decoder_init", "decoder")
 """The graphs traced from the model (the ones int8 quantizes)."""

@@ -21,7 +21,7 @@ from qace.export.validate import _onnx_logits, sample_batch
 from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.models import loading
-from qace.onnx_format import GRAPHS
+from qace.onnx_format import FORMAT_VERSION, GRAPHS
 
 ROLES = ("qg", "tqa", "vqa")
 UNANSWERABLE = 7
@@ -152,7 +152,7 @@ def test_export_has_the_device_graphs(exports):
     out = exports["tqa", "fp32"]
     assert sorted(p.stem for p in out.glob("*.onnx")) == sorted(GRAPHS)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["format_version"] == 2
+    assert manifest["format_version"] == FORMAT_VERSION
 
 
 def test_graphs_carry_an_ir_version_older_runtimes_load(exports):
