@@ -182,7 +182,12 @@ def write_results(
                 raise QACEError(f"{type(scorer).__name__} answered id {result_id!r} for record {item.id!r}")
             if isinstance(result, RecordError):
                 writer.add_error(result.id, result.reason, line=item.line, mark=mark)
-                log.warning("record %s (line %s): %s", result.id, item.line, result.reason)
+                where = (
+                    ""
+                    if item.line is None or result.reason.startswith(f"line {item.line}:")
+                    else (f" (line {item.line})")
+                )
+                log.warning("record %s%s: %s", result.id, where, result.reason)
                 errors += 1
             else:
                 writer.add(result, mark=mark)

@@ -114,3 +114,19 @@ def test_a_registered_metric_runs_the_demo(tmp_path, capsys) -> None:
         assert main(["demo", "--metric", "length", "--output-dir", str(tmp_path)]) == 0
     assert "MEAN NOTHING" not in capsys.readouterr().err
     assert {r["id"]: r["length"] for r in _lines(tmp_path / "example.length.jsonl")} == _example_lengths()
+
+
+def test_a_record_error_is_logged_with_its_line_once(tmp_path, caplog) -> None:
+    """The warning for a record that cannot be scored names its line once, whether or not the reason
+    (from the reader) already starts with it."""
+    import logging
+
+    from qace.scoring import score_file
+    from tests.toy_scorer import CaptionLength
+
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"id": "a", "caption": "two words"}\n{"id": "b", "caption": " "}\n')
+    with caplog.at_level(logging.WARNING, logger="qace.scoring"):
+        score_file(CaptionLength(progress=False), data, tmp_path / "out.jsonl")
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "qace.scoring"]
+    assert message.startswith("record b: line 2: ") and message.count("line 2") == 1, message
