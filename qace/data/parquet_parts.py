@@ -87,7 +87,7 @@ def chunk_table(rows: list[dict[str, Any]]) -> pa.Table:
     fields, arrays, json_columns = [], [], []
     for key in keys:
         values = [row.get(key) for row in rows]
-        kind = _kind(set(map(type, values)))
+        kind = _unify({_TYPE_KINDS.get(t, "json") for t in set(map(type, values))})
         if kind == "json":
             values = [_as_json(v) for v in values]
             json_columns.append(key)
@@ -99,17 +99,8 @@ def chunk_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _kind(types: set[type]) -> str:
-    types.discard(type(None))
-    kinds = {_TYPE_KINDS.get(t, "json") for t in types}
-    if not kinds:
-        return "null"
-    if len(kinds) == 1:
-        return kinds.pop()
-    return "float" if kinds == {"int", "float"} else "json"
-
-
-_TYPE_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
+_TYPE_KINDS = {type(None): "null", bool: "bool", int: "int", float: "float", str: "str"}
+"""A plain value's column kind (`plain_row` leaves no others but `JsonText`, which is ``json``)."""
 
 
 def _as_json(value: Any) -> str | None:
