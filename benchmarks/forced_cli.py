@@ -12,10 +12,18 @@ the scorer captures every batch shape's CUDA graphs (`qace.api.QACE.warm_up`) be
 the steady state holds no capture. With ``QACE_BENCH_IN_PROCESS=1`` it builds the same scorer from the
 same arguments but scores the input's records (read into memory first) through ``score_records``,
 without the file loop: the in-process rate, in a process just as fresh as the CLI's.
+
+Both write where the time went (``breakdown``): each scorer stage's wall and thread-CPU seconds
+(`qace.engine.instrument.StageTimer`; ``prepare`` runs in the prefetch thread, the rest in the main
+thread), the seconds the consumer of the results held the main thread (the file loop: writing rows and
+committing chunks), the main thread's CPU seconds, and the cyclic garbage collector's collections and
+seconds. ``QACE_BENCH_SWITCH_INTERVAL=S`` sets the interpreter's thread switch interval first (an
+experiment: how much the threads' handing over of the interpreter lock costs).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -27,17 +35,37 @@ from typing import Any
 STARTED = time.time()
 
 
-def stamped(rows: Iterable[Any], stamps: list[tuple[int, float]], every: int) -> Iterator[Any]:
+def stamped(
+    rows: Iterable[Any], stamps: list[tuple[int, float]], every: int, held: dict[str, float] | None = None
+) -> Iterator[Any]:
     """``rows`` unchanged, appending ``(rows so far, time.time())`` to ``stamps`` every ``every`` rows
-    and after the last one."""
+    and after the last one; ``held["consumer"]`` adds up the seconds the consumer kept each row."""
     count = 0
     for row in rows:
         count += 1
         if count % every == 0:
             stamps.append((count, time.time()))
+        given = time.perf_counter()
         yield row
+        if held is not None:
+            held["consumer"] = held.get("consumer", 0.0) + time.perf_counter() - given
     if not stamps or stamps[-1][0] != count:
         stamps.append((count, time.time()))
+
+
+class Collections:
+    """The cyclic garbage collector's collections and their seconds (through ``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self._start = 0, 0.0, 0.0
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,17 +77,26 @@ def main(argv: list[str] | None = None) -> int:
     out, cli_args = Path(argv[0]), argv[2:]
     from benchmarks.workload import force_lengths
     from qace import cli
+    from qace.engine import instrument
+    from qace.engine.instrument import StageTimer
 
     stamps: list[tuple[int, float]] = []
+    held: dict[str, float] = {}
+    timer = StageTimer()
+    collections = Collections()
+    cpu = time.thread_time()
+    if interval := os.environ.get("QACE_BENCH_SWITCH_INTERVAL"):
+        sys.setswitchinterval(float(interval))
     build = cli._scorer
 
     def forced_scorer(args: Any, models: str | None = None) -> Any:
         scorer = force_lengths(build(args, models))
+        instrument.attach(scorer, timer=timer)
         if os.environ.get("QACE_BENCH_WARM_UP") == "1":
             scorer.warm_up()
         committed = scorer.score_committed
         every = scorer.config.chunk_size
-        scorer.score_committed = lambda records: stamped(committed(records), stamps, every)
+        scorer.score_committed = lambda records: stamped(committed(records), stamps, every, held)
         return scorer
 
     cli._scorer = forced_scorer
@@ -68,7 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         status = cli.main(cli_args)
     done = time.time()
-    out.write_text(json.dumps({"started": STARTED, "stamps": stamps, "done": done, "status": status}))
+    breakdown = {
+        "stages": {k: {"wall": v, "cpu": timer.cpu_seconds[k]} for k, v in timer.seconds.items()},
+        "consumer_seconds": held.get("consumer", 0.0),
+        "main_thread_cpu_seconds": time.thread_time() - cpu,
+        "gc": {"collections": collections.count, "seconds": collections.seconds},
+    }
+    report = {"started": STARTED, "stamps": stamps, "done": done, "status": status, "breakdown": breakdown}
+    out.write_text(json.dumps(report))
     return status
 
 

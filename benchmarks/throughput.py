@@ -300,6 +300,8 @@ def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: 
         "method": f"rows after the first {args.chunk_size} over the time from then to the end "
         "(qace score: its return, output written; in process, a second fresh process running the same "
         "scorer on the records read into memory: the last row)",
+        "breakdown": run["breakdown"],
+        "in_process_breakdown": alone["breakdown"],
     }
 
 

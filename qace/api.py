@@ -214,8 +214,9 @@ class QACE(FileScorer):
 
     def _prepare_next(self, iterator: Iterator[Record | RecordError], size: int) -> _Prepared | None:
         """The next ``size`` records of ``iterator``, prepared; None once it is exhausted."""
-        chunk = list(itertools.islice(iterator, size))
-        return self._prepare(chunk) if chunk else None
+        with instrument.of(self).timer("prepare"):
+            chunk = list(itertools.islice(iterator, size))
+            return self._prepare(chunk) if chunk else None
 
     def _prepare(self, chunk: list[Record | RecordError]) -> _Prepared:
         results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)

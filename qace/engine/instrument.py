@@ -14,7 +14,8 @@ Hooks, and who reads them:
 - ``profile`` (the PyTorch runner): a `StageTimer` that the runner adds its ``encoder`` and ``decoder``
   seconds to, synchronising the device around each and not overlapping batches (it costs a little);
 - ``timer`` (the `qace.api.QACE` scorer): a `StageTimer` (or any ``stage -> context manager``) around
-  each pipeline stage: candidates, questions, answers, bertscore, token_f1.
+  each pipeline stage: prepare (reading and checking the next chunk, in the prefetch thread), candidates
+  (waiting for its answer candidates), questions, answers, bertscore, token_f1.
 """
 
 from __future__ import annotations
@@ -29,21 +30,25 @@ from typing import Any
 
 
 class StageTimer:
-    """Seconds per named stage; ``sync`` (e.g. ``torch.cuda.synchronize``) makes GPU times honest."""
+    """Seconds per named stage, wall (``seconds``) and the CPU time of the thread that ran it
+    (``cpu_seconds``: a wall well above it is time spent waiting, for the GPU or the interpreter lock);
+    ``sync`` (e.g. ``torch.cuda.synchronize``) makes GPU times honest. Stages may run in several threads."""
 
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.sync = sync
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu_seconds: dict[str, float] = defaultdict(float)
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             if self.sync is not None:
                 self.sync()
             self.seconds[stage] += time.perf_counter() - start
+            self.cpu_seconds[stage] += time.thread_time() - cpu
 
 
 @contextmanager

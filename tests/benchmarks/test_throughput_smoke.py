@@ -46,9 +46,18 @@ def test_sections_and_merge(report: dict[str, Any]) -> None:
     # both systems ran the same distinct rows per model
     assert baseline["rows_per_stage_after_dedup"] == engine["rows_per_stage_after_dedup"]
     assert 0 < baseline["generate_bound_fraction"] and set(baseline["generate_bound"]) >= {"qg", "tqa", "vqa"}
+    for stage in ("qg", "tqa", "vqa"):  # where each baseline stage's wall went
+        parts = baseline["generate_bound"][stage]["stage_parts_seconds"]
+        assert set(parts) == {"tokenize", "generate", "wait_inputs", "wait_outputs"}
+        assert sum(parts.values()) <= baseline["generate_bound"][stage]["stage_seconds"]
     assert cli["captions"] == CLI_N and cli["captions_per_s"] > 0 and cli["in_process_captions_per_s"] > 0
     assert cli["fraction_of_in_process"] == cli["captions_per_s"] / cli["in_process_captions_per_s"]
     assert cli["steady_rows"] == CLI_N - CHUNK
+    # where the time went: every scorer stage of both processes, the file loop only in qace score's
+    for breakdown in (cli["breakdown"], cli["in_process_breakdown"]):
+        assert set(breakdown["stages"]) >= {"prepare", "candidates", "questions", "answers", "bertscore"}
+        assert all(s["wall"] >= 0 and s["cpu"] >= 0 for s in breakdown["stages"].values())
+    assert cli["breakdown"]["consumer_seconds"] > cli["in_process_breakdown"]["consumer_seconds"]
     assert set(ref["baseline"]["rows_per_stage_after_dedup"]) == {"qg", "tqa"}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 
 import numpy as np
 
@@ -52,3 +53,16 @@ def test_a_runner_emits_forced_tokens_and_times_its_stages(test_models_dir) -> N
     assert out.tokens == [[7, 8], [6]]
     assert set(profile.seconds) == {"encoder", "decoder"}
     assert runner.generate(batch, max_new_tokens=4).tokens != out.tokens  # detached: its own argmax
+
+
+def test_stage_timer_tells_waiting_from_working() -> None:
+    """A stage that sleeps has wall time but next to no CPU time; one that computes has both."""
+    timer = StageTimer()
+    with timer("wait"):
+        time.sleep(0.05)
+    with timer("work"):
+        deadline = time.perf_counter() + 0.05
+        while time.perf_counter() < deadline:
+            pass
+    assert timer.seconds["wait"] >= 0.05 and timer.cpu_seconds["wait"] < 0.02
+    assert timer.cpu_seconds["work"] > 0.5 * timer.seconds["work"] > 0.02
