@@ -6,7 +6,8 @@ engine does: ``tokenizer(...)`` wraps every prompt in Python and cost the text s
 time), sorted by length and cut into batches of ``batch_size`` (2,048) rows. A helper thread pads the
 next batch in one scatter, builds its forced outputs vectorised exactly as the engine's are
 (`benchmarks.workload.padded_target_tokens`) and copies it to the device from pinned memory while the
-current batch generates; another decodes finished batches. The models run in bf16 (or the precision they
+current batch generates; outputs are decoded through the Rust backend after the last batch
+(`qace.engine.tokenize.decode`). The models run in bf16 (or the precision they
 were loaded in); region features go to the GPU once per run; spaCy parses through
 ``nlp.pipe(n_process=...)``; token F1 and BERTScore are the same batched kernels the engine uses
 (BERTScore on the GPU); the cyclic garbage collector is paused while scoring, as the engine pauses it
@@ -31,7 +32,7 @@ from benchmarks.workload import padded_target_tokens
 from qace.data.records import Record
 from qace.engine.gc_pause import collector_paused
 from qace.engine.scheduler import pad_batch
-from qace.engine.tokenize import encode_texts
+from qace.engine.tokenize import decode, encode_texts
 from qace.kernels.token_f1 import token_f1
 from qace.metric.candidates import candidates_from_doc
 from qace.metric.prompts import MAX_LENGTH, clean_question, qg_input, tqa_input, unanswerable_id
@@ -76,8 +77,8 @@ class Batch:
 class StageRun:
     """What one stage did: distinct rows, wall seconds (tokenising to decoded text), its batches, and
     where the wall went: ``tokenize`` (all prompts, before the first batch), ``generate`` (inside the
-    ``generate`` calls), ``wait_inputs`` (for the helper thread's next batch), ``wait_outputs`` (for the
-    last decodes after the last batch)."""
+    ``generate`` calls, outputs copied to the host), ``wait_inputs`` (for the helper thread's next batch),
+    ``decode`` (every output, after the last batch)."""
 
     rows: int
     seconds: float
@@ -128,7 +129,7 @@ class Baseline:
     def _stage(
         self, role: str, prompts: list[str], an_id: int | None, image_rows: np.ndarray | None = None
     ) -> tuple[list[str], np.ndarray]:
-        """Texts (special tokens dropped) and answerability of every distinct prompt, in prompt order."""
+        """Texts (only <pad> and </s> dropped) and answerability of every distinct prompt, in prompt order."""
         _sync(self.device)
         start = time.perf_counter()
         model, tok = self.models[role]
@@ -161,20 +162,12 @@ class Baseline:
             rows = None if image_rows is None else upload(image_rows[index])
             return Batch(role, upload(ids), upload(mask), upload(forced), rows)
 
-        def collect(index: np.ndarray, out: torch.Tensor, an: torch.Tensor | None) -> None:
-            # forced outputs are word ids (never <unk>), so dropping every special token equals the
-            # spec's <pad>/</s>-only rule here
-            texts[index] = [t.strip() for t in tok.batch_decode(out.cpu(), skip_special_tokens=True)]
-            if an is not None:
-                answerability[index] = an.cpu().numpy()
-
-        # the next batch is prepared, and finished ones decoded, in helper threads while a batch generates
+        # the next batch is prepared in a helper thread while the current one generates; outputs are
+        # decoded once the last batch is done (a decoding thread took the interpreter lock from
+        # generate's Python step loop and slowed it by a third)
         cuts = [order[lo : lo + self.batch_size] for lo in range(0, len(order), self.batch_size)]
-        collected = []
-        with (
-            ThreadPoolExecutor(1, thread_name_prefix="hf-inputs") as inputs,
-            ThreadPoolExecutor(1, thread_name_prefix="hf-decode") as collector,
-        ):
+        outputs = []
+        with ThreadPoolExecutor(1, thread_name_prefix="hf-inputs") as inputs:
             upcoming = inputs.submit(prepare, cuts[0]) if cuts else None
             for k, index in enumerate(cuts):
                 tick = time.perf_counter()
@@ -183,15 +176,16 @@ class Baseline:
                     upcoming = inputs.submit(prepare, cuts[k + 1])
                 between = time.perf_counter()
                 out, an = _run(model, batch, self.feature_table, an_id)
+                outputs.append((index, out.cpu(), None if an is None else an.cpu()))
                 run.parts["generate"] += time.perf_counter() - between
                 run.parts["wait_inputs"] += between - tick
-                collected.append(collector.submit(collect, index, out, an))
                 run.batches.append(batch)
-            tick = time.perf_counter()
-            for done in collected:
-                done.result()
-            _sync(self.device)
-            run.parts["wait_outputs"] = time.perf_counter() - tick
+        tick = time.perf_counter()
+        for index, out, an in outputs:  # the spec's rule: only <pad> and </s> are dropped
+            texts[index] = decode(tok, out.tolist(), only_pad_eos=True)
+            if an is not None:
+                answerability[index] = an.numpy()
+        run.parts["decode"] = time.perf_counter() - tick
         run.seconds = time.perf_counter() - start
         self.stages[role] = run
         return texts.tolist(), answerability
