@@ -78,12 +78,24 @@ class StageRun:
     """What one stage did: distinct rows, wall seconds (tokenising to decoded text), its batches, and
     where the wall went: ``tokenize`` (all prompts, before the first batch), ``generate`` (inside the
     ``generate`` calls, outputs copied to the host), ``wait_inputs`` (for the helper thread's next batch),
-    ``decode`` (every output, after the last batch)."""
+    ``decode`` (every output, after the last batch); each batch's ``generate`` seconds; and the CUDA
+    caching allocator's device allocations (``cudaMalloc``) and retries after freeing its cache."""
 
     rows: int
     seconds: float
     batches: list[Batch] = field(default_factory=list)
     parts: dict[str, float] = field(default_factory=dict)
+    batch_seconds: list[float] = field(default_factory=list)
+    allocations: dict[str, int] = field(default_factory=dict)
+
+
+def _allocations(device: torch.device, since: dict[str, int] | None = None) -> dict[str, int]:
+    """The CUDA caching allocator's device allocations and retries so far (minus ``since``)."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    now = {"cuda_malloc": stats.get("num_device_alloc", 0), "retries": stats.get("num_alloc_retries", 0)}
+    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
 
 
 def _sync(device: torch.device) -> None:
@@ -167,6 +179,7 @@ class Baseline:
         # generate's Python step loop and slowed it by a third)
         cuts = [order[lo : lo + self.batch_size] for lo in range(0, len(order), self.batch_size)]
         outputs = []
+        allocated = _allocations(self.device)
         with ThreadPoolExecutor(1, thread_name_prefix="hf-inputs") as inputs:
             upcoming = inputs.submit(prepare, cuts[0]) if cuts else None
             for k, index in enumerate(cuts):
@@ -177,7 +190,8 @@ class Baseline:
                 between = time.perf_counter()
                 out, an = _run(model, batch, self.feature_table, an_id)
                 outputs.append((index, out.cpu(), None if an is None else an.cpu()))
-                run.parts["generate"] += time.perf_counter() - between
+                run.batch_seconds.append(time.perf_counter() - between)
+                run.parts["generate"] += run.batch_seconds[-1]
                 run.parts["wait_inputs"] += between - tick
                 run.batches.append(batch)
         tick = time.perf_counter()
@@ -186,6 +200,7 @@ class Baseline:
             if an is not None:
                 answerability[index] = an.numpy()
         run.parts["decode"] = time.perf_counter() - tick
+        run.allocations = _allocations(self.device, allocated)
         run.seconds = time.perf_counter() - start
         self.stages[role] = run
         return texts.tolist(), answerability
@@ -313,11 +328,14 @@ def generate_bound(
         an_id = None if batches[0].role == "qg" else unanswerable_id(tok)
         _run(model, batches[0], features, an_id)  # this shape's first call pays one-off costs
         _sync(device)
-        start = time.perf_counter()
+        allocated = _allocations(device)
+        replayed = []
         for batch in batches:
+            tick = time.perf_counter()
             _run(model, batch, features, an_id)
-        _sync(device)
-        seconds = time.perf_counter() - start
+            _sync(device)
+            replayed.append(time.perf_counter() - tick)
+        seconds = sum(replayed)
         rows = sum(int(b.input_ids.shape[0]) for b in batches)
         bound_rate = rows / seconds
         stage_rate = run.rows / run.seconds
@@ -330,6 +348,11 @@ def generate_bound(
             "bound_rows_per_s": bound_rate,
             "fraction": stage_rate / bound_rate,
             "stage_parts_seconds": run.parts,
+            "sampled_batches": [int(i) for i in picks],
+            "sampled_seconds_in_stage": [run.batch_seconds[int(i)] for i in picks],
+            "sampled_seconds_alone": replayed,
+            "allocations_in_stage": run.allocations,
+            "allocations_alone": _allocations(device, allocated),
         }
         bound_seconds += run.rows / bound_rate
         stage_seconds += run.seconds
