@@ -23,7 +23,6 @@ experiment: how much the threads' handing over of the interpreter lock costs).
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -53,21 +52,6 @@ def stamped(
         stamps.append((count, time.time()))
 
 
-class Collections:
-    """The cyclic garbage collector's collections and their seconds (through ``gc.callbacks``)."""
-
-    def __init__(self) -> None:
-        self.count, self.seconds, self._start = 0, 0.0, 0.0
-        gc.callbacks.append(self)
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.count += 1
-            self.seconds += time.perf_counter() - self._start
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2 or argv[1] != "--":
@@ -78,12 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.workload import force_lengths
     from qace import cli
     from qace.engine import instrument
-    from qace.engine.instrument import StageTimer
+    from qace.engine.instrument import CollectorPauses, StageTimer
 
     stamps: list[tuple[int, float]] = []
     held: dict[str, float] = {}
     timer = StageTimer()
-    collections = Collections()
+    collections = CollectorPauses()
     cpu = time.thread_time()
     if interval := os.environ.get("QACE_BENCH_SWITCH_INTERVAL"):
         sys.setswitchinterval(float(interval))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import io
 import json
 import pstats
@@ -43,7 +42,7 @@ from benchmarks.workload import (
     workload_models,
 )
 from qace.engine import instrument
-from qace.engine.instrument import StageTimer, cuda_sync
+from qace.engine.instrument import CollectorPauses, StageTimer, cuda_sync
 from qace.reward import QACEReward
 
 
@@ -58,32 +57,24 @@ def _calls(reward: QACEReward, records: list, batch: int, calls: int, seed: int)
 
 def stage_walls(reward: QACEReward, call: Callable[[int], None], calls: int) -> dict[str, Any]:
     timer = StageTimer(sync=cuda_sync)
-    pauses = {"collections": 0, "seconds": 0.0}
-    started = [0.0]
-
-    def on_gc(phase: str, info: dict[str, int]) -> None:  # the interpreter's collector pauses this thread
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            pauses["collections"] += 1
-            pauses["seconds"] += time.perf_counter() - started[0]
-
-    gc.callbacks.append(on_gc)
+    pauses = CollectorPauses()
     walls = []
     with instrument.attached(reward.scorer, timer=timer):
         for i in range(calls):
             start = time.perf_counter()
             call(i)
             walls.append(time.perf_counter() - start)
-    gc.callbacks.remove(on_gc)
-    ms = {k: 1000 * v / calls for k, v in timer.seconds.items()}
+    pauses.close()
+    # the model thread's stages; "prepare" runs beside them in the prefetch thread
+    ms = {k: 1000 * v / calls for k, v in timer.seconds.items() if k != "prepare"}
     wall = 1000 * float(np.mean(walls))
     return {
         "wall_ms": wall,
         "stage_ms": ms,
         "unstaged_ms": wall - sum(ms.values()),
-        "gc_ms": 1000 * pauses["seconds"] / calls,
-        "gc_collections": pauses["collections"] / calls,
+        "prefetch_ms": 1000 * timer.seconds.get("prepare", 0.0) / calls,
+        "gc_ms": 1000 * pauses.seconds / calls,
+        "gc_collections": pauses.count / calls,
     }
 
 

@@ -20,6 +20,7 @@ Hooks, and who reads them:
 
 from __future__ import annotations
 
+import gc
 import time
 import weakref
 from collections import defaultdict
@@ -49,6 +50,27 @@ class StageTimer:
                 self.sync()
             self.seconds[stage] += time.perf_counter() - start
             self.cpu_seconds[stage] += time.thread_time() - cpu
+
+
+class CollectorPauses:
+    """The cyclic garbage collector's collections and the seconds they paused the process, counted from
+    construction until `close` (through ``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self._start = 0, 0.0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._start
+
+    def close(self) -> None:
+        """Stop counting."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
 
 @contextmanager

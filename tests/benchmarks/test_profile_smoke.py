@@ -22,6 +22,7 @@ def test_tiny_profile_writes_its_report_and_tables(tiny_models: Path, tmp_path: 
     assert all(v >= 0 for v in stages["stage_ms"].values())
     assert sum(stages["stage_ms"].values()) <= stages["wall_ms"]
     assert stages["gc_ms"] >= 0 and stages["gc_collections"] >= 0
+    assert stages["prefetch_ms"] > 0  # reading and checking the call's records, in the prefetch thread
     assert report["torch_profiler"]["wall_ms_per_call"] > 0
     assert report["torch_profiler"]["gpu_kernel_ms_per_call"] == 0  # a CPU run launches no kernels
     assert "aten::" in (tmp_path / "ops_by_host.txt").read_text()

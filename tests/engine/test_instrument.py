@@ -66,3 +66,13 @@ def test_stage_timer_tells_waiting_from_working() -> None:
             pass
     assert timer.seconds["wait"] >= 0.05 and timer.cpu_seconds["wait"] < 0.02
     assert timer.cpu_seconds["work"] > 0.5 * timer.seconds["work"] > 0.02
+
+
+def test_collector_pauses_count_collections_until_closed() -> None:
+    pauses = instrument.CollectorPauses()
+    gc.collect()
+    gc.collect()
+    assert pauses.count == 2 and pauses.seconds > 0
+    pauses.close()
+    gc.collect()
+    assert pauses.count == 2 and pauses._on_gc not in gc.callbacks
