@@ -27,27 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.gpu_suite import commit
+from benchmarks.run_info import commit, gpu_name, versions
 from benchmarks.workload import flickr_workload, pascal_workload, workload_models, workload_scorer
 from qace.data.records import Record, read_records
 from qace.engine.instrument import cuda_sync
-
-
-def versions() -> dict[str, str | None]:
-    """The versions that decide the numbers: torch (and its CUDA), onnxruntime and its providers."""
-    try:
-        import onnxruntime as ort
-
-        runtime, providers = ort.__version__, ",".join(ort.get_available_providers())
-    except ImportError:
-        runtime = providers = None
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "onnxruntime": runtime,
-        "providers": providers,
-        "python": sys.version.split()[0],
-    }
 
 
 def workload_records(args: argparse.Namespace) -> tuple[str, list[Record]]:
@@ -93,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "command": "python -m benchmarks.backends " + shlex.join(argv if argv is not None else sys.argv[1:]),
         **commit(),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "versions": versions(),
+        "gpu": gpu_name(),
+        # the versions that decide the numbers: torch (and its CUDA), onnxruntime and its providers
+        "versions": versions("torch", "cuda", "onnxruntime", "providers", "python"),
         "device": args.device,
         "precision": args.precision,
         "workload": workload,

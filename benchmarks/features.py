@@ -36,8 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.gpu_suite import commit
-from qace import __version__
+from benchmarks.run_info import commit, gpu_name, versions
 from qace.features import ops
 from qace.features.detector import BottomUpDetector, DetectorConfig, resize_for_detector
 from qace.features.extract import ImageItem, RegionWriter, default_precision, extract_features
@@ -98,9 +97,7 @@ def sync(device: str) -> None:
 
 
 def gpu_tag(device: str) -> str:
-    if not device.startswith("cuda"):
-        return "cpu"
-    name = torch.cuda.get_device_name().lower()
+    name = (gpu_name(device) or "cpu").lower()
     return next((tag for tag in ("h200", "h100", "a100", "l4") if tag in name), name.split()[-1])
 
 
@@ -162,16 +159,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     batched_ips = summary.extracted / summary.seconds
     loop_ips = len(loop_items) / loop_s
     speedup = batched_ips / loop_ips
-    try:
-        import torchvision
-
-        tv = torchvision.__version__
-    except Exception:  # noqa: BLE001 (absent, or built for another torch)
-        tv = None
     result = {
         "command": "python -m benchmarks.features " + shlex.join(sys.argv[1:] if argv is None else argv),
         **commit(),
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
+        "device": gpu_name(args.device) or platform.processor(),
         "ops_backend": ops.BACKEND,
         "weights": "random (nothing compared with the real detector)",
         "detector": asdict(config),
@@ -201,12 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **TARGETS,
             "met": bool(batched_ips >= TARGETS["images_per_s"] and speedup >= TARGETS["speedup"]),
         },
-        "versions": {
-            "qace": __version__,
-            "torch": torch.__version__,
-            "torchvision": tv,
-            "python": platform.python_version(),
-        },
+        "versions": versions("qace", "torch", "torchvision", "python"),
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -22,6 +22,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from benchmarks.run_info import commit, gpu_name, versions
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -33,24 +35,6 @@ def gpu_tag(name: str | None) -> str:
         if word[:1].isalpha() and any(ch.isdigit() for ch in word):
             return word.lower()
     return name.split()[-1].lower()
-
-
-def commit() -> dict[str, Any]:
-    """The checkout's commit and whether tracked files differ from it (None outside git). A copy of the
-    tree whose git metadata is not its own (a GPU host's copy) names its commit in ``QACE_COMMIT``."""
-    if os.environ.get("QACE_COMMIT"):
-        return {"commit": os.environ["QACE_COMMIT"], "dirty": None}
-
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
 
 
 def summarise(junit: Path) -> dict[str, Any]:
@@ -83,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    gpu = gpu_name()
     out = Path(args.out or REPO / "benchmarks" / "results" / f"gpu_suite_{gpu_tag(gpu)}.json")
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
@@ -108,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         **commit(),
         "device": gpu or "cpu (no CUDA device: every gpu test skips)",
         "gpus_visible": torch.cuda.device_count(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": sys.version.split()[0],
+        **versions("torch", "cuda", "python"),
         "command": shlex.join(["python", "-m", "pytest", "-m", "gpu", "-q", *args.pytest_args]),
         "exit_status": status,
         "seconds": seconds,

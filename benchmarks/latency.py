@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import secrets
 import shlex
 import sys
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.run_info import gpu_name, versions
 from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
@@ -53,7 +53,6 @@ from benchmarks.workload import (
     workload_models,
     workload_scorer,
 )
-from qace import __version__
 from qace.api import QACE
 from qace.data.records import Record
 from qace.engine.instrument import cuda_sync
@@ -293,10 +292,6 @@ def _nothing() -> Iterator[None]:
     yield None
 
 
-def _gpu() -> str | None:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -365,19 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     records = flickr_workload(Path(args.data_dir))
     models_dir = workload_models(args, records, "qace-latency-")
-    import transformers
-
     report: dict[str, Any] = {
         "command": "python -m benchmarks.latency " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "gpu": _gpu() if args.device.startswith("cuda") else None,
+        "gpu": gpu_name(args.device),
         "device": args.device,
         "precision": args.precision,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "qace": __version__,
+        **versions("torch", "transformers", "python", "qace"),
         "tiny": args.tiny,
-        "cuda": torch.version.cuda,
+        **versions("cuda"),
         "workload": (
             "tiny random T5s (a smoke run: the numbers mean nothing)"
             if args.tiny

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.run_info import gpu_name
+
 
 def _child(size: int, args: argparse.Namespace) -> dict:
     from benchmarks.workload import flickr_workload, workload_scorer
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": "python -m benchmarks.memory " + shlex.join(raw),
         "variant": args.variant,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "gpu": gpu_name(),
         "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.run_info import versions
 from benchmarks.workload import RANDOM_T5, T5_SMALL, batch_tokens, flickr_workload
-from qace import __version__
 from qace.engine import instrument
 from qace.engine.batches import TextBatch
 from qace.engine.onnx_runner import OnnxRunner
@@ -133,9 +133,7 @@ def quality(args: argparse.Namespace, models_dir: Path) -> list[dict[str, Any]]:
             for role, runner in torch_models.items():
                 if runner is not None:
                     source = str(models_dir / role)
-                    setattr(
-                        scorer.models, role, runner_for(runner.model, source, precision=precision)
-                    )
+                    setattr(scorer.models, role, runner_for(runner.model, source, precision=precision))
             rows = list(scorer.score_records(records))
             q_same, a_same, deltas = [], [], []
             for row, exp in zip(rows, expected, strict=True):
@@ -180,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-models", default=str(REPO / ".qace-cache" / "test-models"))
     args = parser.parse_args(argv)
 
-    import onnxruntime
-
     from qace.models.loading import load_seq2seq
     from qace.testing.qace_models import make_test_models
 
@@ -197,12 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "threads": args.threads,
         "note": "2-core machine shared with other jobs: timings are noisy",
-        "versions": {
-            "qace": __version__,
-            "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": versions("qace", "torch", "onnxruntime", "python"),
         "speed": speed_results,
         "quality": quality(args, models_dir),
     }

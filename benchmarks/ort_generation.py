@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime
 import torch
 from onnx import TensorProto, helper
 
 from benchmarks.onnx_cpu import REPO, _batches, _random_t5
+from benchmarks.run_info import versions
 from benchmarks.workload import flickr_workload
 from qace.engine.batches import TextBatch, cut_at_eos
 from qace.engine.onnx_runner import OnnxRunner, make_session
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         + shlex.join(argv if argv is not None else sys.argv[1:]),
         "cpu": platform.processor() or platform.machine(),
         "threads": args.threads,
-        "onnxruntime": onnxruntime.__version__,
+        **versions("onnxruntime"),
         "model": "T5-small shape, random weights, fp32",
         "rows": rows,
         "batches": len(batches),

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from benchmarks.latency import DEFAULT_DATA, context_columns, draw, make_scorer
+from benchmarks.run_info import gpu_name
 from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         call(-1 - i)
     report = {
         "command": "python -m benchmarks.profile " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        "gpu": gpu_name(args.device),
         "variant": args.variant,
         "batch": args.batch,
         "calls": args.calls,

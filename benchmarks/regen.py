@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qace import __version__
+from benchmarks.run_info import gpu_name, versions
 from qace.engine.instrument import cuda_sync
 from qace.judges.regen import RegenScore
 from qace.judges.regen_loading import ImageEncoder, Preprocess
@@ -216,10 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sequential_rate = m / sequential_s
     scores = [row["regen"] for row in batched]
     diffs = [abs(a["regen"] - b["regen"]) for a, b in zip(batched[:m], sequential, strict=True)]
-    gpu = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else None
-    import diffusers
-    import transformers
-
+    gpu = gpu_name(device)
     return {
         "benchmark": "regen",
         "command": "python -m benchmarks.regen "
@@ -250,11 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "signature": signature,
         "note": "random weights: the scores mean nothing; timing includes original read + embedding, "
         "generation, generated-image embedding and cosine",
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "transformers": transformers.__version__,
-        "qace": __version__,
-        "python": platform.python_version(),
+        **versions("torch", "diffusers", "transformers", "qace", "python"),
     }
 
 

@@ -27,7 +27,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import shlex
 import shutil
 import sys
@@ -42,6 +41,7 @@ import numpy as np
 import torch
 
 from benchmarks.latency import DEFAULT_DATA
+from benchmarks.run_info import gpu_name, versions
 from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
@@ -49,7 +49,6 @@ from benchmarks.workload import (
     force_lengths,
     workload_models,
 )
-from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
@@ -307,19 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     input_path = work / "input.jsonl"
     captions = write_input(records, args.repeat, input_path)
     warmup = [asdict(r) for r in records[: args.warmup]]
-    import transformers
-
     cuda = args.device == "cuda"
     report: dict[str, Any] = {
         "command": "python -m benchmarks.scaling " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu": gpu_name() if cuda else None,
         "gpus_visible": torch.cuda.device_count() if cuda else 0,
         "precision": args.precision,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "qace": __version__,
+        **versions("torch", "cuda", "transformers", "python", "qace"),
         "tiny": args.tiny,
         "workload": (
             "tiny random T5s (a smoke run: the numbers mean nothing)"

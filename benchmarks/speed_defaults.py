@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import sys
 import time
@@ -23,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from benchmarks.latency import DEFAULT_DATA, context_columns, draw, summarize
+from benchmarks.run_info import gpu_name, versions
 from benchmarks.workload import (
     add_engine_arguments,
     device_speed_settings,
@@ -35,7 +34,6 @@ from benchmarks.workload import (
     workload_models,
     workload_scorer,
 )
-from qace import __version__
 from qace.config import SPEED_OPTIONS
 from qace.engine.instrument import cuda_sync
 from qace.reward import QACEReward
@@ -105,12 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": "python -m benchmarks.speed_defaults "
         + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None,
+        "gpu": gpu_name(args.device),
         "device": args.device,
         "precision": args.precision,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "qace": __version__,
+        **versions("torch", "python", "qace"),
         "tiny": args.tiny,
         "workload": "the latency benchmark's (benchmarks/latency.py), fresh batches per iteration",
         "settings": settings,

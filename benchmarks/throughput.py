@@ -41,7 +41,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -55,7 +54,8 @@ import numpy as np
 import torch
 
 from benchmarks import hf_batched
-from benchmarks.gpu_suite import commit, gpu_tag
+from benchmarks.gpu_suite import gpu_tag
+from benchmarks.run_info import commit, gpu_name, versions
 from benchmarks.workload import (
     add_engine_arguments,
     build_models,
@@ -67,7 +67,6 @@ from benchmarks.workload import (
     reset_caches,
     workload_scorer,
 )
-from qace import __version__
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
 from qace.engine import instrument
@@ -115,7 +114,7 @@ def _timed(scorer: QACE, records: list) -> tuple[float, list[dict[str, Any]]]:
 
 
 def _peak(device: str) -> float:
-    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    gpu = gpu_name(device) or "cpu"
     return next((v for k, v in PEAK_BF16.items() if k in gpu), float("nan"))
 
 
@@ -432,12 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="qace-throughput-work-"))
     work.mkdir(parents=True, exist_ok=True)
 
-    cuda = args.device.startswith("cuda")
-    gpu = torch.cuda.get_device_name() if cuda else None
+    gpu = gpu_name(args.device)
     out = Path(args.out or f"benchmarks/results/throughput_distinct_{gpu_tag(gpu)}.json")
     report = json.loads(out.read_text()) if out.is_file() else {"results": []}
-    import transformers
-
     runs = report.setdefault("runs", [])
     command = "python -m benchmarks.throughput " + shlex.join(argv if argv is not None else sys.argv[1:])
     runs.append({
@@ -452,11 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             "commit": runs[-1]["commit"],
             "gpu": gpu,
             "precision": args.precision,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            "qace": __version__,
+            **versions("torch", "cuda", "transformers", "python", "qace"),
             "tiny": args.tiny,
             "settings": {
                 "batch_rows": args.batch_rows,

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from qace import __version__
+from benchmarks.run_info import gpu_name, versions
 from qace.engine import instrument
 from qace.engine.instrument import cuda_sync
 from qace.judges.images import load_image
@@ -240,9 +240,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     loop_cps = loop_n / loop_s
     result = {
         "benchmark": "visce2",
-        "device": torch.cuda.get_device_name()
-        if device.startswith("cuda")
-        else platform.processor() or "cpu",
+        "device": gpu_name(device) or platform.processor() or "cpu",
         "precision": precision,
         "tiny": tiny,
         "model": shapes,
@@ -272,12 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "speedup": round(engine_cps / loop_cps, 2),
         "scores_identical_on_loop_captions": f"{same}/{loop_n}",
         "signature": scorer.signature,
-        "versions": {
-            "qace": __version__,
-            "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__,
-            "python": platform.python_version(),
-        },
+        "versions": versions("qace", "torch", "transformers", "python"),
         "command": "python -m benchmarks.visce2 " + shlex.join(sys.argv[1:] if argv is None else argv),
     }
     text = json.dumps(result, indent=2)

@@ -1,0 +1,79 @@
+"""Run metadata that every benchmark record carries: the commit, the GPU's name and the library versions.
+
+Contract:
+
+- ``commit()`` gives ``{"commit": ..., "dirty": ...}``: the checkout's HEAD and whether tracked files
+  differ from it, each None outside git. A copy of the tree whose git metadata is not its own (a GPU
+  host's copy) names its commit in the ``QACE_COMMIT`` environment variable; then that is the commit and
+  ``dirty`` is None (unknown).
+- ``gpu_name(device)`` gives the CUDA device's name (``torch.cuda.get_device_name``), or None where
+  ``device`` names no CUDA device or CUDA is not available.
+- ``versions(*names)`` gives ``{name: version}`` for the names asked, in that order: ``python``,
+  ``cuda`` (the CUDA torch was built with), ``providers`` (onnxruntime's available execution providers,
+  comma-joined), or any importable package (its ``__version__``, e.g. ``torch``, ``transformers``,
+  ``qace``). A package that is absent or fails to import reads None.
+
+Each benchmark picks the names its record has always held, so the keys of its JSON do not change.
+Nothing here imports torch or another heavy library until a function asks for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def commit() -> dict[str, str | bool | None]:
+    """The checkout's commit and whether tracked files differ from it (None outside git). A copy of the
+    tree whose git metadata is not its own (a GPU host's copy) names its commit in ``QACE_COMMIT``."""
+    if os.environ.get("QACE_COMMIT"):
+        return {"commit": os.environ["QACE_COMMIT"], "dirty": None}
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
+
+
+def gpu_name(device: str | None = None) -> str | None:
+    """The name of the CUDA device ``device`` names (``cuda``, ``cuda:1``; None: the current one), or
+    None where it names no CUDA device or CUDA is not available."""
+    if device is not None and not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(device) if torch.cuda.is_available() else None
+
+
+def _version(name: str) -> str | None:
+    """One entry of `versions`: ``python``, ``cuda``, ``providers`` or a package's ``__version__``."""
+    if name == "python":
+        return platform.python_version()
+    try:
+        if name == "cuda":
+            import torch
+
+            return torch.version.cuda
+        if name == "providers":
+            import onnxruntime
+
+            return ",".join(onnxruntime.get_available_providers())
+        return str(importlib.import_module(name).__version__)
+    except Exception:  # noqa: BLE001 (absent, or built for another torch: recorded as unknown)
+        return None
+
+
+def versions(*names: str) -> dict[str, str | None]:
+    """``{name: _version(name)}`` for ``names``, in that order."""
+    return {name: _version(name) for name in names}
