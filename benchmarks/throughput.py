@@ -21,7 +21,8 @@ same work.
   emptying every engine cache (`reset_caches`: prompt ids, candidates, device features); their median
   is ``captions_per_s``. A synchronised pass over the
   first ``--profile-captions`` captions gives each model's encoder and decoder FLOP utilisation.
-- ``baseline``: `benchmarks.hf_batched.Baseline` over the same records after a small warm-up, then
+- ``baseline``: `benchmarks.hf_batched.Baseline` over the same records after a warm-up on
+  ``--baseline-warmup`` of the warm-up captions (default 256; the engine's is all ``--warmup``), then
   plain ``generate`` alone on sampled batches of each stage (`generate_bound`);
   ``generate_bound_fraction`` is the baseline's model rate as a fraction of that bound.
 - ``cli``: ``qace score INPUT -o out.parquet --resume`` in a subprocess (`benchmarks.forced_cli`) on
@@ -209,7 +210,8 @@ def baseline_section(
         spacy_processes=args.baseline_spacy_processes,
         device=device,
     )
-    baseline.score(warm[: min(len(warm), 256)], variant)
+    if args.baseline_warmup:
+        baseline.score(warm[: args.baseline_warmup], variant)
     cuda_sync()
     start = time.perf_counter()
     scores = baseline.score(records, variant)
@@ -221,6 +223,7 @@ def baseline_section(
     return {
         "captions_per_s": len(records) / seconds,
         "seconds": seconds,
+        "warm_up_captions": min(len(warm), args.baseline_warmup),
         "batch_size": args.hf_batch,
         "spacy_processes": args.baseline_spacy_processes,
         "stage_seconds": dict(baseline.seconds),
@@ -386,6 +389,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-captions", type=int, default=None, help="profiled pass (default 4,096)")
     parser.add_argument("--hf-batch", type=int, default=2048)
     parser.add_argument("--bound-batches", type=int, default=4, help="batches per stage for the bound")
+    parser.add_argument(
+        "--baseline-warmup", type=int, default=256, help="warm-up captions for the baseline (of --warmup's)"
+    )
     parser.add_argument("--baseline-spacy-processes", type=int, default=None, help="default: the cores")
     parser.add_argument("--cli-captions", type=int, default=None, help="qace score records (default 100,000)")
     parser.add_argument("--seed", type=int, default=0)
@@ -410,6 +416,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if min(args.captions, args.passes, args.hf_batch, args.bound_batches, args.cli_captions) < 1:
         parser.error("--captions, --passes, --hf-batch, --bound-batches and --cli-captions must be positive")
+    if args.baseline_warmup < 0:
+        parser.error("--baseline-warmup must not be negative")
     if not DATA.is_dir():
         parser.error(f"shared data not found at {DATA}")
     return args

@@ -45,6 +45,7 @@ def test_sections_and_merge(report: dict[str, Any]) -> None:
     assert img["speedup_vs_baseline"] == engine["captions_per_s"] / baseline["captions_per_s"]
     # both systems ran the same distinct rows per model
     assert baseline["rows_per_stage_after_dedup"] == engine["rows_per_stage_after_dedup"]
+    assert baseline["warm_up_captions"] == 4  # --warmup's 4 other captions (the default asks for 256)
     assert 0 < baseline["generate_bound_fraction"] and set(baseline["generate_bound"]) >= {"qg", "tqa", "vqa"}
     for stage in ("qg", "tqa", "vqa"):  # where each baseline stage's wall went
         parts = baseline["generate_bound"][stage]["stage_parts_seconds"]
