@@ -59,6 +59,10 @@ def test_sections_and_merge(report: dict[str, Any]) -> None:
         assert set(breakdown["stages"]) >= {"prepare", "candidates", "questions", "answers", "bertscore"}
         assert all(s["wall"] >= 0 and s["cpu"] >= 0 for s in breakdown["stages"].values())
     assert cli["breakdown"]["consumer_seconds"] > cli["in_process_breakdown"]["consumer_seconds"]
+    for breakdown in (cli["breakdown"], cli["in_process_breakdown"]):  # the steady window is part of the run
+        steady = breakdown["steady"]
+        assert 0 < steady["main_thread_cpu_seconds"] < breakdown["main_thread_cpu_seconds"]
+        assert 0 < steady["stages"]["questions"]["wall"] < breakdown["stages"]["questions"]["wall"]
     assert set(ref["baseline"]["rows_per_stage_after_dedup"]) == {"qg", "tqa"}
 
 
