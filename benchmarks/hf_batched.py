@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from benchmarks.workload import padded_target_tokens
+from qace.config import QACEConfig
 from qace.data.records import Record
 from qace.engine.gc_pause import collector_paused
 from qace.engine.scheduler import pad_batch
@@ -39,9 +40,9 @@ from qace.metric.prompts import MAX_LENGTH, clean_question, qg_input, tqa_input,
 from qace.metric.text import filter_stopwords_all
 from qace.models.visual_t5 import visual_question_inputs
 
-MAX_INPUT_TOKENS = 512
-"""Prompts are cut to T5's 512 positions (keeping EOS), as ``tokenizer(truncation=True)`` and the engine's
-default ``max_input_tokens`` do; no prompt of the workload comes near it."""
+MAX_INPUT_TOKENS = QACEConfig.max_input_tokens
+"""Prompts are cut to the engine's default ``max_input_tokens`` (keeping EOS), T5's 512 positions, as
+``tokenizer(truncation=True, max_length=512)`` does; no prompt of the workload comes near it."""
 
 
 class ForceTokens:
@@ -154,7 +155,7 @@ class Baseline:
             ids_all, mask_all = ids_t.numpy(), mask_t.numpy()
             order = np.arange(len(prompts))
         run = StageRun(rows=len(prompts), seconds=0.0)
-        run.parts = {"tokenize": time.perf_counter() - start, "generate": 0.0, "wait_inputs": 0.0}
+        run.parts = {"tokenize": time.perf_counter() - start, "wait_inputs": 0.0}
         texts = np.empty(len(prompts), dtype=object)
         answerability = np.zeros(len(prompts))
 
@@ -191,7 +192,6 @@ class Baseline:
                 out, an = _run(model, batch, self.feature_table, an_id)
                 outputs.append((index, out.cpu(), None if an is None else an.cpu()))
                 run.batch_seconds.append(time.perf_counter() - between)
-                run.parts["generate"] += run.batch_seconds[-1]
                 run.parts["wait_inputs"] += between - tick
                 run.batches.append(batch)
         tick = time.perf_counter()
@@ -199,6 +199,7 @@ class Baseline:
             texts[index] = decode(tok, out.tolist(), only_pad_eos=True)
             if an is not None:
                 answerability[index] = an.numpy()
+        run.parts["generate"] = sum(run.batch_seconds)
         run.parts["decode"] = time.perf_counter() - tick
         run.allocations = _allocations(self.device, allocated)
         run.seconds = time.perf_counter() - start
