@@ -22,7 +22,7 @@ same work.
   is ``captions_per_s``. A synchronised pass over the
   first ``--profile-captions`` captions gives each model's encoder and decoder FLOP utilisation.
 - ``baseline``: `benchmarks.hf_batched.Baseline` over the same records after a warm-up on
-  ``--baseline-warmup`` of the warm-up captions (default 256; the engine's is all ``--warmup``), then
+  ``--baseline-warmup`` of the warm-up captions (default: all of them, as the engine), then
   plain ``generate`` alone on sampled batches of each stage (`generate_bound`);
   ``generate_bound_fraction`` is the baseline's model rate as a fraction of that bound.
 - ``cli``: ``qace score INPUT -o out.parquet --resume`` in a subprocess (`benchmarks.forced_cli`) on
@@ -390,7 +390,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hf-batch", type=int, default=2048)
     parser.add_argument("--bound-batches", type=int, default=4, help="batches per stage for the bound")
     parser.add_argument(
-        "--baseline-warmup", type=int, default=256, help="warm-up captions for the baseline (of --warmup's)"
+        "--baseline-warmup",
+        type=int,
+        default=None,
+        help="warm-up captions for the baseline (default: all of --warmup's, as the engine)",
     )
     parser.add_argument("--baseline-spacy-processes", type=int, default=None, help="default: the cores")
     parser.add_argument("--cli-captions", type=int, default=None, help="qace score records (default 100,000)")
@@ -416,6 +419,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if min(args.captions, args.passes, args.hf_batch, args.bound_batches, args.cli_captions) < 1:
         parser.error("--captions, --passes, --hf-batch, --bound-batches and --cli-captions must be positive")
+    if args.baseline_warmup is None:
+        args.baseline_warmup = args.warmup
     if args.baseline_warmup < 0:
         parser.error("--baseline-warmup must not be negative")
     if not DATA.is_dir():
