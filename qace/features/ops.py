@@ -1,9 +1,10 @@
-"""The detector's box operators: `roi_pool`, `batched_nms` and `greedy_nms`.
+"""The detector's two box operators: `roi_pool` and `greedy_nms`.
 
-torchvision's compiled kernels are used when they load (``pip install 'qace[features]'`` with a
-torchvision built for the installed torch); otherwise exact pure-PyTorch versions of the same
-definitions run, slower, so that the detector works wherever torch does. `BACKEND` says which.
-`greedy_nms` is plain PyTorch on any device: greedy NMS of a whole batch at once, as a fixed point.
+`roi_pool` is torchvision's compiled kernel when it loads (``pip install 'qace[features]'`` with a
+torchvision built for the installed torch); otherwise an exact pure-PyTorch version of the same
+definition runs, slower, so that the detector works wherever torch does. `BACKEND` says which.
+`greedy_nms` is plain PyTorch on any device: greedy NMS of a whole batch at once, as a fixed point
+(`batched_nms_reference` is its one-row definition, which the tests compare it with).
 """
 
 from __future__ import annotations
@@ -13,27 +14,27 @@ import torch
 from torch import Tensor
 
 
-def _torchvision_ops():  # noqa: ANN202
+def _torchvision_roi_pool():  # noqa: ANN202
     try:
-        from torchvision.ops import batched_nms, roi_pool
+        from torchvision.ops import roi_pool
 
         # a torchvision built for another torch imports, then fails on its first kernel call
         roi_pool(torch.zeros(1, 1, 2, 2), torch.zeros(1, 5), (1, 1), 1.0)
-        batched_nms(torch.zeros(1, 4), torch.zeros(1), torch.zeros(1, dtype=torch.long), 0.5)
     except (ImportError, RuntimeError, OSError):
         return None
-    return roi_pool, batched_nms
+    return roi_pool
 
 
-_TV = _torchvision_ops()
-BACKEND = "torchvision" if _TV is not None else "torch"
+_TV_ROI_POOL = _torchvision_roi_pool()
+BACKEND = "torchvision" if _TV_ROI_POOL is not None else "torch"
+"""What runs `roi_pool`: torchvision's kernel, or `roi_pool_reference` ("torch")."""
 
 
 def roi_pool(features: Tensor, rois: Tensor, output_size: int, spatial_scale: float) -> Tensor:
     """Caffe's RoIPool (max over each bin; an empty bin gives 0): ``rois`` is (K, 5) of
     ``(batch index, x1, y1, x2, y2)`` in input pixels; returns (K, C, output_size, output_size)."""
-    if _TV is not None:
-        return _TV[0](features, rois, (output_size, output_size), spatial_scale)
+    if _TV_ROI_POOL is not None:
+        return _TV_ROI_POOL(features, rois, (output_size, output_size), spatial_scale)
     return roi_pool_reference(features, rois, output_size, spatial_scale)
 
 
@@ -74,18 +75,12 @@ def _bins(points: np.ndarray, start: int, limit: int) -> tuple[int, int, Tensor]
     return first, last, torch.from_numpy(member)
 
 
-def batched_nms(boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float) -> Tensor:
-    """Greedy NMS within each group (boxes of different groups never suppress each other); returns the
-    kept indices by decreasing score."""
-    if _TV is not None:
-        return _TV[1](boxes.float(), scores.float(), groups, iou_threshold)
-    return batched_nms_reference(boxes, scores, groups, iou_threshold)
-
-
 def batched_nms_reference(boxes: Tensor, scores: Tensor, groups: Tensor, iou_threshold: float) -> Tensor:
-    """`batched_nms` in plain PyTorch, vectorised: greedy NMS keeps box i exactly when no kept box
-    ranked before it overlaps it, so iterating that rule from "keep all" fixes one more box in rank
-    order per step and stops at the greedy result (in practice after a few steps)."""
+    """Greedy NMS of one list, the definition `greedy_nms` is tested against: within each group (boxes of
+    different groups never suppress each other), by score descending, ties by lower index; returns the
+    kept indices in that order. Vectorised: greedy NMS keeps box i exactly when no kept box ranked
+    before it overlaps it, so iterating that rule from "keep all" fixes one more box in rank order per
+    step and stops at the greedy result (in practice after a few steps)."""
     if boxes.numel() == 0:
         return torch.empty(0, dtype=torch.long, device=boxes.device)
     order = torch.sort(scores.float(), descending=True, stable=True).indices

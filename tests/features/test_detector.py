@@ -14,12 +14,16 @@ import pytest
 import torch
 
 from qace.errors import ConfigError
+from qace.features import detector as detector_module
 from qace.features import ops
 from qace.features.detector import (
+    RPN,
     BottomUpDetector,
     Detection,
     DetectorConfig,
     ImageError,
+    apply_deltas,
+    clip_boxes,
     resize_for_detector,
     select_regions,
 )
@@ -78,18 +82,23 @@ def test_batch_invariance(detector: BottomUpDetector) -> None:
         np.testing.assert_allclose(alone.features, together[i].features, rtol=1e-4, atol=1e-5)
 
 
-def _classwise_reference(boxes: torch.Tensor, probs: torch.Tensor, iou: float, k: int) -> torch.Tensor:
-    """The release's generate_tsv.py selection, spelled out: per-class greedy NMS, max confidence."""
+def _classwise_reference(
+    boxes: torch.Tensor, probs: torch.Tensor, iou: float, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The release's generate_tsv.py selection, spelled out: per-class greedy NMS, max confidence; the
+    k most confident boxes and each one's class."""
     n, classes = probs.shape
-    conf = torch.zeros(n)
+    conf, best = torch.zeros(n), torch.zeros(n, dtype=torch.long)
     for c in range(classes):
         order = torch.argsort(probs[:, c], descending=True, stable=True).tolist()
         kept: list[int] = []
         for i in order:
             if all(_iou(boxes[i], boxes[j]) <= iou for j in kept):
                 kept.append(i)
-                conf[i] = max(conf[i], probs[i, c])
-    return torch.argsort(conf, descending=True, stable=True)[:k]
+                if probs[i, c] > conf[i]:
+                    conf[i], best[i] = probs[i, c], c
+    top = torch.argsort(conf, descending=True, stable=True)[:k]
+    return top, best[top]
 
 
 def _iou(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -102,15 +111,63 @@ def _iou(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("budget", [4, 10_000])
 def test_selection_is_classwise_nms_ordered_by_confidence(budget: int) -> None:
-    """The pair budget (grown as needed) gives exactly the exhaustive per-class selection."""
+    """The pair budget (grown as needed) gives exactly the exhaustive per-class selection, for each image
+    of a batch whose images have different numbers of real boxes (the rest padding)."""
     g = torch.Generator().manual_seed(0)
-    xy = torch.rand(60, 2, generator=g) * 80
-    boxes = torch.cat([xy, xy + 5 + torch.rand(60, 2, generator=g) * 40], dim=1)
-    probs = torch.softmax(torch.randn(60, 8, generator=g) * 3, dim=1)[:, :7]
+    xy = torch.rand(3, 60, 2, generator=g) * 80
+    boxes = torch.cat([xy, xy + 5 + torch.rand(3, 60, 2, generator=g) * 40], dim=2)
+    probs = torch.softmax(torch.randn(3, 60, 8, generator=g) * 3, dim=2)[:, :, :7]
+    count = torch.tensor([60, 41, 52])
     config = replace(DetectorConfig.tiny(), pair_budget=budget, num_regions=36)
-    order, scores, _ = select_regions(boxes, probs, config)
-    assert torch.equal(order, _classwise_reference(boxes, probs, config.class_nms, 36))
-    assert (scores[:-1] >= scores[1:]).all() and (scores > 0).all()
+    order, scores, classes = select_regions(boxes, probs, count, config)
+    for i, n in enumerate(count.tolist()):
+        expected, expected_classes = _classwise_reference(boxes[i, :n], probs[i, :n], config.class_nms, 36)
+        assert torch.equal(order[i], expected) and torch.equal(classes[i], expected_classes)
+        assert (scores[i, :-1] >= scores[i, 1:]).all() and (scores[i] > 0).all()
+
+
+def _rpn_one_image(
+    rpn: RPN, objectness: torch.Tensor, deltas: torch.Tensor, valid: tuple[int, int], size: torch.Tensor
+) -> torch.Tensor:
+    """The RPN for one image written out from its head's outputs, ``objectness`` (A, H, W) and ``deltas``
+    (4A, H, W): rank the anchors inside the image by objectness (ties by anchor index), decode, clip,
+    drop empty boxes, reference NMS."""
+    c, (h, w) = rpn.config, valid
+    a, height, width = objectness.shape
+    logits = objectness[:, :h, :w].permute(1, 2, 0).reshape(-1)
+    inside = deltas.reshape(a, 4, height, width)[:, :, :h, :w].permute(2, 3, 0, 1).reshape(-1, 4)
+    anchors = rpn.anchor_generator.grid(height, width, 16, deltas.device).reshape(height, width, a, 4)
+    top = torch.argsort(logits, descending=True, stable=True)[: c.pre_nms_topk]
+    boxes = clip_boxes(apply_deltas(inside[top], anchors[:h, :w].reshape(-1, 4)[top])[None], size[None])[0]
+    ok = ((boxes[:, 2] - boxes[:, 0]) > 0) & ((boxes[:, 3] - boxes[:, 1]) > 0)
+    boxes, scores = boxes[ok], logits[top][ok]
+    keep = ops.batched_nms_reference(boxes, scores, torch.zeros(len(boxes), dtype=torch.long), c.rpn_nms)
+    return boxes[keep[: c.post_nms_topk]]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("prefix", [1, 8])
+def test_batched_rpn_equals_one_image_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, tied: bool, prefix: int
+) -> None:
+    """Images of different valid sizes in one batch, objectness with or without ties, NMS first on a
+    prefix of the ranking that is too short (1 x post_nms_topk: all rows fall back) or long enough."""
+    monkeypatch.setattr(detector_module, "_PREFIX", prefix)
+    torch.manual_seed(5)
+    rpn = RPN(replace(DetectorConfig.tiny(), pre_nms_topk=300, post_nms_topk=30)).eval()
+    if tied:
+        torch.nn.init.zeros_(rpn.rpn_head.objectness_logits.weight)
+    res4 = torch.randn(3, 1024, 7, 9)
+    valid = torch.tensor([[7, 9], [5, 6], [2, 3]])
+    sizes = valid * 16 - 5
+    with torch.no_grad():
+        proposals, count = rpn(res4, valid, sizes)
+        hidden = torch.relu(rpn.rpn_head.conv(res4))  # the whole batch's, as the RPN computes them
+        objectness, deltas = rpn.rpn_head.objectness_logits(hidden), rpn.rpn_head.anchor_deltas(hidden)
+        for i in range(3):
+            expected = _rpn_one_image(rpn, objectness[i], deltas[i], tuple(valid[i].tolist()), sizes[i])
+            assert int(count[i]) == len(expected) and torch.equal(proposals[i, : len(expected)], expected)
+            assert not proposals[i, len(expected) :].any()  # padding is zeros
 
 
 def test_fewer_than_36_regions_is_reported_not_padded(tmp_path: Path) -> None:
