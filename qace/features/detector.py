@@ -380,11 +380,16 @@ class ROIHeads(nn.Module):
         self.box_predictor = BoxPredictor(8 * c.res2_channels, c.num_classes, c.num_attrs)
 
     def pool(self, res4: Tensor, proposals: Tensor) -> Tensor:
-        """RoIPool (in float32) of each image's (N, P, 4) proposals: (N * P, C, r, r), image-major."""
+        """RoIPool (in float32) of each image's (N, P, 4) proposals: (N * P, C, r, r), image-major, cast
+        once to the dtype res5 computes in (autocast's, else float32) and laid out as `_layout` says,
+        instead of once in each of the two convolutions that read it."""
         n, p = proposals.shape[:2]
         image = torch.arange(n, device=res4.device, dtype=torch.float32).repeat_interleave(p)
         rois = torch.cat([image[:, None], proposals.reshape(-1, 4).float()], dim=1)
-        return roi_pool(res4.float(), rois, self.config.pooler_resolution, 1.0 / 16)
+        x = roi_pool(res4.float(), rois, self.config.pooler_resolution, 1.0 / 16)
+        autocast = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+        return x.to(dtype=dtype, memory_format=_layout(x.device))
 
     def forward(self, regions: Tensor) -> tuple[Tensor, Tensor]:
         """Pooled res5 features (K, D) and object logits (K, classes + 1) of `pool`'s regions."""

@@ -170,6 +170,19 @@ def test_batched_rpn_equals_one_image_at_a_time(
             assert not proposals[i, len(expected) :].any()  # padding is zeros
 
 
+def test_pooled_regions_are_cast_once_to_the_autocast_dtype(detector: BottomUpDetector) -> None:
+    """RoIPool runs in float32; under half-precision autocast its output is cast once, exactly as each
+    convolution would have cast it; without autocast it is RoIPool's output as it is."""
+    res4 = torch.randn(2, 1024, 6, 8)
+    proposals = torch.tensor([[[0.0, 0, 40, 30], [10, 20, 90, 70]], [[5, 5, 120, 90], [0, 0, 0, 0]]])
+    rois = torch.tensor([[0.0, 0, 0, 40, 30], [0, 10, 20, 90, 70], [1, 5, 5, 120, 90], [1, 0, 0, 0, 0]])
+    pooled = ops.roi_pool(res4, rois, detector.config.pooler_resolution, 1 / 16)
+    assert torch.equal(detector.roi_heads.pool(res4, proposals), pooled)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = detector.roi_heads.pool(res4, proposals)
+    assert half.dtype == torch.bfloat16 and torch.equal(half, pooled.bfloat16())
+
+
 def test_fewer_than_36_regions_is_reported_not_padded(tmp_path: Path) -> None:
     """The release wrote a shorter row; Visual-T5 needs 36, so such an image is an error."""
     model = BottomUpDetector(replace(DetectorConfig.tiny(), post_nms_topk=20)).eval()
