@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -524,27 +524,36 @@ class BottomUpDetector(nn.Module):
         images: Sequence[np.ndarray | Tensor],
         originals: list[tuple[int, int]],
         dtype: torch.dtype = torch.float32,
+        on_stage: Callable[[str], None] | None = None,
     ) -> list[Detection | str]:
         """Regions of resized BGR uint8 images (`resize_for_detector`) with their original (width, height).
 
         ``dtype`` float32 is the exact mode; bfloat16/float16 run the convolutions and heads under
         autocast (features computed in that precision, returned as float32; RoIPool, box decoding, class
         probabilities and NMS in float32). The whole batch goes through each stage at once and comes
-        back to the host in one copy per output."""
+        back to the host in one copy per output. ``on_stage``, if given, is called with each stage's
+        name as it is issued (upload, backbone, rpn, roi_pool, res5, select, host): a profiler's hook."""
         c = self.config
         device = next(self.parameters()).device
+        stage = on_stage or _no_stage
         batch, sizes = _upload(images, device)
+        stage("upload")
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             res4, valid = self.backbone(batch, sizes)
+            stage("backbone")
             proposals, count = self.proposal_generator(res4, valid, sizes)
+            stage("rpn")
             regions = self.roi_heads.pool(res4, proposals)
+            stage("roi_pool")
             pooled, logits = self.roi_heads(regions)
+            stage("res5")
         n, p = proposals.shape[:2]
         probs = torch.softmax(logits.float(), dim=-1)[:, : c.num_classes].reshape(n, p, -1)
         order, scores, classes = select_regions(proposals, probs, count, c)
         boxes = proposals.gather(1, order[:, :, None].expand(-1, -1, 4))
         features = pooled.reshape(n, p, -1).gather(1, order[:, :, None].expand(-1, -1, pooled.shape[1]))
-        return _detections(
+        stage("select")
+        results = _detections(
             images,
             originals,
             count.cpu(),
@@ -554,6 +563,12 @@ class BottomUpDetector(nn.Module):
             classes.cpu(),
             c,
         )
+        stage("host")
+        return results
+
+
+def _no_stage(name: str) -> None:
+    """`BottomUpDetector.detect_resized`'s default ``on_stage``: nothing."""
 
 
 def _layout(device: torch.device) -> torch.memory_format:

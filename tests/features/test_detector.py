@@ -183,6 +183,13 @@ def test_pooled_regions_are_cast_once_to_the_autocast_dtype(detector: BottomUpDe
     assert half.dtype == torch.bfloat16 and torch.equal(half, pooled.bfloat16())
 
 
+def test_stages_are_reported_in_order(detector: BottomUpDetector) -> None:
+    names: list[str] = []
+    pixels, width, height = resize_for_detector(_image(6, 64, 48), detector.config)
+    detector.detect_resized([pixels], [(width, height)], on_stage=names.append)
+    assert names == ["upload", "backbone", "rpn", "roi_pool", "res5", "select", "host"]
+
+
 def test_fewer_than_36_regions_is_reported_not_padded(tmp_path: Path) -> None:
     """The release wrote a shorter row; Visual-T5 needs 36, so such an image is an error."""
     model = BottomUpDetector(replace(DetectorConfig.tiny(), post_nms_topk=20)).eval()
