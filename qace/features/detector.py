@@ -579,15 +579,12 @@ def _layout(device: torch.device) -> torch.memory_format:
 def _upload(images: Sequence[np.ndarray | Tensor], device: torch.device) -> tuple[Tensor, Tensor]:
     """The images zero-padded into one (N, 3, H, W) float32 batch on ``device`` (in `_layout`), the BGR
     mean subtracted inside each image, and their (N, 2) (h, w) there: one host-to-device copy of uint8."""
-    sizes = torch.tensor([im.shape[:2] for im in images], dtype=torch.long)
-    h, w = (int(v) for v in sizes.max(dim=0).values)
-    host = torch.zeros((len(images), h, w, 3), dtype=torch.uint8)
+    h, w = (max(im.shape[k] for im in images) for k in (0, 1))
+    sizes = torch.tensor([im.shape[:2] for im in images], dtype=torch.long, device=device)
+    host = torch.zeros((len(images), h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
     for i, im in enumerate(images):
         host[i, : im.shape[0], : im.shape[1]] = torch.as_tensor(im)
-    if device.type == "cuda":
-        host = host.pin_memory()
     pixels = host.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
-    sizes = sizes.to(device)
     mean = torch.tensor(PIXEL_MEAN_BGR, device=device).view(1, 3, 1, 1)
     batch = torch.where(_mask(pixels, sizes) > 0, pixels - mean, 0.0)
     return batch.contiguous(memory_format=_layout(device)), sizes
