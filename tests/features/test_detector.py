@@ -5,6 +5,7 @@ Nothing here checks agreement with the real weights (none exist on this machine)
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -181,6 +182,29 @@ def test_pooled_regions_are_cast_once_to_the_autocast_dtype(detector: BottomUpDe
     with torch.autocast("cpu", dtype=torch.bfloat16):
         half = detector.roi_heads.pool(res4, proposals)
     assert half.dtype == torch.bfloat16 and torch.equal(half, pooled.bfloat16())
+
+
+@pytest.mark.gpu
+def test_detector_on_cuda(detector: BottomUpDetector) -> None:
+    """fp32 and bf16 on a GPU (pinned upload, channels-last, torchvision's RoIPool where it loads): 36
+    regions for every image of a batch; the pooled regions cast once, to bf16 and channels-last."""
+    model = copy.deepcopy(detector).placed("cuda")
+    sizes = [(64, 48), (48, 64), (100, 40), (120, 90)]
+    resized = [resize_for_detector(_image(20 + i, w, h), model.config) for i, (w, h) in enumerate(sizes)]
+    for dtype in (torch.float32, torch.bfloat16):
+        found = model.detect_resized([r[0] for r in resized], [(r[1], r[2]) for r in resized], dtype=dtype)
+        for det in found:
+            assert isinstance(det, Detection) and det.regions().shape == (36, 2054)
+            assert np.isfinite(det.regions()).all() and (det.scores[:-1] >= det.scores[1:]).all()
+    res4 = torch.randn(2, 1024, 6, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    proposals = torch.tensor([[[0.0, 0, 40, 30], [10, 20, 90, 70]], [[5, 5, 120, 90], [0, 0, 0, 0]]]).cuda()
+    rois = torch.tensor(
+        [[0.0, 0, 0, 40, 30], [0, 10, 20, 90, 70], [1, 5, 5, 120, 90], [1, 0, 0, 0, 0]]
+    ).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        half = model.roi_heads.pool(res4, proposals)
+    assert half.dtype == torch.bfloat16 and half.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(half, ops.roi_pool(res4, rois, model.config.pooler_resolution, 1 / 16).bfloat16())
 
 
 def test_stages_are_reported_in_order(detector: BottomUpDetector) -> None:

@@ -72,15 +72,28 @@ def test_greedy_nms_edge_cases() -> None:
     assert ops.greedy_nms(same, scores, None, first_invalid, 0.5).nonzero()[:, 1].tolist() == [3]
 
 
+@pytest.mark.gpu
+def test_greedy_nms_on_cuda_equals_the_cpu() -> None:
+    """The same elementwise arithmetic on both devices: the same masks, tied scores included."""
+    g = torch.Generator().manual_seed(3)
+    boxes, scores = _boxes(g, 4, 500, spread=80.0), torch.randint(0, 20, (4, 500), generator=g).float()
+    groups, valid = torch.randint(0, 6, (4, 500), generator=g), torch.rand(4, 500, generator=g) > 0.1
+    for iou in (0.3, 0.7):
+        on_cpu = ops.greedy_nms(boxes, scores, groups, valid, iou)
+        on_cuda = ops.greedy_nms(boxes.cuda(), scores.cuda(), groups.cuda(), valid.cuda(), iou)
+        assert torch.equal(on_cuda.cpu(), on_cpu)
+
+
 @pytest.mark.skipif(ops.BACKEND != "torchvision", reason="torchvision's kernels do not load here")
-def test_greedy_nms_equals_torchvision() -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_greedy_nms_equals_torchvision(device: str) -> None:
     """Distinct scores (torchvision's sort is not stable), dense overlaps, several groups."""
     from torchvision.ops import batched_nms
 
     g = torch.Generator().manual_seed(2)
-    boxes, scores = _boxes(g, 3, 300, spread=60.0), torch.rand(3, 300, generator=g)
-    groups = torch.randint(0, 5, (3, 300), generator=g)
-    valid = torch.ones(3, 300, dtype=torch.bool)
+    boxes, scores = _boxes(g, 3, 300, spread=60.0).to(device), torch.rand(3, 300, generator=g).to(device)
+    groups = torch.randint(0, 5, (3, 300), generator=g).to(device)
+    valid = torch.ones(3, 300, dtype=torch.bool, device=device)
     for iou in (0.3, 0.7):
         keep = ops.greedy_nms(boxes, scores, groups, valid, iou)
         for b in range(3):
