@@ -2,6 +2,7 @@
 
     python -m benchmarks.features --device cuda            # writes benchmarks/results/features_<gpu>.json
     python -m benchmarks.features --tiny --out /tmp/features-tiny.json   # CPU smoke run, seconds
+    python -m benchmarks.features --profile               # adds "stage_ms": one batch, stage by stage
 
 Workload: ``--images`` random 640x480 JPEG files (blocky noise, written to a temporary folder first,
 so decoding is part of the work), the full-size detector (`qace.features.detector.DetectorConfig`)
@@ -18,6 +19,10 @@ the range of real features). Nothing is compared with real weights.
 
 Untimed: one warm-up batch and one warm-up loop image (cuDNN autotuning, CUDA context). The targets
 (`TARGETS`) are the issue's: at least 100 images/s batched and 10x the loop on one H100 or H200.
+
+``--profile`` then times `BottomUpDetector.detect_resized` on the warm-up batch (decoded and resized
+beforehand) with a device synchronisation after each stage (`stage_times`), so each stage's time is its own,
+without the overlap of host and device work that the timed runs have: the median of three calls.
 """
 
 from __future__ import annotations
@@ -91,6 +96,40 @@ def loop(model: BottomUpDetector, items: list[ImageItem], out: Path, precision: 
     return time.perf_counter() - start
 
 
+def stage_times(
+    model: BottomUpDetector, items: list[ImageItem], precision: str, device: str, repeats: int = 3
+) -> dict[str, float]:
+    """Milliseconds of each stage of `BottomUpDetector.detect_resized` on ``items`` as one batch (upload,
+    backbone, rpn, roi_pool, res5, select, host, and their total), each the median of ``repeats`` calls
+    with a synchronisation after every stage."""
+    from PIL import Image
+
+    resized = []
+    for item in items:
+        with Image.open(item.path) as image:
+            resized.append(resize_for_detector(image, model.config))
+    runs = [_stage_ms(model, resized, torch_dtype(precision), device) for _ in range(repeats)]
+    return {stage: round(float(np.median([run[stage] for run in runs])), 3) for stage in runs[0]}
+
+
+def _stage_ms(
+    model: BottomUpDetector, resized: list[tuple[np.ndarray, int, int]], dtype: torch.dtype, device: str
+) -> dict[str, float]:
+    """One `detect_resized` call's milliseconds per stage, with a synchronisation after each, and total."""
+    times: dict[str, float] = {}
+    sync(device)
+    last = time.perf_counter()
+
+    def mark(stage: str) -> None:
+        nonlocal last
+        sync(device)
+        now = time.perf_counter()
+        times[stage], last = 1000 * (now - last), now
+
+    model.detect_resized([r[0] for r in resized], [(r[1], r[2]) for r in resized], dtype, on_stage=mark)
+    return {**times, "total": sum(times.values())}
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -110,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--workers", type=int, default=12, help="decode/resize processes")
     p.add_argument("--tiny", action="store_true", help="tiny detector on small images: a smoke run")
+    p.add_argument("--profile", action="store_true", help='add "stage_ms": one batch timed stage by stage')
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/features_<gpu>.json)")
     args = p.parse_args(argv)
     args.precision = args.precision or default_precision(args.device)
@@ -155,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             fp32_s = loop(model, loop_items, folder / "loop-fp32.h5", "fp32", name)
             sync(args.device)
         errors = [json.loads(line) for line in summary.errors_path.open()]
+        stage_ms = stage_times(model, warm[:-1], args.precision, args.device) if args.profile else None
 
     batched_ips = summary.extracted / summary.seconds
     loop_ips = len(loop_items) / loop_s
@@ -188,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "speedup_of_batched": round(batched_ips * fp32_s / len(loop_items), 2),
         },
         "speedup": round(speedup, 2),
+        "stage_ms": stage_ms,
         "targets": {
             **TARGETS,
             "met": bool(batched_ips >= TARGETS["images_per_s"] and speedup >= TARGETS["speedup"]),

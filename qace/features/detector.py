@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from qace.errors import ConfigError, ModelNotFoundError
 from qace.features import DEFAULT_DETECTOR
-from qace.features.ops import batched_nms, roi_pool
+from qace.features.ops import greedy_nms, roi_pool
 
 log = logging.getLogger(__name__)
 
@@ -291,8 +291,12 @@ class RPN(nn.Module):
         self.anchor_generator = AnchorGenerator(c)
         self.rpn_head = RPNHead(4 * c.res2_channels, c.rpn_hidden, len(c.anchor_sizes) * len(c.anchor_ratios))
 
-    def forward(self, res4: Tensor, valid: Tensor, image_sizes: Tensor) -> list[Tensor]:
-        """Per image, up to ``post_nms_topk`` proposals (x1, y1, x2, y2) in resized-image pixels."""
+    def forward(self, res4: Tensor, valid: Tensor, image_sizes: Tensor) -> tuple[Tensor, Tensor]:
+        """Each image's proposals, best first: (N, P, 4) x1, y1, x2, y2 in resized-image pixels, and (N,) how
+        many are real (the rest are zeros); P is ``post_nms_topk`` unless fewer anchors fit in the batch.
+
+        Candidates rank by objectness, ties by anchor index: the first ``pre_nms_topk`` of the anchors
+        inside the image, decoded, clipped, without empty boxes, then greedy NMS (`_first_kept`)."""
         c = self.config
         t = torch.relu(self.rpn_head.conv(res4))
         n, a = res4.shape[0], self.rpn_head.objectness_logits.out_channels
@@ -302,37 +306,53 @@ class RPN(nn.Module):
         logits = logits.masked_fill(~inside, float("-inf")).reshape(n, -1)
         deltas = self.rpn_head.anchor_deltas(t).float().reshape(n, a, 4, h, w).permute(0, 3, 4, 1, 2)
         anchors = self.anchor_generator.grid(h, w, 16, res4.device)
-        out = []
-        for i in range(n):
-            count = int(valid[i, 0] * valid[i, 1]) * a
-            top = torch.topk(logits[i], min(c.pre_nms_topk, count)).indices
-            scores = logits[i][top]
-            boxes = apply_deltas(deltas[i].reshape(-1, 4)[top], anchors[top])
-            boxes = clip_boxes(boxes, image_sizes[i])
-            ok = ((boxes[:, 2] - boxes[:, 0]) > 0) & ((boxes[:, 3] - boxes[:, 1]) > 0)
-            boxes, scores = boxes[ok], scores[ok]
-            keep = batched_nms(boxes, scores, torch.zeros_like(scores, dtype=torch.long), c.rpn_nms)
-            out.append(boxes[keep[: c.post_nms_topk]])
-        return out
+        top = torch.sort(logits, dim=1, descending=True, stable=True).indices[:, : c.pre_nms_topk]
+        deltas = deltas.reshape(n, -1, 4).gather(1, top[:, :, None].expand(-1, -1, 4))
+        boxes = clip_boxes(apply_deltas(deltas, anchors[top]), image_sizes)
+        candidates = torch.arange(top.shape[1], device=res4.device) < valid[:, :1] * valid[:, 1:] * a
+        ok = candidates & ((boxes[..., 2] - boxes[..., 0]) > 0) & ((boxes[..., 3] - boxes[..., 1]) > 0)
+        keep = _first_kept(boxes, logits.gather(1, top), ok, c.rpn_nms, c.post_nms_topk)
+        count = keep.sum(dim=1)
+        order = torch.sort(keep.byte(), dim=1, descending=True, stable=True).indices[:, : c.post_nms_topk]
+        real = torch.arange(order.shape[1], device=res4.device) < count[:, None]
+        return boxes.gather(1, order[:, :, None].expand(-1, -1, 4)) * real[:, :, None], count
+
+
+_PREFIX = 8
+"""`_first_kept` runs NMS on the first ``_PREFIX`` times ``limit`` candidates before it runs it on all."""
+
+
+def _first_kept(boxes: Tensor, scores: Tensor, ok: Tensor, iou_threshold: float, limit: int) -> Tensor:
+    """(N, n) mask of the first ``limit`` boxes greedy NMS keeps in each row of ``boxes`` (N, n, 4),
+    whose ``scores`` are sorted (descending) and ``ok`` (N, n) marks real candidates.
+
+    Greedy NMS decides a box from higher-ranked boxes alone, so once a prefix of the ranking keeps
+    ``limit`` boxes, they are the whole list's first ``limit``: NMS runs on the first ``_PREFIX * limit``
+    candidates, and on all of them only if some row needs more (one host synchronisation to decide)."""
+    n = boxes.shape[1]
+    prefix = min(n, _PREFIX * limit)
+    keep = greedy_nms(boxes[:, :prefix], scores[:, :prefix], None, ok[:, :prefix], iou_threshold)
+    if prefix < n and not bool(((keep.sum(dim=1) >= limit) | ~ok[:, prefix:].any(dim=1)).all()):
+        keep = greedy_nms(boxes, scores, None, ok, iou_threshold)
+    return keep & (keep.cumsum(dim=1) <= limit)
 
 
 def apply_deltas(deltas: Tensor, boxes: Tensor, clamp: float = math.log(1000.0 / 16)) -> Tensor:
-    """Box2BoxTransform with unit weights: shift centres by (dx, dy) sizes, scale sizes by exp(dw, dh)."""
-    widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    cx, cy = boxes[:, 0] + 0.5 * widths, boxes[:, 1] + 0.5 * heights
-    px, py = deltas[:, 0] * widths + cx, deltas[:, 1] * heights + cy
-    pw = torch.exp(deltas[:, 2].clamp(max=clamp)) * widths
-    ph = torch.exp(deltas[:, 3].clamp(max=clamp)) * heights
-    return torch.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], dim=1)
+    """Box2BoxTransform with unit weights, on (..., 4): shift centres by (dx, dy) sizes, scale sizes by
+    exp(dw, dh)."""
+    widths, heights = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
+    cx, cy = boxes[..., 0] + 0.5 * widths, boxes[..., 1] + 0.5 * heights
+    px, py = deltas[..., 0] * widths + cx, deltas[..., 1] * heights + cy
+    pw = torch.exp(deltas[..., 2].clamp(max=clamp)) * widths
+    ph = torch.exp(deltas[..., 3].clamp(max=clamp)) * heights
+    return torch.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], dim=-1)
 
 
-def clip_boxes(boxes: Tensor, size: Tensor) -> Tensor:
-    """Clip (x1, y1, x2, y2) to [0, w] x [0, h] for ``size`` = (h, w)."""
-    h, w = float(size[0]), float(size[1])
-    return torch.stack(
-        [boxes[:, 0].clamp(0, w), boxes[:, 1].clamp(0, h), boxes[:, 2].clamp(0, w), boxes[:, 3].clamp(0, h)],
-        dim=1,
-    )
+def clip_boxes(boxes: Tensor, sizes: Tensor) -> Tensor:
+    """Clip each image's (N, K, 4) x1, y1, x2, y2 to [0, w] x [0, h], ``sizes`` (N, 2) its (h, w)."""
+    h, w = sizes[:, :1].float(), sizes[:, 1:].float()
+    x1, y1, x2, y2 = (boxes[..., i].clamp(min=0) for i in range(4))
+    return torch.stack([x1.minimum(w), y1.minimum(h), x2.minimum(w), y2.minimum(h)], dim=-1)
 
 
 # -- region heads ------------------------------------------------------------------------------------
@@ -359,40 +379,67 @@ class ROIHeads(nn.Module):
         )
         self.box_predictor = BoxPredictor(8 * c.res2_channels, c.num_classes, c.num_attrs)
 
-    def forward(self, res4: Tensor, proposals: list[Tensor]) -> tuple[Tensor, Tensor]:
-        """Pooled res5 features (K, D) and object logits (K, classes + 1) of all images' proposals."""
-        rois = torch.cat(
-            [torch.cat([torch.full_like(p[:, :1], i), p], dim=1) for i, p in enumerate(proposals)], dim=0
-        )
-        x = roi_pool(res4.float(), rois.float(), self.config.pooler_resolution, 1.0 / 16)
-        pooled = self.res5(x, None).mean(dim=(2, 3))
+    def pool(self, res4: Tensor, proposals: Tensor) -> Tensor:
+        """RoIPool (in float32) of each image's (N, P, 4) proposals: (N * P, C, r, r), image-major, cast
+        once to the dtype res5 computes in (autocast's, else float32) and laid out as `_layout` says,
+        instead of once in each of the two convolutions that read it."""
+        n, p = proposals.shape[:2]
+        image = torch.arange(n, device=res4.device, dtype=torch.float32).repeat_interleave(p)
+        rois = torch.cat([image[:, None], proposals.reshape(-1, 4).float()], dim=1)
+        x = roi_pool(res4.float(), rois, self.config.pooler_resolution, 1.0 / 16)
+        autocast = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+        return x.to(dtype=dtype, memory_format=_layout(x.device))
+
+    def forward(self, regions: Tensor) -> tuple[Tensor, Tensor]:
+        """Pooled res5 features (K, D) and object logits (K, classes + 1) of `pool`'s regions."""
+        pooled = self.res5(regions, None).mean(dim=(2, 3))
         return pooled, self.box_predictor.cls_score(pooled)
 
 
-def select_regions(boxes: Tensor, probs: Tensor, c: DetectorConfig) -> tuple[Tensor, Tensor, Tensor]:
-    """Class-wise NMS confidences, then the ``num_regions`` most confident: (indices, scores, classes).
+def select_regions(
+    boxes: Tensor, probs: Tensor, count: Tensor, c: DetectorConfig
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each image's ``num_regions`` most confident boxes by class-wise NMS: (N, R) indices, scores and
+    classes, R = min(num_regions, P), most confident first, ties by index.
 
-    Only the ``pair_budget`` highest (box, class) probabilities are examined first: NMS decides a pair
-    from higher pairs of its class alone, so every confidence above the budget's cut is exact, and
-    the budget grows until ``num_regions`` boxes have one (or every pair is in)."""
-    n, classes = probs.shape
-    flat = probs.reshape(-1)
-    budget = min(c.pair_budget, flat.numel())
+    ``boxes`` (N, P, 4), ``probs`` (N, P, classes); the first ``count`` (N,) of each image are real. A
+    box's confidence is its highest probability among the classes in which NMS keeps it (its class is
+    that one's). (box, class) pairs rank by probability, ties by box then class; NMS decides a pair
+    from higher pairs of its class alone, so only the ``pair_budget`` highest pairs are examined first,
+    and the budget grows until each image with ``num_regions`` real boxes has that many confidences
+    (exact then) or holds all its pairs. Images with fewer real boxes get no exact selection."""
+    n, p, classes = probs.shape
+    real = torch.arange(p, device=probs.device) < count[:, None]
+    flat = probs.float().masked_fill(~real[:, :, None], -1.0).reshape(n, -1)
+    values, pairs = torch.sort(flat, dim=1, descending=True, stable=True)
+    budget = min(c.pair_budget, p * classes)
     while True:
-        values, index = torch.topk(flat, budget)
-        box, cls = index // classes, index % classes
-        keep = batched_nms(boxes[box], values, cls, c.class_nms)
-        conf = torch.zeros(n, device=probs.device, dtype=torch.float32)
-        conf.scatter_reduce_(0, box[keep], values[keep].float(), reduce="amax")
-        if int((conf > 0).sum()) >= c.num_regions or budget == flat.numel():
+        box, cls = pairs[:, :budget] // classes, pairs[:, :budget] % classes
+        pair_boxes = boxes.gather(1, box[:, :, None].expand(-1, -1, 4))
+        keep = greedy_nms(pair_boxes, values[:, :budget], cls, real.gather(1, box), c.class_nms, p)
+        best = _best_kept_pair(keep, box, p)  # pairs are in rank order: a box's first kept is its best
+        found = best < budget
+        best = best.clamp(max=budget - 1)
+        conf = torch.where(found, values.gather(1, best), 0.0)
+        done = (
+            (count < c.num_regions) | ((conf > 0).sum(dim=1) >= c.num_regions) | (count * classes <= budget)
+        )
+        if budget == p * classes or bool(done.all()):
             break
-        budget = min(budget * 4, flat.numel())
-    order = torch.sort(conf, descending=True, stable=True).indices[: c.num_regions]
-    kept_box, kept_cls, kept_value = box[keep], cls[keep], values[keep].float()
-    best = torch.zeros(n, dtype=torch.long, device=probs.device)
-    is_best = kept_value == conf[kept_box]
-    best[kept_box[is_best]] = kept_cls[is_best]
-    return order, conf[order], best[order]
+        budget = min(budget * 4, p * classes)
+    order = torch.sort(conf, dim=1, descending=True, stable=True).indices[:, : c.num_regions]
+    best_class = torch.where(found, cls.gather(1, best), 0)
+    return order, conf.gather(1, order), best_class.gather(1, order)
+
+
+def _best_kept_pair(keep: Tensor, box: Tensor, boxes: int) -> Tensor:
+    """(N, boxes): the rank of each box's first kept pair (``keep`` and ``box`` (N, K) in rank order), K
+    where it has none."""
+    ranks = keep.shape[1]
+    rank = torch.arange(ranks, device=keep.device).expand_as(box)
+    first = torch.full((len(box), boxes), ranks, dtype=torch.long, device=box.device)
+    return first.scatter_reduce(1, box, torch.where(keep, rank, ranks), reduce="amin")
 
 
 class BottomUpDetector(nn.Module):
@@ -459,11 +506,9 @@ class BottomUpDetector(nn.Module):
         self.load_state_dict(renamed, strict=False)
 
     def placed(self, device: str) -> BottomUpDetector:
-        """This model on ``device`` in eval mode, channels-last on a GPU (faster convolutions there)."""
-        model = self.to(device).eval()
-        if device.startswith("cuda"):
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        return model
+        """This model on ``device`` in eval mode, in `_layout` (channels-last on a GPU)."""
+        model = self.to(device).to(memory_format=_layout(torch.device(device)))  # type: ignore[call-overload]
+        return model.eval()
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``pytorch_model.bin`` and ``qace-detector.json`` (used for the tiny test detector)."""
@@ -479,49 +524,98 @@ class BottomUpDetector(nn.Module):
         images: Sequence[np.ndarray | Tensor],
         originals: list[tuple[int, int]],
         dtype: torch.dtype = torch.float32,
+        on_stage: Callable[[str], None] | None = None,
     ) -> list[Detection | str]:
         """Regions of resized BGR uint8 images (`resize_for_detector`) with their original (width, height).
 
         ``dtype`` float32 is the exact mode; bfloat16/float16 run the convolutions and heads under
         autocast (features computed in that precision, returned as float32; RoIPool, box decoding, class
-        probabilities and NMS in float32)."""
+        probabilities and NMS in float32). The whole batch goes through each stage at once and comes
+        back to the host in one copy per output. ``on_stage``, if given, is called with each stage's
+        name as it is issued (upload, backbone, rpn, roi_pool, res5, select, host): a profiler's hook."""
         c = self.config
         device = next(self.parameters()).device
-        sizes = torch.tensor([im.shape[:2] for im in images], dtype=torch.long)
-        h, w = (int(v) for v in sizes.max(dim=0).values)
-        batch = torch.zeros((len(images), 3, h, w), device=device)
-        mean = torch.tensor(PIXEL_MEAN_BGR, device=device).view(3, 1, 1)
-        for i, im in enumerate(images):
-            pixels = torch.as_tensor(im).to(device, non_blocking=True).permute(2, 0, 1).float()
-            batch[i, :, : im.shape[0], : im.shape[1]] = pixels - mean
-        if device.type == "cuda":
-            batch = batch.contiguous(memory_format=torch.channels_last)
-        autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-        with autocast:
-            res4, valid = self.backbone(batch, sizes.to(device))
-            proposals = self.proposal_generator(res4, valid, sizes.to(device))
-            pooled, logits = self.roi_heads(res4, proposals)
-        probs = torch.softmax(logits.float(), dim=-1)[:, : c.num_classes]
-        results: list[Detection | str] = []
-        start = 0
-        for i, boxes in enumerate(proposals):
-            end = start + len(boxes)
-            if len(boxes) < c.num_regions:
-                results.append(f"the detector found {len(boxes)} regions, fewer than {c.num_regions}")
-                start = end
-                continue
-            order, scores, classes = select_regions(boxes, probs[start:end], c)
-            width, height = originals[i]
-            scale = torch.tensor([width / images[i].shape[1], height / images[i].shape[0]] * 2, device=device)
-            results.append(
-                Detection(
-                    boxes=(boxes[order] * scale).cpu().numpy().astype(np.float32),
-                    features=pooled[start:end][order].float().cpu().numpy(),
-                    scores=scores.cpu().numpy(),
-                    classes=classes.cpu().numpy(),
-                    width=width,
-                    height=height,
-                )
-            )
-            start = end
+        stage = on_stage or _no_stage
+        batch, sizes = _upload(images, device)
+        stage("upload")
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            res4, valid = self.backbone(batch, sizes)
+            stage("backbone")
+            proposals, count = self.proposal_generator(res4, valid, sizes)
+            stage("rpn")
+            regions = self.roi_heads.pool(res4, proposals)
+            stage("roi_pool")
+            pooled, logits = self.roi_heads(regions)
+            stage("res5")
+        n, p = proposals.shape[:2]
+        probs = torch.softmax(logits.float(), dim=-1)[:, : c.num_classes].reshape(n, p, -1)
+        order, scores, classes = select_regions(proposals, probs, count, c)
+        boxes = proposals.gather(1, order[:, :, None].expand(-1, -1, 4))
+        features = pooled.reshape(n, p, -1).gather(1, order[:, :, None].expand(-1, -1, pooled.shape[1]))
+        stage("select")
+        results = _detections(
+            images,
+            originals,
+            count.cpu(),
+            boxes.cpu(),
+            features.float().cpu(),
+            scores.cpu(),
+            classes.cpu(),
+            c,
+        )
+        stage("host")
         return results
+
+
+def _no_stage(name: str) -> None:
+    """`BottomUpDetector.detect_resized`'s default ``on_stage``: nothing."""
+
+
+def _layout(device: torch.device) -> torch.memory_format:
+    """The detector's memory format on ``device``: channels-last on a GPU (faster convolutions there)."""
+    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
+
+
+def _upload(images: Sequence[np.ndarray | Tensor], device: torch.device) -> tuple[Tensor, Tensor]:
+    """The images zero-padded into one (N, 3, H, W) float32 batch on ``device`` (in `_layout`), the BGR
+    mean subtracted inside each image, and their (N, 2) (h, w) there: one host-to-device copy of uint8."""
+    h, w = (max(im.shape[k] for im in images) for k in (0, 1))
+    sizes = torch.tensor([im.shape[:2] for im in images], dtype=torch.long, device=device)
+    host = torch.zeros((len(images), h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for i, im in enumerate(images):
+        host[i, : im.shape[0], : im.shape[1]] = torch.as_tensor(im)
+    pixels = host.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
+    mean = torch.tensor(PIXEL_MEAN_BGR, device=device).view(1, 3, 1, 1)
+    batch = torch.where(_mask(pixels, sizes) > 0, pixels - mean, 0.0)
+    return batch.contiguous(memory_format=_layout(device)), sizes
+
+
+def _detections(
+    images: Sequence[np.ndarray | Tensor],
+    originals: list[tuple[int, int]],
+    count: Tensor,
+    boxes: Tensor,
+    features: Tensor,
+    scores: Tensor,
+    classes: Tensor,
+    c: DetectorConfig,
+) -> list[Detection | str]:
+    """Each image's `Detection` from the batch's selected regions on the host (boxes scaled back to the
+    original image), or why there is none."""
+    results: list[Detection | str] = []
+    for i, (width, height) in enumerate(originals):
+        if int(count[i]) < c.num_regions:
+            results.append(f"the detector found {int(count[i])} regions, fewer than {c.num_regions}")
+            continue
+        scale = np.array([width / images[i].shape[1], height / images[i].shape[0]] * 2, dtype=np.float32)
+        results.append(
+            Detection(
+                boxes=boxes[i].numpy() * scale,
+                features=features[i].numpy(),
+                scores=scores[i].numpy(),
+                classes=classes[i].numpy(),
+                width=width,
+                height=height,
+            )
+        )
+    return results

@@ -14,7 +14,9 @@ pytest.importorskip("PIL")
 
 def test_tiny_features_benchmark_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "features.json"
-    features.main(["--tiny", "--images", "2", "--loop-images", "1", "--batch-size", "2", "--out", str(out)])
+    features.main(
+        ["--tiny", "--images", "2", "--loop-images", "1", "--batch-size", "2", "--profile", "--out", str(out)]
+    )
     report = json.loads(out.read_text())
     assert report["command"].startswith("python -m benchmarks.features --tiny")
     assert report["batched"]["extracted"] == 2 and report["batched"]["errors"] == 0
@@ -22,3 +24,5 @@ def test_tiny_features_benchmark_writes_its_report(tmp_path: Path) -> None:
     assert report["speedup"] > 0 and report["precision"] == "fp32"  # the CPU default
     assert report["weights"].startswith("random") and report["ops_backend"] in ("torchvision", "torch")
     assert set(report["versions"]) == {"qace", "torch", "torchvision", "python"}
+    stages = ["upload", "backbone", "rpn", "roi_pool", "res5", "select", "host", "total"]
+    assert list(report["stage_ms"]) == stages and all(v >= 0 for v in report["stage_ms"].values())

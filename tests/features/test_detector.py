@@ -5,6 +5,7 @@ Nothing here checks agreement with the real weights (none exist on this machine)
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -14,12 +15,16 @@ import pytest
 import torch
 
 from qace.errors import ConfigError
+from qace.features import detector as detector_module
 from qace.features import ops
 from qace.features.detector import (
+    RPN,
     BottomUpDetector,
     Detection,
     DetectorConfig,
     ImageError,
+    apply_deltas,
+    clip_boxes,
     resize_for_detector,
     select_regions,
 )
@@ -78,18 +83,23 @@ def test_batch_invariance(detector: BottomUpDetector) -> None:
         np.testing.assert_allclose(alone.features, together[i].features, rtol=1e-4, atol=1e-5)
 
 
-def _classwise_reference(boxes: torch.Tensor, probs: torch.Tensor, iou: float, k: int) -> torch.Tensor:
-    """The release's generate_tsv.py selection, spelled out: per-class greedy NMS, max confidence."""
+def _classwise_reference(
+    boxes: torch.Tensor, probs: torch.Tensor, iou: float, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The release's generate_tsv.py selection, spelled out: per-class greedy NMS, max confidence; the
+    k most confident boxes and each one's class."""
     n, classes = probs.shape
-    conf = torch.zeros(n)
+    conf, best = torch.zeros(n), torch.zeros(n, dtype=torch.long)
     for c in range(classes):
         order = torch.argsort(probs[:, c], descending=True, stable=True).tolist()
         kept: list[int] = []
         for i in order:
             if all(_iou(boxes[i], boxes[j]) <= iou for j in kept):
                 kept.append(i)
-                conf[i] = max(conf[i], probs[i, c])
-    return torch.argsort(conf, descending=True, stable=True)[:k]
+                if probs[i, c] > conf[i]:
+                    conf[i], best[i] = probs[i, c], c
+    top = torch.argsort(conf, descending=True, stable=True)[:k]
+    return top, best[top]
 
 
 def _iou(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -102,15 +112,106 @@ def _iou(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("budget", [4, 10_000])
 def test_selection_is_classwise_nms_ordered_by_confidence(budget: int) -> None:
-    """The pair budget (grown as needed) gives exactly the exhaustive per-class selection."""
+    """The pair budget (grown as needed) gives exactly the exhaustive per-class selection, for each image
+    of a batch whose images have different numbers of real boxes (the rest padding)."""
     g = torch.Generator().manual_seed(0)
-    xy = torch.rand(60, 2, generator=g) * 80
-    boxes = torch.cat([xy, xy + 5 + torch.rand(60, 2, generator=g) * 40], dim=1)
-    probs = torch.softmax(torch.randn(60, 8, generator=g) * 3, dim=1)[:, :7]
+    xy = torch.rand(3, 60, 2, generator=g) * 80
+    boxes = torch.cat([xy, xy + 5 + torch.rand(3, 60, 2, generator=g) * 40], dim=2)
+    probs = torch.softmax(torch.randn(3, 60, 8, generator=g) * 3, dim=2)[:, :, :7]
+    count = torch.tensor([60, 41, 52])
     config = replace(DetectorConfig.tiny(), pair_budget=budget, num_regions=36)
-    order, scores, _ = select_regions(boxes, probs, config)
-    assert torch.equal(order, _classwise_reference(boxes, probs, config.class_nms, 36))
-    assert (scores[:-1] >= scores[1:]).all() and (scores > 0).all()
+    order, scores, classes = select_regions(boxes, probs, count, config)
+    for i, n in enumerate(count.tolist()):
+        expected, expected_classes = _classwise_reference(boxes[i, :n], probs[i, :n], config.class_nms, 36)
+        assert torch.equal(order[i], expected) and torch.equal(classes[i], expected_classes)
+        assert (scores[i, :-1] >= scores[i, 1:]).all() and (scores[i] > 0).all()
+
+
+def _rpn_one_image(
+    rpn: RPN, objectness: torch.Tensor, deltas: torch.Tensor, valid: tuple[int, int], size: torch.Tensor
+) -> torch.Tensor:
+    """The RPN for one image written out from its head's outputs, ``objectness`` (A, H, W) and ``deltas``
+    (4A, H, W): rank the anchors inside the image by objectness (ties by anchor index), decode, clip,
+    drop empty boxes, reference NMS."""
+    c, (h, w) = rpn.config, valid
+    a, height, width = objectness.shape
+    logits = objectness[:, :h, :w].permute(1, 2, 0).reshape(-1)
+    inside = deltas.reshape(a, 4, height, width)[:, :, :h, :w].permute(2, 3, 0, 1).reshape(-1, 4)
+    anchors = rpn.anchor_generator.grid(height, width, 16, deltas.device).reshape(height, width, a, 4)
+    top = torch.argsort(logits, descending=True, stable=True)[: c.pre_nms_topk]
+    boxes = clip_boxes(apply_deltas(inside[top], anchors[:h, :w].reshape(-1, 4)[top])[None], size[None])[0]
+    ok = ((boxes[:, 2] - boxes[:, 0]) > 0) & ((boxes[:, 3] - boxes[:, 1]) > 0)
+    boxes, scores = boxes[ok], logits[top][ok]
+    keep = ops.batched_nms_reference(boxes, scores, torch.zeros(len(boxes), dtype=torch.long), c.rpn_nms)
+    return boxes[keep[: c.post_nms_topk]]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("prefix", [1, 8])
+def test_batched_rpn_equals_one_image_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, tied: bool, prefix: int
+) -> None:
+    """Images of different valid sizes in one batch, objectness with or without ties, NMS first on a
+    prefix of the ranking that is too short (1 x post_nms_topk: all rows fall back) or long enough."""
+    monkeypatch.setattr(detector_module, "_PREFIX", prefix)
+    torch.manual_seed(5)
+    rpn = RPN(replace(DetectorConfig.tiny(), pre_nms_topk=300, post_nms_topk=30)).eval()
+    if tied:
+        torch.nn.init.zeros_(rpn.rpn_head.objectness_logits.weight)
+    res4 = torch.randn(3, 1024, 7, 9)
+    valid = torch.tensor([[7, 9], [5, 6], [2, 3]])
+    sizes = valid * 16 - 5
+    with torch.no_grad():
+        proposals, count = rpn(res4, valid, sizes)
+        hidden = torch.relu(rpn.rpn_head.conv(res4))  # the whole batch's, as the RPN computes them
+        objectness, deltas = rpn.rpn_head.objectness_logits(hidden), rpn.rpn_head.anchor_deltas(hidden)
+        for i in range(3):
+            expected = _rpn_one_image(rpn, objectness[i], deltas[i], tuple(valid[i].tolist()), sizes[i])
+            assert int(count[i]) == len(expected) and torch.equal(proposals[i, : len(expected)], expected)
+            assert not proposals[i, len(expected) :].any()  # padding is zeros
+
+
+def test_pooled_regions_are_cast_once_to_the_autocast_dtype(detector: BottomUpDetector) -> None:
+    """RoIPool runs in float32; under half-precision autocast its output is cast once, exactly as each
+    convolution would have cast it; without autocast it is RoIPool's output as it is."""
+    res4 = torch.randn(2, 1024, 6, 8)
+    proposals = torch.tensor([[[0.0, 0, 40, 30], [10, 20, 90, 70]], [[5, 5, 120, 90], [0, 0, 0, 0]]])
+    rois = torch.tensor([[0.0, 0, 0, 40, 30], [0, 10, 20, 90, 70], [1, 5, 5, 120, 90], [1, 0, 0, 0, 0]])
+    pooled = ops.roi_pool(res4, rois, detector.config.pooler_resolution, 1 / 16)
+    assert torch.equal(detector.roi_heads.pool(res4, proposals), pooled)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = detector.roi_heads.pool(res4, proposals)
+    assert half.dtype == torch.bfloat16 and torch.equal(half, pooled.bfloat16())
+
+
+@pytest.mark.gpu
+def test_detector_on_cuda(detector: BottomUpDetector) -> None:
+    """fp32 and bf16 on a GPU (pinned upload, channels-last, torchvision's RoIPool where it loads): 36
+    regions for every image of a batch; the pooled regions cast once, to bf16 and channels-last."""
+    model = copy.deepcopy(detector).placed("cuda")
+    sizes = [(64, 48), (48, 64), (100, 40), (120, 90)]
+    resized = [resize_for_detector(_image(20 + i, w, h), model.config) for i, (w, h) in enumerate(sizes)]
+    for dtype in (torch.float32, torch.bfloat16):
+        found = model.detect_resized([r[0] for r in resized], [(r[1], r[2]) for r in resized], dtype=dtype)
+        for det in found:
+            assert isinstance(det, Detection) and det.regions().shape == (36, 2054)
+            assert np.isfinite(det.regions()).all() and (det.scores[:-1] >= det.scores[1:]).all()
+    res4 = torch.randn(2, 1024, 6, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    proposals = torch.tensor([[[0.0, 0, 40, 30], [10, 20, 90, 70]], [[5, 5, 120, 90], [0, 0, 0, 0]]]).cuda()
+    rois = torch.tensor(
+        [[0.0, 0, 0, 40, 30], [0, 10, 20, 90, 70], [1, 5, 5, 120, 90], [1, 0, 0, 0, 0]]
+    ).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        half = model.roi_heads.pool(res4, proposals)
+    assert half.dtype == torch.bfloat16 and half.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(half, ops.roi_pool(res4, rois, model.config.pooler_resolution, 1 / 16).bfloat16())
+
+
+def test_stages_are_reported_in_order(detector: BottomUpDetector) -> None:
+    names: list[str] = []
+    pixels, width, height = resize_for_detector(_image(6, 64, 48), detector.config)
+    detector.detect_resized([pixels], [(width, height)], on_stage=names.append)
+    assert names == ["upload", "backbone", "rpn", "roi_pool", "res5", "select", "host"]
 
 
 def test_fewer_than_36_regions_is_reported_not_padded(tmp_path: Path) -> None:
