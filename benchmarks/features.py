@@ -2,7 +2,7 @@
 
     python -m benchmarks.features --device cuda            # writes benchmarks/results/features_<gpu>.json
     python -m benchmarks.features --tiny --out /tmp/features-tiny.json   # CPU smoke run, seconds
-    python -m benchmarks.features --profile               # adds "stage_ms": one batch, stage by stage
+    python -m benchmarks.features --profile               # adds "stage_ms" and "pipeline_parts"
 
 Workload: ``--images`` random 640x480 JPEG files (blocky noise, written to a temporary folder first,
 so decoding is part of the work), the full-size detector (`qace.features.detector.DetectorConfig`)
@@ -22,7 +22,10 @@ Untimed: one warm-up batch and one warm-up loop image (cuDNN autotuning, CUDA co
 
 ``--profile`` then times `BottomUpDetector.detect_resized` on the warm-up batch (decoded and resized
 beforehand) with a device synchronisation after each stage (`stage_times`), so each stage's time is its own,
-without the overlap of host and device work that the timed runs have: the median of three calls.
+without the overlap of host and device work that the timed runs have: the median of three calls. It
+also times the pipeline's two other parts alone (`pipeline_parts`): the loader (decode and resize in
+``--workers`` processes, no detector) over the batched run's images, and the HDF5 writer's ``add`` per
+image (the batched run's stored regions written again to a scratch store).
 """
 
 from __future__ import annotations
@@ -42,9 +45,16 @@ import numpy as np
 import torch
 
 from benchmarks.run_info import commit, gpu_name, versions
+from qace.data.features import HDF5Store
 from qace.features import ops
 from qace.features.detector import BottomUpDetector, DetectorConfig, resize_for_detector
-from qace.features.extract import ImageItem, RegionWriter, default_precision, extract_features
+from qace.features.extract import (
+    ImageItem,
+    RegionWriter,
+    decode_batches,
+    default_precision,
+    extract_features,
+)
 from qace.precision import TORCH_PRECISIONS, torch_dtype
 
 TARGETS = {"images_per_s": 100.0, "speedup": 10.0}
@@ -110,6 +120,32 @@ def stage_times(
             resized.append(resize_for_detector(image, model.config))
     runs = [_stage_ms(model, resized, torch_dtype(precision), device) for _ in range(repeats)]
     return {stage: round(float(np.median([run[stage] for run in runs])), 3) for stage in runs[0]}
+
+
+def pipeline_parts(
+    items: list[ImageItem], folder: Path, config: DetectorConfig, args: argparse.Namespace
+) -> dict[str, float]:
+    """The batched pipeline's parts besides the detector, each alone: the loader's images/s over ``items``
+    (``args.workers`` processes, ``args.batch_size`` a batch) and the writer's milliseconds an image
+    (the regions ``folder/batched.h5`` holds, written again to a scratch store)."""
+    start = time.perf_counter()
+    decoded = sum(len(batch) for batch in decode_batches(items, config, args.batch_size, args.workers))
+    loader_s = time.perf_counter() - start
+    store = HDF5Store(folder / "batched.h5")
+    ids = store.ids()[:256]
+    regions = [store.get(key) for key in ids]
+    store.close()
+    writer = RegionWriter(folder / "rewrite.h5", "rewrite")
+    start = time.perf_counter()
+    for key, value in zip(ids, regions, strict=True):
+        writer.add(key, value)
+    writer.close()
+    writer_s = time.perf_counter() - start
+    return {
+        "loader_images_per_s": round(decoded / loader_s, 2),
+        "writer_ms_per_image": round(1000 * writer_s / max(len(ids), 1), 3),
+        "writer_images": len(ids),
+    }
 
 
 def _stage_ms(
@@ -196,6 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             sync(args.device)
         errors = [json.loads(line) for line in summary.errors_path.open()]
         stage_ms = stage_times(model, warm[:-1], args.precision, args.device) if args.profile else None
+        parts = pipeline_parts(batched_items, folder, config, args) if args.profile else None
 
     batched_ips = summary.extracted / summary.seconds
     loop_ips = len(loop_items) / loop_s
@@ -230,6 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "speedup": round(speedup, 2),
         "stage_ms": stage_ms,
+        "pipeline_parts": parts,
         "targets": {
             **TARGETS,
             "met": bool(batched_ips >= TARGETS["images_per_s"] and speedup >= TARGETS["speedup"]),

@@ -197,7 +197,11 @@ class _Images:
         return _Decoded(self.items[index], self.config)
 
 
-def _batches(items: list[ImageItem], config: Any, batch_size: int, workers: int) -> Iterable[list[_Decoded]]:
+def decode_batches(
+    items: list[ImageItem], config: Any, batch_size: int, workers: int
+) -> Iterable[list[_Decoded]]:
+    """The pipeline's loader: ``items`` decoded and resized for ``config`` in ``workers`` processes (0: in
+    this one), ``batch_size`` at a time, in order, with prefetch."""
     from torch.utils.data import DataLoader
 
     return DataLoader(
@@ -251,7 +255,7 @@ def extract_features(
     thread.start()
     bar = track("extracting features", total=len(todo), unit="image", enabled=progress)
     try:
-        for batch in _batches(todo, detector.config, batch_size, workers):
+        for batch in decode_batches(todo, detector.config, batch_size, workers):
             usable = [d for d in batch if d.pixels is not None]
             errors.extend(
                 {"image_id": d.item.key, "path": d.item.path, "reason": d.error or ""}
