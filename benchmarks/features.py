@@ -25,7 +25,7 @@ beforehand) with a device synchronisation after each stage (`stage_times`), so e
 without the overlap of host and device work that the timed runs have: the median of three calls. It
 also times the pipeline's two other parts alone (`pipeline_parts`): the loader (decode and resize in
 ``--workers`` processes, no detector) over the batched run's images, and the HDF5 writer's ``add`` per
-image (the batched run's stored regions written again to a scratch store).
+image (the batched run's stored regions written again to a scratch store, a batch a call).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def loop(model: BottomUpDetector, items: list[ImageItem], out: Path, precision: 
             pixels, width, height = resize_for_detector(image, model.config)
         (found,) = model.detect_resized([pixels], [(width, height)], dtype=dtype)
         if not isinstance(found, str):
-            writer.add(item.key, found.regions())
+            writer.add([(item.key, found.regions())])
     writer.close()
     return time.perf_counter() - start
 
@@ -127,7 +127,7 @@ def pipeline_parts(
 ) -> dict[str, float]:
     """The batched pipeline's parts besides the detector, each alone: the loader's images/s over ``items``
     (``args.workers`` processes, ``args.batch_size`` a batch) and the writer's milliseconds an image
-    (the regions ``folder/batched.h5`` holds, written again to a scratch store)."""
+    (the regions ``folder/batched.h5`` holds, written again to a scratch store a batch at a time)."""
     start = time.perf_counter()
     decoded = sum(len(batch) for batch in decode_batches(items, config, args.batch_size, args.workers))
     loader_s = time.perf_counter() - start
@@ -137,8 +137,9 @@ def pipeline_parts(
     store.close()
     writer = RegionWriter(folder / "rewrite.h5", "rewrite")
     start = time.perf_counter()
-    for key, value in zip(ids, regions, strict=True):
-        writer.add(key, value)
+    images = list(zip(ids, regions, strict=True))
+    for first in range(0, len(images), args.batch_size):
+        writer.add(images[first : first + args.batch_size])
     writer.close()
     writer_s = time.perf_counter() - start
     return {
