@@ -112,12 +112,8 @@ def stage_times(
     """Milliseconds of each stage of `BottomUpDetector.detect_resized` on ``items`` as one batch (upload,
     backbone, rpn, roi_pool, res5, select, host, and their total), each the median of ``repeats`` calls
     with a synchronisation after every stage."""
-    from PIL import Image
-
-    resized = []
-    for item in items:
-        with Image.open(item.path) as image:
-            resized.append(resize_for_detector(image, model.config))
+    (decoded,) = decode_batches(items, model.config, len(items), 0)
+    resized = [(d.pixels, *d.size) for d in decoded]
     runs = [_stage_ms(model, resized, torch_dtype(precision), device) for _ in range(repeats)]
     return {stage: round(float(np.median([run[stage] for run in runs])), 3) for stage in runs[0]}
 
@@ -150,7 +146,7 @@ def pipeline_parts(
 
 
 def _stage_ms(
-    model: BottomUpDetector, resized: list[tuple[np.ndarray, int, int]], dtype: torch.dtype, device: str
+    model: BottomUpDetector, resized: list[tuple[torch.Tensor, int, int]], dtype: torch.dtype, device: str
 ) -> dict[str, float]:
     """One `detect_resized` call's milliseconds per stage, with a synchronisation after each, and total."""
     times: dict[str, float] = {}
@@ -186,7 +182,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--workers", type=int, default=12, help="decode/resize processes")
     p.add_argument("--tiny", action="store_true", help="tiny detector on small images: a smoke run")
-    p.add_argument("--profile", action="store_true", help='add "stage_ms": one batch timed stage by stage')
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help='add "stage_ms" (one batch, stage by stage) and "pipeline_parts"',
+    )
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/features_<gpu>.json)")
     args = p.parse_args(argv)
     args.precision = args.precision or default_precision(args.device)
