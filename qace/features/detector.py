@@ -451,6 +451,7 @@ class BottomUpDetector(nn.Module):
         self.backbone = Backbone(self.config)
         self.proposal_generator = RPN(self.config)
         self.roi_heads = ROIHeads(self.config)
+        self._staging = _Staging()
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eval()
@@ -536,7 +537,7 @@ class BottomUpDetector(nn.Module):
         c = self.config
         device = next(self.parameters()).device
         stage = on_stage or _no_stage
-        batch, sizes = _upload(images, device)
+        batch, sizes = _upload(images, device, self._staging)
         stage("upload")
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             res4, valid = self.backbone(batch, sizes)
@@ -576,15 +577,54 @@ def _layout(device: torch.device) -> torch.memory_format:
     return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
 
-def _upload(images: Sequence[np.ndarray | Tensor], device: torch.device) -> tuple[Tensor, Tensor]:
+class _Staging:
+    """The host buffer `_upload` sends batches through, kept from batch to batch (allocating pinned memory
+    each batch is slow) and grown when a batch needs more: pinned for a GPU. A batch's copy to the GPU is
+    asynchronous, so the next batch waits for it (an event recorded after it) before filling the buffer
+    again. One batch at a time: a detector's calls from two threads at once would share the buffer."""
+
+    def __init__(self) -> None:
+        self.buffer: Tensor | None = None
+        self.sent: Any = None  # a torch.cuda.Event after the last copy out of ``buffer``, until waited on
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Staging:
+        return _Staging()  # a copied detector gets a buffer of its own
+
+    def host(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        """A uint8 host tensor of ``shape`` to fill (its contents are whatever the last batch left)."""
+        if self.sent is not None:
+            self.sent.synchronize()
+            self.sent = None
+        pinned, size = device.type == "cuda", math.prod(shape)
+        if self.buffer is None or self.buffer.numel() < size or self.buffer.is_pinned() != pinned:
+            self.buffer = None  # free the old one first
+            self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        return self.buffer[:size].view(shape)
+
+    def copy(self, host: Tensor, device: torch.device) -> Tensor:
+        """``host`` (from `host`) on ``device``; on a GPU asynchronously, remembered for the next `host`."""
+        if device.type != "cuda":
+            return host.to(device)
+        on_device = host.to(device, non_blocking=True)
+        self.sent = torch.cuda.Event()
+        self.sent.record(torch.cuda.current_stream(device))
+        return on_device
+
+
+def _upload(
+    images: Sequence[np.ndarray | Tensor], device: torch.device, staging: _Staging | None = None
+) -> tuple[Tensor, Tensor]:
     """The images zero-padded into one (N, 3, H, W) float32 batch on ``device`` (in `_layout`), the BGR
-    mean subtracted inside each image, and their (N, 2) (h, w) there: one host-to-device copy of uint8."""
+    mean subtracted inside each image, and their (N, 2) (h, w) there: one host-to-device copy of uint8
+    through ``staging`` (a fresh one if None). The padding of the host buffer is left as it is: the mask
+    below sets it to zero on the device."""
+    staging = staging or _Staging()
     h, w = (max(im.shape[k] for im in images) for k in (0, 1))
     sizes = torch.tensor([im.shape[:2] for im in images], dtype=torch.long, device=device)
-    host = torch.zeros((len(images), h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    host = staging.host((len(images), h, w, 3), device)
     for i, im in enumerate(images):
         host[i, : im.shape[0], : im.shape[1]] = torch.as_tensor(im)
-    pixels = host.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
+    pixels = staging.copy(host, device).permute(0, 3, 1, 2).float()
     mean = torch.tensor(PIXEL_MEAN_BGR, device=device).view(1, 3, 1, 1)
     batch = torch.where(_mask(pixels, sizes) > 0, pixels - mean, 0.0)
     return batch.contiguous(memory_format=_layout(device)), sizes
