@@ -237,6 +237,24 @@ def test_detector_on_cuda(detector: BottomUpDetector) -> None:
     assert torch.equal(half, ops.roi_pool(res4, rois, model.config.pooler_resolution, 1 / 16).bfloat16())
 
 
+def test_batches_uploaded_ahead_detect_as_they_do_one_call_at_a_time(detector: BottomUpDetector) -> None:
+    """`detect_resized` is `upload` then `detect_uploaded`; uploading two more batches (through the same
+    host buffer) before detecting the first changes nothing."""
+    shapes = [[(64, 48), (48, 64)], [(100, 40)], [(120, 90), (64, 48), (40, 100)]]
+    batches = [
+        [resize_for_detector(_image(30 + 3 * k + i, w, h), detector.config) for i, (w, h) in enumerate(shape)]
+        for k, shape in enumerate(shapes)
+    ]
+    alone = [detector.detect_resized([r[0] for r in b], [(r[1], r[2]) for r in b]) for b in batches]
+    uploaded = [detector.upload([r[0] for r in b]) for b in batches]
+    for (batch, sizes), resized, expected in zip(uploaded, batches, alone, strict=True):
+        images, originals = [r[0] for r in resized], [(r[1], r[2]) for r in resized]
+        found = detector.detect_uploaded(batch, sizes, images, originals)
+        for det, ref in zip(found, expected, strict=True):
+            assert isinstance(det, Detection) and isinstance(ref, Detection)
+            np.testing.assert_array_equal(det.regions(), ref.regions())
+
+
 def test_stages_are_reported_in_order(detector: BottomUpDetector) -> None:
     names: list[str] = []
     pixels, width, height = resize_for_detector(_image(6, 64, 48), detector.config)
