@@ -49,23 +49,43 @@ def plain_row(row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with every value plain (str, int, bool, None, finite float or `JsonText`); raises
     ``ValueError``/``TypeError`` for a non-finite float or a value JSON cannot hold, as ``json.dumps``
     with ``allow_nan=False`` would."""
-    out: dict[str, Any] = {}
+    out = row.copy()
     for key, value in row.items():
-        if hasattr(value, "tolist"):  # numpy scalars and arrays, as the JSONL writer stores them
-            value = value.tolist()
         kind = type(value)
+        if kind is str or value is None or kind is bool:  # the common cases, which have no ``tolist``
+            continue
         if kind is float:
-            if not math.isfinite(value):
-                raise ValueError(f"out of range float value {value!r} in {key!r}")
-        elif kind in _PLAIN:
-            if kind is int and not -(2**63) <= value < 2**63:
-                value = JsonText(value)
-        elif value == []:  # the common case (no flags), without the encoder
-            value = JsonText("[]")
-        else:
-            value = JsonText(_ENCODE(value))
-        out[key] = value
+            if math.isfinite(value):
+                continue
+        elif kind is int:
+            if -(2**63) <= value < 2**63:
+                continue
+        elif kind is list and not value:  # no flags, without the encoder
+            out[key] = _EMPTY_LIST
+            continue
+        out[key] = _plain_value(key, value)
     return out
+
+
+def _plain_value(key: str, value: Any) -> Any:
+    """One value of `plain_row`."""
+    if hasattr(value, "tolist"):  # numpy scalars and arrays, as the JSONL writer stores them
+        value = value.tolist()
+    kind = type(value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise ValueError(f"out of range float value {value!r} in {key!r}")
+    elif kind in _PLAIN:
+        if kind is int and not -(2**63) <= value < 2**63:
+            value = JsonText(value)
+    elif value == []:
+        value = _EMPTY_LIST
+    else:
+        value = JsonText(_ENCODE(value))
+    return value
+
+
+_EMPTY_LIST = JsonText("[]")
 
 
 def _tolist(value: Any) -> Any:
