@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -101,17 +102,16 @@ _ENCODE_TYPED = json.JSONEncoder(ensure_ascii=False).encode
 def chunk_table(rows: list[dict[str, Any]]) -> pa.Table:
     """One chunk's rows (already `plain_row`) as an Arrow table, a column per key in order of first
     appearance (``id`` first), typed by the chunk's own kinds."""
-    keys: dict[str, None] = {"id": None}
-    for row in rows:
-        keys.update(dict.fromkeys(row))
+    keys = dict.fromkeys(chain(("id",), chain.from_iterable(rows)))
     fields, arrays, json_columns = [], [], []
     for key in keys:
-        values = [row.get(key) for row in rows]
-        kind = _unify({_TYPE_KINDS.get(t, "json") for t in set(map(type, values))})
+        values = list(map(dict.get, rows, repeat(key)))
+        types = set(map(type, values))
+        kind = _unify({_TYPE_KINDS.get(t, "json") for t in types})
         if kind == "json":
             values = [_as_json(v) for v in values]
             json_columns.append(key)
-        elif kind == "float":
+        elif kind == "float" and int in types:
             values = [None if v is None else float(v) for v in values]
         fields.append(pa.field(key, _ARROW[kind]))
         arrays.append(pa.array(values, type=_ARROW[kind]))
