@@ -471,12 +471,10 @@ def _record(
 
 def _as_id(value: Any) -> str | None:
     """Accept string or integer ids (COCO uses integers); anything else or empty is None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
+    if isinstance(value, str):  # the common case first
+        return value if value.strip() and not _has_surrogate(value) else None
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, str) and value.strip() and not _has_surrogate(value):
-        return value
     return None
 
 
