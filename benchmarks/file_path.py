@@ -31,11 +31,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from benchmarks.run_info import commit, versions
+from benchmarks.workload import pascal_workload, write_jsonl
 from qace.data.fingerprint import InputCheck, input_mark
 from qace.data.output import ResultWriter
 from qace.data.records import Record, RecordError, read_records
@@ -101,14 +101,6 @@ class InstantScorer:
     score_committed = score_records
 
 
-def write_input(path: Path, n: int, data_dir: Path) -> None:
-    from benchmarks.workload import pascal_workload
-
-    with path.open("w", encoding="utf-8") as f:
-        for r in pascal_workload(data_dir, n, seed=1):
-            f.write(json.dumps({k: v for k, v in asdict(r).items() if v is not None}) + "\n")
-
-
 def stages(path: Path, out: Path, explain: bool) -> dict[str, float]:
     """CPU seconds of each stage alone (see the module docstring), with the garbage collector off: each
     stage holds all records, which would make its collections far dearer than a streaming run's."""
@@ -170,14 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--explain", action="store_true", help="rows carry the per-question explanation")
-    parser.add_argument("--data-dir", default="/work/shared/data")
+    parser.add_argument(
+        "--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    )
     args = parser.parse_args(argv)
 
     best: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="qace-file-path-") as tmp:
         work = Path(tmp)
         path = work / "input.jsonl"
-        write_input(path, args.records, Path(args.data_dir))
+        write_jsonl(pascal_workload(Path(args.data_dir), args.records, seed=1), path)
         for repeat in range(args.repeats):
             found = stages(path, work / f"stages-{repeat}.parquet", args.explain)
             start = time.process_time()

@@ -47,7 +47,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +66,7 @@ from benchmarks.workload import (
     pascal_workload,
     reset_caches,
     workload_scorer,
+    write_jsonl,
 )
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
@@ -254,9 +254,7 @@ def cli_section(variant: str, models_dir: Path, args: argparse.Namespace, work: 
 
     records = pascal_workload(DATA, args.cli_captions, seed=args.seed)
     input_path = work / f"cli-{variant}.jsonl"
-    with input_path.open("w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps({k: v for k, v in asdict(r).items() if v is not None}) + "\n")
+    write_jsonl(records, input_path)
     features = None
     if variant == "img":
         features = work / "features.h5"

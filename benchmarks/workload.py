@@ -14,6 +14,7 @@ import json
 import tempfile
 import zlib
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,13 @@ def pascal_workload(data_dir: Path, n: int, seed: int = 0) -> list[Record]:
         )
         for k in range(n)
     ]
+
+
+def write_jsonl(records: Sequence[Record], path: Path) -> None:
+    """``records`` as the JSONL input ``qace score`` reads: a line each, without the fields they lack."""
+    with path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps({k: v for k, v in asdict(r).items() if v is not None}) + "\n")
 
 
 def distinct_captions(records: Sequence[Record]) -> int:

@@ -246,7 +246,7 @@ class _Prefetch(Generic[U]):
     ``depth`` results ahead of the iterating thread, which gets them in order. An exception in the thread
     (from ``source`` or ``prepare``) is raised to the iterating thread once the results before it are
     taken; `close` (always call it) stops the thread after the item in hand and waits for it.
-    ``waited`` sums the seconds the iterating thread waited for a result, ``count`` counts them."""
+    ``waited`` lists the seconds the iterating thread waited for each entry it took (the end's included)."""
 
     def __init__(
         self,
