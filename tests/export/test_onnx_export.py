@@ -45,11 +45,14 @@ def test_fp32_export_matches_pytorch(fp32_exports, role):
     manifest = json.loads((result.out_dir / "manifest.json").read_text())
     assert manifest["visual"] == (role == "vqa")
     assert manifest["validation"]["max_abs_diff"] == report.max_abs_diff
+    assert manifest["static_steps"] == MAX_NEW_TOKENS
     assert sorted(p.name for p in result.out_dir.glob("*.onnx")) == [
         "compact.onnx",
         "decoder.onnx",
         "decoder_init.onnx",
+        "decoder_static.onnx",
         "encoder.onnx",
+        "static_init.onnx",
     ]
 
 
