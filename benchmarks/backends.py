@@ -10,7 +10,9 @@ outputs; the first ONNX use exports and validates the graphs (timed separately).
 Flickr8k-Expert standard protocol, or ``--records``: any file ``qace score`` reads (JSONL, CSV, COCO),
 such as the distinct-caption workload of the throughput benchmark. Each backend first scores 256 captions
 of the other data set (untimed warm-up), so the timed pass meets only captions it has not seen. Reported:
-captions/s of each, their ratio and the mean absolute QACE difference, as JSON (``--out``).
+captions/s of each, their ratio and the mean absolute QACE difference, as JSON (``--out``), and how each
+ONNX runner decoded (``onnx_decoding``: on CUDA the static-cache step replayed from CUDA graphs, with the
+batch shapes captured and the decoder positions computed; on the CPU the growing-past loop).
 """
 
 from __future__ import annotations
@@ -43,6 +45,21 @@ def workload_records(args: argparse.Namespace) -> tuple[str, list[Record]]:
             raise SystemExit(f"--records {args.records}: {item}; fix or drop that record")
         records.append(item)
     return str(args.records), records[: args.n]
+
+
+def onnx_decoding(scorer: Any) -> dict[str, Any]:
+    """Per model role, how its ONNX runner decoded: over the static cache (with the batch shapes captured
+    as CUDA graphs and the decoder positions computed, warm-up included) or the growing-past loop."""
+    found: dict[str, Any] = {}
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(scorer.models, role, None)
+        static = getattr(runner, "static", None)
+        if runner is None:
+            continue
+        found[role] = {"static_cache": static is not None}
+        if static is not None:
+            found[role] |= {"captured_shapes": static.captured_shapes, "row_steps": static.row_steps}
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 "setup_seconds_incl_export": setup,
                 "mean_qace": float(scores[backend].mean()),
             }
+            if backend == "onnx":
+                entry["onnx_decoding"] = onnx_decoding(scorer)
             scorer.candidates.close()
             del scorer  # the next backend gets the device's memory back (ONNX Runtime has its own arena)
             gc.collect()

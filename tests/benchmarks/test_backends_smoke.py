@@ -34,6 +34,7 @@ def test_records_workload_runs_both_backends(tiny_models: Path, tmp_path: Path) 
     (entry,) = report["results"]
     assert entry["torch"]["captions_per_s"] > 0 and entry["onnx"]["captions_per_s"] > 0
     assert entry["mean_abs_qace_diff"] < 1e-5  # fp32 on both sides, same forced outputs
+    assert entry["onnx_decoding"] == {role: {"static_cache": False} for role in ("qg", "tqa")}  # the CPU's
 
 
 def test_bad_record_is_named(tmp_path: Path) -> None:
