@@ -26,7 +26,9 @@ Graphs (their names, inputs and outputs are the export format, `qace.onnx_format
   ``present.{i}.self_value`` (T + 1).
 - ``compact`` (built with ``onnx.helper``, no weights): ``index`` (K,) and ``encoder_attention_mask``
   plus every ``past.*`` input of ``decoder`` -> the same tensors with only the rows in ``index``,
-  named ``kept.<input>``, so finished rows are dropped where the K/V live.
+  named ``kept.<input>``, so finished rows are dropped where the K/V live;
+- ``decoder_static`` and ``static_init``: the step over a static cache, for CUDA graphs
+  (`qace.export.static_graphs`, built on `decoder_step` here).
 
 The decoding loop needs only ``next_token`` (and ``answerability``) on the host; ``logits`` stay
 outputs for the export validation, which compares them with PyTorch's.

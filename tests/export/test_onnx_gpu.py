@@ -98,6 +98,24 @@ def test_cuda_graphs_replay_several_shapes_like_pytorch(tmp_path):
     assert runner.static.captured_shapes == 2
 
 
+@pytest.mark.parametrize("variant", ["fp32", "fp16"])
+def test_every_node_of_the_static_step_runs_on_cuda(test_models_dir, tmp_path, capfd, variant):
+    """ONNX Runtime's verbose session log lists where it placed each node: a node on the CPU would need
+    a copy, which a CUDA graph cannot hold (the session would refuse ``enable_cuda_graph``)."""
+    model = _load(test_models_dir, "qg")
+    export = export_model(model, tmp_path / variant, variant=variant, validate=False).out_dir
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 0
+    cuda = {"enable_cuda_graph": "1", "use_tf32": "0"}
+    providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+    capfd.readouterr()
+    onnxruntime.InferenceSession(str(export / "decoder_static.onnx"), options, providers=providers)
+    log = capfd.readouterr().err
+    assert "All nodes placed on [CUDAExecutionProvider]" in log, [
+        line for line in log.splitlines() if "placed on" in line or "CPUExecutionProvider" in line
+    ]
+
+
 def test_cuda_graphs_take_forced_tokens(tmp_path):
     """The benchmarks' forced outputs go through the captured step's own rules."""
     model, export = _chatty(tmp_path)
