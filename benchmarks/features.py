@@ -25,7 +25,7 @@ beforehand) with a device synchronisation after each stage (`stage_times`), so e
 without the overlap of host and device work that the timed runs have: the median of three calls. It
 also times the pipeline's two other parts alone (`pipeline_parts`): the loader (decode and resize in
 ``--workers`` processes, no detector) over the batched run's images, and the HDF5 writer's ``add`` per
-image (the batched run's stored regions written again to a scratch store).
+image (the batched run's stored regions written again to a scratch store, a batch a call).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def loop(model: BottomUpDetector, items: list[ImageItem], out: Path, precision: 
             pixels, width, height = resize_for_detector(image, model.config)
         (found,) = model.detect_resized([pixels], [(width, height)], dtype=dtype)
         if not isinstance(found, str):
-            writer.add(item.key, found.regions())
+            writer.add([(item.key, found.regions())])
     writer.close()
     return time.perf_counter() - start
 
@@ -112,12 +112,8 @@ def stage_times(
     """Milliseconds of each stage of `BottomUpDetector.detect_resized` on ``items`` as one batch (upload,
     backbone, rpn, roi_pool, res5, select, host, and their total), each the median of ``repeats`` calls
     with a synchronisation after every stage."""
-    from PIL import Image
-
-    resized = []
-    for item in items:
-        with Image.open(item.path) as image:
-            resized.append(resize_for_detector(image, model.config))
+    (decoded,) = decode_batches(items, model.config, len(items), 0)
+    resized = [(d.pixels, *d.size) for d in decoded]
     runs = [_stage_ms(model, resized, torch_dtype(precision), device) for _ in range(repeats)]
     return {stage: round(float(np.median([run[stage] for run in runs])), 3) for stage in runs[0]}
 
@@ -127,7 +123,7 @@ def pipeline_parts(
 ) -> dict[str, float]:
     """The batched pipeline's parts besides the detector, each alone: the loader's images/s over ``items``
     (``args.workers`` processes, ``args.batch_size`` a batch) and the writer's milliseconds an image
-    (the regions ``folder/batched.h5`` holds, written again to a scratch store)."""
+    (the regions ``folder/batched.h5`` holds, written again to a scratch store a batch at a time)."""
     start = time.perf_counter()
     decoded = sum(len(batch) for batch in decode_batches(items, config, args.batch_size, args.workers))
     loader_s = time.perf_counter() - start
@@ -137,8 +133,9 @@ def pipeline_parts(
     store.close()
     writer = RegionWriter(folder / "rewrite.h5", "rewrite")
     start = time.perf_counter()
-    for key, value in zip(ids, regions, strict=True):
-        writer.add(key, value)
+    images = list(zip(ids, regions, strict=True))
+    for first in range(0, len(images), args.batch_size):
+        writer.add(images[first : first + args.batch_size])
     writer.close()
     writer_s = time.perf_counter() - start
     return {
@@ -149,7 +146,7 @@ def pipeline_parts(
 
 
 def _stage_ms(
-    model: BottomUpDetector, resized: list[tuple[np.ndarray, int, int]], dtype: torch.dtype, device: str
+    model: BottomUpDetector, resized: list[tuple[torch.Tensor, int, int]], dtype: torch.dtype, device: str
 ) -> dict[str, float]:
     """One `detect_resized` call's milliseconds per stage, with a synchronisation after each, and total."""
     times: dict[str, float] = {}
@@ -185,7 +182,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--workers", type=int, default=12, help="decode/resize processes")
     p.add_argument("--tiny", action="store_true", help="tiny detector on small images: a smoke run")
-    p.add_argument("--profile", action="store_true", help='add "stage_ms": one batch timed stage by stage')
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help='add "stage_ms" (one batch, stage by stage) and "pipeline_parts"',
+    )
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/features_<gpu>.json)")
     args = p.parse_args(argv)
     args.precision = args.precision or default_precision(args.device)

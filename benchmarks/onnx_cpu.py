@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import versions
+from benchmarks.run_info import commit, versions
 from benchmarks.workload import RANDOM_T5, T5_SMALL, batch_tokens, flickr_workload
 from qace.engine import instrument
 from qace.engine.batches import TextBatch
@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # the tiny test models run fastest on one thread
     report = {
         "command": "python -m benchmarks.onnx_cpu " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        **commit(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "threads": args.threads,

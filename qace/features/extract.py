@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,16 +142,32 @@ class RegionWriter:
         f["features"].resize(rows, axis=0)
         self.ids: set[str] = set(f["ids"].asstr()[:])
 
-    def add(self, key: str, regions: np.ndarray) -> None:
-        stored = regions.astype(self.dtype)
-        if not np.isfinite(stored).all():
-            raise FeatureError(f"image {key!r}: region features overflow {self.dtype.name}")
-        row = len(self.ids)
-        self._file["features"].resize(row + 1, axis=0)
-        self._file["features"][row] = stored
-        self._file["ids"].resize(row + 1, axis=0)
-        self._file["ids"][row] = key
-        self.ids.add(key)
+    def add(self, images: Sequence[tuple[str, np.ndarray]]) -> list[dict[str, str]]:
+        """Append the (id, regions) ``images`` that pass `validate` and fit the store's dtype, in one write
+        (one resize and one block per dataset: per image, h5py's calls would each wait for the
+        interpreter lock behind the thread driving the detector); returns the errors of the others."""
+        keys: list[str] = []
+        rows: list[np.ndarray] = []
+        errors: list[dict[str, str]] = []
+        for key, regions in images:
+            try:
+                with np.errstate(over="ignore"):  # an overflow is reported just below
+                    stored = validate(key, regions, "the detector's output").astype(self.dtype)
+                if not np.isfinite(stored).all():
+                    raise FeatureError(f"image {key!r}: region features overflow {self.dtype.name}")
+            except FeatureError as exc:
+                errors.append({"image_id": key, "reason": exc.reason})
+                continue
+            keys.append(key)
+            rows.append(stored)
+        if keys:
+            row, f = len(self.ids), self._file
+            f["features"].resize(row + len(keys), axis=0)
+            f["features"][row:] = np.stack(rows)
+            f["ids"].resize(row + len(keys), axis=0)
+            f["ids"][row:] = keys
+            self.ids.update(keys)
+        return errors
 
     def flush(self) -> None:
         self._file.flush()
@@ -236,18 +252,15 @@ def extract_features(
     items = list(images)
     todo = [item for item in items if item.key not in writer.ids]
     errors: list[dict[str, str]] = []
-    pending: queue.Queue[tuple[str, np.ndarray] | None] = queue.Queue(maxsize=64)
+    pending: queue.Queue[list[tuple[str, np.ndarray]] | None] = queue.Queue(maxsize=8)
     written = 0
 
     def write() -> None:
         nonlocal written
-        while (job := pending.get()) is not None:
-            key, regions = job
-            try:
-                writer.add(key, validate(key, regions, "the detector's output"))
-                written += 1
-            except FeatureError as exc:
-                errors.append({"image_id": key, "reason": exc.reason})
+        while (batch := pending.get()) is not None:
+            failed = writer.add(batch)
+            errors.extend(failed)
+            written += len(batch) - len(failed)
         writer.flush()
 
     start = time.perf_counter()
@@ -266,13 +279,15 @@ def extract_features(
                 found = detector.detect_resized(
                     [d.pixels for d in usable], [d.size for d in usable], dtype=dtype
                 )
+                regions = []
                 for decoded, result in zip(usable, found, strict=True):
                     if isinstance(result, str):
                         errors.append(
                             {"image_id": decoded.item.key, "path": decoded.item.path, "reason": result}
                         )
                     else:
-                        pending.put((decoded.item.key, result.regions()))
+                        regions.append((decoded.item.key, result.regions()))
+                pending.put(regions)
             bar.update(len(batch))
     finally:
         pending.put(None)

@@ -27,4 +27,5 @@ def test_tiny_features_benchmark_writes_its_report(tmp_path: Path) -> None:
     stages = ["upload", "backbone", "rpn", "roi_pool", "res5", "select", "host", "total"]
     assert list(report["stage_ms"]) == stages and all(v >= 0 for v in report["stage_ms"].values())
     parts = report["pipeline_parts"]
-    assert parts["writer_images"] == 2 and parts["writer_ms_per_image"] > 0 and parts["loader_images_per_s"] > 0
+    assert parts["writer_images"] == 2 and parts["writer_ms_per_image"] > 0
+    assert parts["loader_images_per_s"] > 0

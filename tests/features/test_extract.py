@@ -11,7 +11,7 @@ import pytest
 from qace.cli import main
 from qace.data.features import HDF5Store
 from qace.errors import ConfigError, InputError
-from qace.features.extract import ImageItem, gather_images
+from qace.features.extract import ImageItem, RegionWriter, gather_images
 from qace.testing.detector import make_test_detector
 
 Image = pytest.importorskip("PIL.Image")
@@ -68,6 +68,28 @@ def test_extract_folder_reports_bad_images_and_resumes(detector_dir: Path, tmp_p
     # another detector setting must not be mixed into the same store
     assert _extract(folder, out, detector_dir, "--detector-precision", "bf16") == 2
     assert "holds features of" in capsys.readouterr().err
+
+
+def test_region_writer_writes_a_batch_at_once_and_lists_the_images_it_refuses(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    good = [rng.standard_normal((36, 2054)).astype(np.float32) for _ in range(3)]
+    nan = good[0].copy()
+    nan[0, 0] = np.nan
+    huge = good[0] * 1e6  # finite in float32, overflows the store's float16
+    writer = RegionWriter(tmp_path / "f.h5", "d")
+    errors = writer.add([("a", good[0]), ("nan", nan), ("b", good[1]), ("huge", huge)])
+    assert [e["image_id"] for e in errors] == ["nan", "huge"]
+    assert "non-finite" in errors[0]["reason"] and "overflow float16" in errors[1]["reason"]
+    assert writer.add([]) == []
+    writer.add([("c", good[2])])
+    writer.close()
+    with HDF5Store(tmp_path / "f.h5") as store:
+        assert store.ids() == ["a", "b", "c"]
+        for key, value in zip("abc", good, strict=True):
+            np.testing.assert_array_equal(store.get(key), value.astype(np.float16).astype(np.float32))
+    again = RegionWriter(tmp_path / "f.h5", "d")  # resuming keeps the rows and knows their ids
+    assert again.ids == {"a", "b", "c"}
+    again.close()
 
 
 def test_gather_from_list_and_records_files(tmp_path: Path) -> None:
