@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                 "setup_seconds_incl_export": setup,
                 "mean_qace": float(scores[backend].mean()),
             }
+            if torch.cuda.is_available():  # the whole device's, so ONNX Runtime's arenas count too
+                free, total = torch.cuda.mem_get_info()
+                entry[backend]["device_used_gb_after"] = round((total - free) / 2**30, 2)
+            print(f"{variant} {backend}: {entry[backend]}", file=sys.stderr, flush=True)
             if backend == "onnx":
                 entry["onnx_decoding"] = onnx_decoding(scorer)
             scorer.candidates.close()

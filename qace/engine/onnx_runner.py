@@ -113,7 +113,14 @@ def make_session(
     providers: list[Any] = ["CPUExecutionProvider"]
     if device.startswith("cuda"):
         # TF32 matmuls (ORT's default on Ampere and later) would make fp32 graphs lossy
-        cuda = {"device_id": _device_id(device), "use_tf32": 0, "enable_cuda_graph": int(cuda_graph)}
+        # the arena grows by what a run asks for, not to the next power of two: a fp16 T5-base batch of
+        # 2,048 rows would otherwise reserve up to twice its working memory in each session
+        cuda = {
+            "device_id": _device_id(device),
+            "use_tf32": 0,
+            "enable_cuda_graph": int(cuda_graph),
+            "arena_extend_strategy": "kSameAsRequested",
+        }
         providers.insert(0, ("CUDAExecutionProvider", cuda))
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
@@ -128,9 +135,12 @@ class OnnxRunner:
         device: str = "cpu",
         threads: int | None = None,
         static_cache: bool | None = None,
+        max_batch: tuple[int, int] | None = None,
     ) -> None:
         """``static_cache``: decode over ``decoder_static`` (default on CUDA, where it runs as CUDA
-        graphs) rather than the growing-past loop (default on the CPU); see the module docstring."""
+        graphs) rather than the growing-past loop (default on the CPU); see the module docstring.
+        ``max_batch``: the scheduler's (rows, tokens) batch limits, which size the static cache's
+        buffers once (`qace.engine.onnx_static`)."""
         self.export_dir = Path(export_dir)
         self.info = GraphInfo.read(self.export_dir)
         self.device = device
@@ -147,7 +157,9 @@ class OnnxRunner:
         }
         self._where = ("cuda", _device_id(device)) if cuda else ("cpu", 0)
         self.static = (
-            StaticDecoder(self.sessions, self.info, self._where, capture=cuda) if self.static_cache else None
+            StaticDecoder(self.sessions, self.info, self._where, capture=cuda, max_batch=max_batch)
+            if self.static_cache
+            else None
         )
         layers = self.info.layers
         self._init_outputs = init_output_names(layers)[1:]  # the logits stay in the graph

@@ -16,14 +16,17 @@ answerability from the first step, forced tokens for benchmarks):
   ``emitted`` (one int64 per row) per step, writes it into the output and stops once every row has
   ended. Rows are never dropped (the shapes are fixed); a finished row keeps emitting -1.
 
-Buffers: one allocation (`_Slab`) holds every tensor the step reads or writes, laid out for the batch's
+Buffers: one allocation (the slab) holds every tensor the step reads or writes, laid out for the batch's
 (rows, encoder length) from offset 0: only one batch decodes at a time, and each batch rewrites all of
-them before its first step. The slab has the size of the largest shape seen, i.e. two sets of self
-caches (2 x layers x rows x heads x static_steps x d_kv) plus the cross K/V (2 x layers x rows x
-heads x length x d_kv), in the export's float type, plus a few int64 per row: for T5-base in fp16 at
-256 rows of 48 tokens about 1.0 GB, at 2,048 rows of 64 tokens about 9.5 GB. A shape larger than the
-slab reallocates it, which drops every shape's bindings and captured graphs (they point into the old
-one).
+them before its first step. A shape needs two sets of self caches (2 x layers x rows x heads x
+static_steps x d_kv) plus the cross K/V (2 x layers x rows x heads x length x d_kv), in the export's
+float type, plus a few int64 per row: for T5-base in fp16 at 256 rows of 48 tokens about 1.0 GB, at
+2,048 rows of 64 tokens about 9.5 GB. Given the scheduler's batch limits (``max_batch``: at most R rows
+and T tokens a batch, so rows x length <= T), the first slab is sized for every shape within them and
+is allocated once: ONNX Runtime's device arena keeps freed memory for itself, so growing the slab shape
+by shape would hold every smaller slab too. A shape beyond the limits (or any shape larger than the
+slab, without them) reallocates it, which drops every shape's bindings and captured graphs (they point
+into the old one).
 
 CUDA graphs (``capture``): the step session has ``enable_cuda_graph``; each shape gets two graph ids,
 one per direction (`gpu_graph_id` run option). ONNX Runtime captures an id on its first run (inside
@@ -99,11 +102,20 @@ class StaticDecoder:
     """Greedy decoding of one export over its static-cache step (see module docstring)."""
 
     def __init__(
-        self, sessions: dict[str, Any], info: GraphInfo, where: tuple[str, int], *, capture: bool
+        self,
+        sessions: dict[str, Any],
+        info: GraphInfo,
+        where: tuple[str, int],
+        *,
+        capture: bool,
+        max_batch: tuple[int, int] | None = None,
     ) -> None:
+        """``max_batch``: the scheduler's (rows, tokens) limits a batch keeps within, which size the slab
+        once (see the module docstring); None sizes it by the shapes seen."""
         import onnxruntime as ort
 
         self.ort, self.sessions, self.info, self.where, self.capture = ort, sessions, info, where, capture
+        self.max_batch = max_batch
         self.float = np.dtype(info.float_dtype)
         self.carried = static_carried(info.layers)
         self.cross = past_names(info.layers, "present", CROSS_KV)
@@ -210,7 +222,7 @@ class StaticDecoder:
             return self._shapes[rows, length]
         places, size = _layout(self._tensors(rows, length))
         if self._slab is None or size > self._slab.shape()[0]:
-            self._grow(size)
+            self._grow(max(size, self._bound()))
         new = self.ort.OrtValue.ortvalue_from_shape_and_type
         shape = _Shape(places, [new((rows,), np.int64, *self.where) for _ in (0, 1)])
         session = self.sessions["decoder_static"]
@@ -231,6 +243,14 @@ class StaticDecoder:
         self.captured_shapes += self.capture
         self._shapes[rows, length] = shape
         return shape
+
+    def _bound(self) -> int:
+        """The slab bytes every shape within ``max_batch`` fits in (0 without limits): the layout at R rows
+        of ceil(T / R) tokens, since each tensor grows with the rows or with rows x length."""
+        if self.max_batch is None:
+            return 0
+        rows, tokens = self.max_batch
+        return _layout(self._tensors(rows, -(-tokens // rows)))[1]
 
     def _tensors(self, rows: int, length: int) -> list[tuple[Key, tuple[int, ...], np.dtype]]:
         """Every tensor the step reads or writes for this shape: ``(key, shape, dtype)``."""

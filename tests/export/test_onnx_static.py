@@ -167,6 +167,29 @@ def test_one_runner_serves_several_shapes(chatty):
     assert runner.static.captured_shapes == 0  # the CPU captures nothing
 
 
+def test_batch_limits_size_the_buffers_once(chatty):
+    """With the scheduler's limits (rows, tokens) the first batch allocates buffers for every shape within
+    them, so later shapes decode in the same allocation; without limits the first shape gets only its own."""
+    model, export = chatty
+    rng = np.random.default_rng(4)
+    shapes = [(4, 6), (9, 11), (3, 30)]  # within 9 rows and 99 tokens
+    batches = [TextBatch(ids, np.ones_like(ids)) for ids in (rng.integers(2, 24, size=s) for s in shapes)]
+    expected = [torch_runner(model).generate(b, max_new_tokens=MAX_NEW_TOKENS).tokens for b in batches]
+    limited = OnnxRunner(export, static_cache=True, max_batch=(9, 99))
+    unlimited = OnnxRunner(export, static_cache=True)
+    assert limited.static is not None and unlimited.static is not None
+    assert [limited.generate(b, max_new_tokens=MAX_NEW_TOKENS).tokens for b in batches[:1]] == expected[:1]
+    slab = limited.static._slab
+    unlimited.generate(batches[0], max_new_tokens=MAX_NEW_TOKENS)
+    assert unlimited.static._slab.shape()[0] < slab.shape()[0]
+    got = [limited.generate(b, max_new_tokens=MAX_NEW_TOKENS).tokens for b in batches[1:]]
+    assert got == expected[1:]
+    assert limited.static._slab is slab  # never reallocated
+    beyond = TextBatch(*(np.ones((9, 40), dtype=np.int64),) * 2)  # 360 tokens: past the limits, so it grows
+    limited.generate(beyond, max_new_tokens=MAX_NEW_TOKENS)
+    assert limited.static._slab.shape()[0] > slab.shape()[0]
+
+
 def test_fp16_static_decoding_agrees_with_fp32(loaded, exports):
     batch = sample_batch(loaded["qg"], rows=7, seed=4)
     half = OnnxRunner(exports["qg", "fp16"], static_cache=True).generate(batch, max_new_tokens=MAX_NEW_TOKENS)
