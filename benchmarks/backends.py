@@ -9,7 +9,8 @@ Both backends score the same captions with the same models (random T5-base QG/TQ
 outputs; the first ONNX use exports and validates the graphs (timed separately). The captions are the
 Flickr8k-Expert standard protocol, or ``--records``: any file ``qace score`` reads (JSONL, CSV, COCO),
 such as the distinct-caption workload of the throughput benchmark. Each backend first scores 256 captions
-of the other data set (untimed warm-up), so the timed pass meets only captions it has not seen. Reported:
+of the other data set (untimed warm-up), so the timed pass meets only captions it has not seen. On CUDA
+each backend and variant runs in a process of its own (``--isolate``), so each has the whole device. Reported:
 captions/s of each, their ratio and the mean absolute QACE difference, as JSON (``--out``), and how each
 ONNX runner decoded (``onnx_decoding``: on CUDA the static-cache step replayed from CUDA graphs, with the
 batch shapes captured and the decoder positions computed; on the CPU the growing-past loop).
@@ -21,7 +22,9 @@ import argparse
 import gc
 import json
 import shlex
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,65 @@ def onnx_decoding(scorer: Any) -> dict[str, Any]:
     return found
 
 
+def measure(
+    backend: str,
+    variant: str,
+    models: Path,
+    records: list[Record],
+    warm: list[Record],
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], np.ndarray, dict[str, Any] | None]:
+    """One backend on one variant: setup (export included), the untimed warm-up, then the timed pass;
+    returns its figures, its per-caption QACE and (ONNX) how each runner decoded."""
+    start = time.perf_counter()
+    scorer = workload_scorer(
+        models,
+        variant,
+        device=args.device,
+        precision=args.precision,
+        args=args,
+        backend=backend,
+        candidate_cache=True,
+    )
+    setup = time.perf_counter() - start
+    list(scorer.score_records(warm))
+    cuda_sync()
+    start = time.perf_counter()
+    rows = list(scorer.score_records(records))
+    cuda_sync()
+    seconds = time.perf_counter() - start
+    scores = np.array([r["qace"] for r in rows])
+    result: dict[str, Any] = {
+        "captions_per_s": len(records) / seconds,
+        "seconds": seconds,
+        "setup_seconds_incl_export": setup,
+        "mean_qace": float(scores.mean()),
+    }
+    if torch.cuda.is_available():  # the whole device's, so ONNX Runtime's arenas count too
+        free, total = torch.cuda.mem_get_info()
+        result["device_used_gb_after"] = round((total - free) / 2**30, 2)
+    decoding = onnx_decoding(scorer) if backend == "onnx" else None
+    scorer.candidates.close()
+    del scorer
+    gc.collect()
+    return result, scores, decoding
+
+
+def _in_child(
+    backend: str, variant: str, models: Path, args: argparse.Namespace, argv: list[str] | None
+) -> tuple[dict[str, Any], np.ndarray, dict[str, Any] | None]:
+    """`measure` in a fresh process (``--isolate``): each backend gets the whole device, since neither
+    PyTorch's graph pools nor ONNX Runtime's arenas give all their memory back within a process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "child.json"
+        given = list(sys.argv[1:] if argv is None else argv)
+        command = [sys.executable, "-m", "benchmarks.backends", *given, "--models-dir", str(models)]
+        command += ["--child", f"{backend}:{variant}", str(out)]
+        subprocess.run(command, check=True)
+        child = json.loads(out.read_text())
+    return child["result"], np.array(child["scores"]), child["decoding"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -83,13 +145,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-tokens", type=int, default=131072)
     parser.add_argument("--chunk-size", type=int, default=2048)
     parser.add_argument("--spacy-workers", type=int, default=8)
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each backend and variant in a process of its own (default on CUDA)",
+    )
+    parser.add_argument("--child", nargs=2, metavar=("BACKEND:VARIANT", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.isolate is None:
+        args.isolate = args.device.startswith("cuda")
     workload, records = workload_records(args)
     # the tokenizer of the models knows the words of both data sets, as the throughput benchmark's does
     flickr = flickr_workload(Path(args.data_dir))
     models = workload_models(args, [*records, *flickr], "qace-backends-")
     # warm-up captions the timed pass never sees: the other data set's
     warm = flickr[:256] if args.records else pascal_workload(Path(args.data_dir), 256)
+    if args.child:
+        (backend, variant), out = args.child[0].split(":"), args.child[1]
+        result, scores, decoding = measure(backend, variant, models, records, warm, args)
+        Path(out).write_text(json.dumps({"result": result, "scores": scores.tolist(), "decoding": decoding}))
+        return 0
     report: dict[str, Any] = {
         "command": "python -m benchmarks.backends " + shlex.join(argv if argv is not None else sys.argv[1:]),
         **commit(),
@@ -108,41 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         entry: dict[str, Any] = {"variant": variant}
         scores = {}
         for backend in ("torch", "onnx"):
-            start = time.perf_counter()
-            scorer = workload_scorer(
-                models,
-                variant,
-                device=args.device,
-                precision=args.precision,
-                args=args,
-                backend=backend,
-                candidate_cache=True,
-            )
-            setup = time.perf_counter() - start
-            list(scorer.score_records(warm))
-            cuda_sync()
-            start = time.perf_counter()
-            rows = list(scorer.score_records(records))
-            cuda_sync()
-            seconds = time.perf_counter() - start
-            scores[backend] = np.array([r["qace"] for r in rows])
-            entry[backend] = {
-                "captions_per_s": len(records) / seconds,
-                "seconds": seconds,
-                "setup_seconds_incl_export": setup,
-                "mean_qace": float(scores[backend].mean()),
-            }
-            if torch.cuda.is_available():  # the whole device's, so ONNX Runtime's arenas count too
-                free, total = torch.cuda.mem_get_info()
-                entry[backend]["device_used_gb_after"] = round((total - free) / 2**30, 2)
-            print(f"{variant} {backend}: {entry[backend]}", file=sys.stderr, flush=True)
-            if backend == "onnx":
-                entry["onnx_decoding"] = onnx_decoding(scorer)
-            scorer.candidates.close()
-            del scorer  # the next backend gets the device's memory back (ONNX Runtime has its own arena)
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            if args.isolate:
+                result, scores[backend], decoding = _in_child(backend, variant, models, args, argv)
+            else:
+                result, scores[backend], decoding = measure(backend, variant, models, records, warm, args)
+            entry[backend] = result
+            if decoding is not None:
+                entry["onnx_decoding"] = decoding
+            print(f"{variant} {backend}: {result}", file=sys.stderr, flush=True)
         entry["onnx_vs_torch"] = entry["onnx"]["captions_per_s"] / entry["torch"]["captions_per_s"]
         entry["mean_abs_qace_diff"] = float(np.abs(scores["onnx"] - scores["torch"]).mean())
         report["results"].append(entry)

@@ -42,3 +42,24 @@ def test_bad_record_is_named(tmp_path: Path) -> None:
     source.write_text('{"id": "x1", "caption": ""}\n')
     with pytest.raises(SystemExit, match="x1"):
         backends.main(["--tiny", "--records", str(source), "--out", str(tmp_path / "o.json")])
+
+
+def test_isolated_backends_give_the_same_scores(tiny_models: Path, tmp_path: Path) -> None:
+    """``--isolate`` runs each backend in a child process: the same figures come back to one report."""
+    records = flickr_records(6, refs=5)
+    source = tmp_path / "distinct.jsonl"
+    rows = [
+        {"id": r.id, "caption": r.caption, "image_id": r.image_id, "references": list(r.references)}
+        for r in records
+    ]
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["--tiny", "--records", str(source), "--models-dir", str(tiny_models), "--device", "cpu"]
+    argv += ["--precision", "fp32", "--variants", "ref", "--spacy-workers", "0", "--batch-rows", "64"]
+    argv += ["--batch-tokens", "4096", "--chunk-size", "64"]
+    together, apart = tmp_path / "together.json", tmp_path / "apart.json"
+    assert backends.main([*argv, "--out", str(together)]) == 0
+    assert backends.main([*argv, "--isolate", "--out", str(apart)]) == 0
+    (a,), (b,) = (json.loads(p.read_text())["results"] for p in (together, apart))
+    for backend in ("torch", "onnx"):
+        assert a[backend]["mean_qace"] == b[backend]["mean_qace"]
+    assert a["mean_abs_qace_diff"] == b["mean_abs_qace_diff"] and a["onnx_decoding"] == b["onnx_decoding"]
