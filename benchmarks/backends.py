@@ -111,7 +111,7 @@ def measure(
 
 def _in_child(
     backend: str, variant: str, models: Path, args: argparse.Namespace, argv: list[str] | None
-) -> tuple[dict[str, Any], np.ndarray, dict[str, Any] | None]:
+) -> tuple[dict[str, Any], np.ndarray | None, dict[str, Any] | None]:
     """`measure` in a fresh process (``--isolate``): each backend gets the whole device, since neither
     PyTorch's graph pools nor ONNX Runtime's arenas give all their memory back within a process."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,7 +121,8 @@ def _in_child(
         command += ["--child", f"{backend}:{variant}", str(out)]
         subprocess.run(command, check=True)
         child = json.loads(out.read_text())
-    return child["result"], np.array(child["scores"]), child["decoding"]
+    scores = None if child["scores"] is None else np.array(child["scores"])
+    return child["result"], scores, child["decoding"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     warm = flickr[:256] if args.records else pascal_workload(Path(args.data_dir), 256)
     if args.child:
         (backend, variant), out = args.child[0].split(":"), args.child[1]
-        result, scores, decoding = measure(backend, variant, models, records, warm, args)
+        try:
+            result, scores, decoding = measure(backend, variant, models, records, warm, args)
+        except Exception as exc:  # reported in the parent's JSON (an out-of-memory, say), the run goes on
+            failed = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"}
+            if torch.cuda.is_available():
+                free, total = torch.cuda.mem_get_info()
+                failed["device_used_gb_at_error"] = round((total - free) / 2**30, 2)
+            Path(out).write_text(json.dumps({"result": failed, "scores": None, "decoding": None}))
+            return 0
         Path(out).write_text(json.dumps({"result": result, "scores": scores.tolist(), "decoding": decoding}))
         return 0
     report: dict[str, Any] = {
@@ -192,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             if decoding is not None:
                 entry["onnx_decoding"] = decoding
             print(f"{variant} {backend}: {result}", file=sys.stderr, flush=True)
-        entry["onnx_vs_torch"] = entry["onnx"]["captions_per_s"] / entry["torch"]["captions_per_s"]
-        entry["mean_abs_qace_diff"] = float(np.abs(scores["onnx"] - scores["torch"]).mean())
+        if all(scores[b] is not None for b in ("torch", "onnx")):  # a child that failed has no scores
+            entry["onnx_vs_torch"] = entry["onnx"]["captions_per_s"] / entry["torch"]["captions_per_s"]
+            entry["mean_abs_qace_diff"] = float(np.abs(scores["onnx"] - scores["torch"]).mean())
         report["results"].append(entry)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))

@@ -279,8 +279,11 @@ class StaticDecoder:
             for graph_id in self._captured:
                 release(graph_id)
         self._captured.clear()
-        if self._shapes:
-            logger.info("static decoding: %d MB of buffers for a larger batch shape", size >> 20)
+        logger.info(
+            "static decoding: %d MB of buffers%s",
+            size >> 20,
+            " for a larger batch shape" if self._shapes else "",
+        )
         self._shapes.clear()
         self._slab = None  # freed before the larger one is allocated
         self._slab = self.ort.OrtValue.ortvalue_from_shape_and_type((size,), np.uint8, *self.where)

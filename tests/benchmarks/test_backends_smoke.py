@@ -63,3 +63,44 @@ def test_isolated_backends_give_the_same_scores(tiny_models: Path, tmp_path: Pat
     for backend in ("torch", "onnx"):
         assert a[backend]["mean_qace"] == b[backend]["mean_qace"]
     assert a["mean_abs_qace_diff"] == b["mean_abs_qace_diff"] and a["onnx_decoding"] == b["onnx_decoding"]
+
+
+def test_a_failing_backend_is_reported_and_the_run_goes_on(
+    tiny_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child whose backend fails (an out-of-memory, say) writes the error; the parent reports it for that
+    backend, leaves out the ratio it cannot form, and finishes the other backends."""
+    records = flickr_records(4, refs=5)
+    source = tmp_path / "distinct.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"id": r.id, "caption": r.caption, "references": list(r.references)}) + "\n"
+            for r in records
+        )
+    )
+    argv = ["--tiny", "--records", str(source), "--models-dir", str(tiny_models), "--device", "cpu"]
+    argv += ["--precision", "fp32", "--variants", "ref", "--spacy-workers", "0"]
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(
+            "Error in execution:\nFailed to allocate memory for requested buffer of size 134215680"
+        )
+
+    monkeypatch.setattr(backends, "measure", out_of_memory)
+    child_out = tmp_path / "child.json"
+    assert backends.main([*argv, "--child", "onnx:ref", str(child_out)]) == 0
+    child = json.loads(child_out.read_text())
+    assert (
+        child["result"]["error"]
+        == "RuntimeError: Failed to allocate memory for requested buffer of size 134215680"
+    )
+    assert child["scores"] is None
+
+    ok = ({"captions_per_s": 1.0}, backends.np.zeros(4), None)
+    monkeypatch.setattr(
+        backends, "_in_child", lambda backend, *a: ok if backend == "torch" else (child["result"], None, None)
+    )
+    out = tmp_path / "report.json"
+    assert backends.main([*argv, "--isolate", "--out", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["results"]
+    assert entry["onnx"] == child["result"] and "onnx_vs_torch" not in entry
