@@ -12,6 +12,8 @@ the range of real features). Nothing is compared with real weights.
 - ``batched``: `qace.features.extract.extract_features` as ``qace features extract`` runs it: decode
   and resize in ``--workers`` processes with prefetch, ``--batch-size`` images a detector call,
   ``--precision`` (bf16 on a GPU by default), a writer thread filling an HDF5 store;
+  ``input_wait_ms_per_batch`` is how long the detector's thread waited for its next uploaded batch
+  (after the first): near zero while the detector is the limit, the loader's shortfall otherwise;
 - ``loop``: the same detector and precision, one image at a time in the main thread (open, resize,
   detect, write), over ``--loop-images`` images; ``speedup`` and the target compare with this loop;
 - ``loop_fp32`` (when ``--precision`` is not fp32): the same loop in fp32, as the LXMERT demo runs, for
@@ -256,6 +258,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "workers": args.workers,
             "seconds": round(summary.seconds, 4),
             "images_per_s": round(batched_ips, 2),
+            "batches": summary.batches,
+            "input_wait_ms_per_batch": round(1000 * summary.input_wait_s / max(summary.batches - 1, 1), 3),
         },
         "loop": {"images": len(loop_items), "seconds": round(loop_s, 4), "images_per_s": round(loop_ips, 2)},
         "loop_fp32": None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
+from json.encoder import encode_basestring_ascii as _encode_ascii
 from typing import NamedTuple
 
 from qace.data.records import Record, RecordError
@@ -29,12 +30,26 @@ class InputMark(NamedTuple):
 
 def input_mark(item: Record | RecordError) -> InputMark:
     """The mark of ``item``: its line, id and a digest of its content."""
-    if isinstance(item, RecordError):
-        content: list[object] = ["error", item.reason]
-    else:
-        content = [item.caption, item.image_id, item.references, item.image]
-    digest = hashlib.blake2b(json.dumps(content).encode("ascii"), digest_size=8).hexdigest()
+    text = json.dumps(["error", item.reason]) if isinstance(item, RecordError) else _record_json(item)
+    digest = hashlib.blake2b(text.encode("ascii"), digest_size=8).hexdigest()
     return InputMark(item.line, item.id, digest)
+
+
+def _record_json(record: Record) -> str:
+    """``json.dumps([caption, image_id, references, image])``, written out for strings, None and a list or
+    tuple of strings (what the readers give), since it runs for every record; other values go through
+    ``json.dumps``. Strings go through the C encoder ``json.dumps`` itself uses, which raises TypeError for
+    anything but a string."""
+    caption, image_id, references, image = record.caption, record.image_id, record.references, record.image
+    if references is None or isinstance(references, (list, tuple)):
+        try:
+            refs = "null" if references is None else f"[{', '.join(map(_encode_ascii, references))}]"
+            image_id_json = "null" if image_id is None else _encode_ascii(image_id)
+            image_json = "null" if image is None else _encode_ascii(image)
+            return f"[{_encode_ascii(caption)}, {image_id_json}, {refs}, {image_json}]"
+        except TypeError:  # a value that is not a string
+            pass
+    return json.dumps([caption, image_id, references, image])
 
 
 class InputCheck:

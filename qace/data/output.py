@@ -39,6 +39,7 @@ never-half-written guarantee. ``resume=False`` refuses to touch any existing out
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -435,6 +436,7 @@ def _atomic_write(path: Path, lines: list[str]) -> None:
     _fsync_dir(path.parent)
 
 
+@functools.cache
 def _parts() -> Any:
     """`qace.data.parquet_parts`, imported when Parquet output is written (it imports pyarrow)."""
     from qace.data import parquet_parts

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -49,23 +50,43 @@ def plain_row(row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with every value plain (str, int, bool, None, finite float or `JsonText`); raises
     ``ValueError``/``TypeError`` for a non-finite float or a value JSON cannot hold, as ``json.dumps``
     with ``allow_nan=False`` would."""
-    out: dict[str, Any] = {}
+    out = row.copy()
     for key, value in row.items():
-        if hasattr(value, "tolist"):  # numpy scalars and arrays, as the JSONL writer stores them
-            value = value.tolist()
         kind = type(value)
+        if kind is str or value is None or kind is bool:  # the common cases, which have no ``tolist``
+            continue
         if kind is float:
-            if not math.isfinite(value):
-                raise ValueError(f"out of range float value {value!r} in {key!r}")
-        elif kind in _PLAIN:
-            if kind is int and not -(2**63) <= value < 2**63:
-                value = JsonText(value)
-        elif value == []:  # the common case (no flags), without the encoder
-            value = JsonText("[]")
-        else:
-            value = JsonText(_ENCODE(value))
-        out[key] = value
+            if math.isfinite(value):
+                continue
+        elif kind is int:
+            if -(2**63) <= value < 2**63:
+                continue
+        elif kind is list and not value:  # no flags, without the encoder
+            out[key] = _EMPTY_LIST
+            continue
+        out[key] = _plain_value(key, value)
     return out
+
+
+def _plain_value(key: str, value: Any) -> Any:
+    """One value of `plain_row`."""
+    if hasattr(value, "tolist"):  # numpy scalars and arrays, as the JSONL writer stores them
+        value = value.tolist()
+    kind = type(value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise ValueError(f"out of range float value {value!r} in {key!r}")
+    elif kind in _PLAIN:
+        if kind is int and not -(2**63) <= value < 2**63:
+            value = JsonText(value)
+    elif value == []:
+        value = _EMPTY_LIST
+    else:
+        value = JsonText(_ENCODE(value))
+    return value
+
+
+_EMPTY_LIST = JsonText("[]")
 
 
 def _tolist(value: Any) -> Any:
@@ -81,17 +102,16 @@ _ENCODE_TYPED = json.JSONEncoder(ensure_ascii=False).encode
 def chunk_table(rows: list[dict[str, Any]]) -> pa.Table:
     """One chunk's rows (already `plain_row`) as an Arrow table, a column per key in order of first
     appearance (``id`` first), typed by the chunk's own kinds."""
-    keys: dict[str, None] = {"id": None}
-    for row in rows:
-        keys.update(dict.fromkeys(row))
+    keys = dict.fromkeys(chain(("id",), chain.from_iterable(rows)))
     fields, arrays, json_columns = [], [], []
     for key in keys:
-        values = [row.get(key) for row in rows]
-        kind = _unify({_TYPE_KINDS.get(t, "json") for t in set(map(type, values))})
+        values = list(map(dict.get, rows, repeat(key)))
+        types = set(map(type, values))
+        kind = _unify({_TYPE_KINDS.get(t, "json") for t in types})
         if kind == "json":
             values = [_as_json(v) for v in values]
             json_columns.append(key)
-        elif kind == "float":
+        elif kind == "float" and int in types:
             values = [None if v is None else float(v) for v in values]
         fields.append(pa.field(key, _ARROW[kind]))
         arrays.append(pa.array(values, type=_ARROW[kind]))

@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +201,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
             except UnicodeDecodeError:
                 text, bad_bytes = raw.decode("utf-8", errors="surrogateescape"), True
             try:
-                obj = json.loads(text)
+                obj = _parse_line(text)
             except json.JSONDecodeError as exc:
                 reason = f"malformed JSON ({exc.msg} at column {exc.colno})"
                 yield number, where, _Bad("non-UTF-8 bytes" if bad_bytes else reason)
@@ -211,6 +212,23 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
             if bad_bytes:
                 obj = _Bad("non-UTF-8 bytes", obj.get("id") if isinstance(obj, dict) else None)
             yield number, where, obj
+
+
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # what json.loads parses with
+
+
+def _parse_line(text: str) -> Any:
+    """``json.loads(text)``, with its errors; a line that is one JSON object with nothing after it but
+    whitespace (nearly every JSONL line) is parsed by the decoder's scanner alone, without the
+    layers ``json.loads`` goes through to find where the value starts and ends."""
+    if text.startswith("{"):
+        try:
+            obj, end = _SCAN(text, 0)
+        except (StopIteration, ValueError, RecursionError):
+            obj, end = None, -1  # json.loads raises its own error below
+        if end > 0 and not text[end:].strip(" \t\n\r"):  # JSON's whitespace, as json.loads allows
+            return obj
+    return json.loads(text)
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
@@ -438,11 +456,11 @@ def _record(
         return f"image must be a file path string, got {image!r}"
     references = obj.get("references")
     if references is not None:
-        if not isinstance(references, list) or not all(isinstance(r, str) for r in references):
+        if not isinstance(references, list) or not all(map(isinstance, references, repeat(str))):
             return "references must be a list of strings"
         if not references:
             return "references is an empty list"
-        if any(not r.strip() for r in references):
+        if not all(map(str.strip, references)):
             return "references contain an empty string"
         ref_tuple: tuple[str, ...] | None = tuple(references)
     else:
@@ -453,12 +471,10 @@ def _record(
 
 def _as_id(value: Any) -> str | None:
     """Accept string or integer ids (COCO uses integers); anything else or empty is None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
+    if isinstance(value, str):  # the common case first
+        return value if value.strip() and not _has_surrogate(value) else None
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, str) and value.strip() and not _has_surrogate(value):
-        return value
     return None
 
 
@@ -467,7 +483,7 @@ _SURROGATE = re.compile("[\udc80-\udcff]")
 
 def _has_surrogate(text: str) -> bool:
     """True when `text` holds bytes that were not valid UTF-8 (decoded with surrogateescape)."""
-    return _SURROGATE.search(text) is not None
+    return not text.isascii() and _SURROGATE.search(text) is not None
 
 
 def _recorded(lines: Iterable[str], into: list[str]) -> Iterator[str]:

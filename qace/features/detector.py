@@ -451,6 +451,7 @@ class BottomUpDetector(nn.Module):
         self.backbone = Backbone(self.config)
         self.proposal_generator = RPN(self.config)
         self.roi_heads = ROIHeads(self.config)
+        self._staging = _Staging()
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eval()
@@ -526,18 +527,44 @@ class BottomUpDetector(nn.Module):
         dtype: torch.dtype = torch.float32,
         on_stage: Callable[[str], None] | None = None,
     ) -> list[Detection | str]:
-        """Regions of resized BGR uint8 images (`resize_for_detector`) with their original (width, height).
+        """Regions of resized BGR uint8 images (`resize_for_detector`) with their original (width, height):
+        `upload`, then `detect_uploaded`.
 
         ``dtype`` float32 is the exact mode; bfloat16/float16 run the convolutions and heads under
         autocast (features computed in that precision, returned as float32; RoIPool, box decoding, class
         probabilities and NMS in float32). The whole batch goes through each stage at once and comes
         back to the host in one copy per output. ``on_stage``, if given, is called with each stage's
         name as it is issued (upload, backbone, rpn, roi_pool, res5, select, host): a profiler's hook."""
+        batch, sizes = self.upload(images)
+        (on_stage or _no_stage)("upload")
+        return self.detect_uploaded(batch, sizes, images, originals, dtype, on_stage)
+
+    @torch.no_grad()
+    def upload(self, images: Sequence[np.ndarray | Tensor]) -> tuple[Tensor, Tensor]:
+        """Resized BGR uint8 images as one padded, mean-subtracted batch on the detector's device and their
+        (N, 2) valid (h, w) there (`_upload`), for `detect_uploaded`.
+
+        On a GPU everything is queued on the calling thread's current stream without waiting for the GPU
+        (the buffer the images pass through is reused once its previous copy has finished), so another
+        thread may call this for the next batch while `detect_uploaded` runs on this one, provided both
+        threads use the same stream (the default one, unless they set another) and only one thread
+        uploads at a time."""
+        return _upload(images, next(self.parameters()).device, self._staging)
+
+    @torch.no_grad()
+    def detect_uploaded(
+        self,
+        batch: Tensor,
+        sizes: Tensor,
+        images: Sequence[np.ndarray | Tensor],
+        originals: list[tuple[int, int]],
+        dtype: torch.dtype = torch.float32,
+        on_stage: Callable[[str], None] | None = None,
+    ) -> list[Detection | str]:
+        """`detect_resized` on a batch from `upload` of ``images`` (whose shapes scale the boxes back)."""
         c = self.config
-        device = next(self.parameters()).device
+        device = batch.device
         stage = on_stage or _no_stage
-        batch, sizes = _upload(images, device)
-        stage("upload")
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             res4, valid = self.backbone(batch, sizes)
             stage("backbone")
@@ -576,18 +603,70 @@ def _layout(device: torch.device) -> torch.memory_format:
     return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
 
-def _upload(images: Sequence[np.ndarray | Tensor], device: torch.device) -> tuple[Tensor, Tensor]:
+class _Staging:
+    """The host buffer `_upload` sends batches through, kept from batch to batch (allocating pinned memory
+    each batch is slow) and grown when a batch needs more: pinned for a GPU. A batch's copy to the GPU is
+    asynchronous, so the next batch waits for it (an event recorded after it) before filling the buffer
+    again. The copy lands in a device tensor of its own, so the buffer is free once the copy is done,
+    whatever the detector is still doing with earlier batches: one buffer serves any number of uploaded
+    batches waiting for the detector (`qace.features.extract` uploads ahead of it). One uploading thread
+    at a time: two threads uploading at once would fill the same buffer."""
+
+    def __init__(self) -> None:
+        self.buffer: Tensor | None = None
+        self.sent: Any = None  # a torch.cuda.Event after the last copy out of ``buffer``, until waited on
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Staging:
+        return _Staging()  # a copied detector gets a buffer of its own
+
+    def host(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        """A uint8 host tensor of ``shape`` to fill (its contents are whatever the last batch left)."""
+        if self.sent is not None:
+            self.sent.synchronize()
+            self.sent = None
+        pinned, size = device.type == "cuda", math.prod(shape)
+        if self.buffer is None or self.buffer.numel() < size or self.buffer.is_pinned() != pinned:
+            self.buffer = None  # free the old one first
+            self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        return self.buffer[:size].view(shape)
+
+    def copy(self, host: Tensor, device: torch.device) -> Tensor:
+        """``host`` (from `host`) on ``device``; on a GPU asynchronously, remembered for the next `host`."""
+        if device.type != "cuda":
+            return host.to(device)
+        on_device = host.to(device, non_blocking=True)
+        self.sent = torch.cuda.Event()
+        self.sent.record(torch.cuda.current_stream(device))
+        return on_device
+
+
+def _upload(
+    images: Sequence[np.ndarray | Tensor], device: torch.device, staging: _Staging | None = None
+) -> tuple[Tensor, Tensor]:
     """The images zero-padded into one (N, 3, H, W) float32 batch on ``device`` (in `_layout`), the BGR
-    mean subtracted inside each image, and their (N, 2) (h, w) there: one host-to-device copy of uint8."""
+    mean subtracted inside each image, and their (N, 2) (h, w) there: one host-to-device copy of uint8
+    through ``staging`` (a fresh one if None). The padding of the host buffer is left as it is: the mask
+    below sets it to zero on the device."""
+    staging = staging or _Staging()
     h, w = (max(im.shape[k] for im in images) for k in (0, 1))
-    sizes = torch.tensor([im.shape[:2] for im in images], dtype=torch.long, device=device)
-    host = torch.zeros((len(images), h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    sizes = _small_to(torch.tensor([im.shape[:2] for im in images], dtype=torch.long), device)
+    host = staging.host((len(images), h, w, 3), device)
     for i, im in enumerate(images):
         host[i, : im.shape[0], : im.shape[1]] = torch.as_tensor(im)
-    pixels = host.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
-    mean = torch.tensor(PIXEL_MEAN_BGR, device=device).view(1, 3, 1, 1)
+    pixels = staging.copy(host, device).permute(0, 3, 1, 2).float()
+    mean = _small_to(torch.tensor(PIXEL_MEAN_BGR), device).view(1, 3, 1, 1)
     batch = torch.where(_mask(pixels, sizes) > 0, pixels - mean, 0.0)
     return batch.contiguous(memory_format=_layout(device)), sizes
+
+
+def _small_to(values: Tensor, device: torch.device) -> Tensor:
+    """A small host tensor on ``device``; to a GPU through pinned memory and asynchronously, so the caller
+    does not wait for the work already queued there (a plain copy from pageable memory would: `upload`
+    runs beside the detector). PyTorch's pinned-memory cache keeps the pinned copy until the transfer
+    has finished."""
+    if device.type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)
 
 
 def _detections(

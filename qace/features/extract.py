@@ -7,12 +7,13 @@ one, else its file stem (`image_key`), which is what QACE-Img looks up (`qace.fe
 matches ids such as ``COCO_val2014_000000391895`` and ``391895`` to each other).
 
 The work is a pipeline: CPU workers decode and resize images ahead of the GPU (a ``DataLoader`` with
-prefetch), the detector runs on whole batches, and a writer thread appends results to the store, so
-decoding, detection and writing overlap. The store is the same layout `qace.data.features.HDF5Store`
-reads, written in place and resumable: a rerun skips the ids already there. Images that cannot be
-used (unreadable, too small, fewer than 36 regions) are listed with the reason in
-``<store>.errors.jsonl`` (rewritten each run) and nothing else is lost; CMYK, grey, palette and
-alpha images are converted to RGB.
+prefetch), an upload thread takes their batches and queues each on the device (`_Prefetch`, up to two
+ahead), the detector runs on whole batches in the calling thread, and a writer thread appends results
+to the store, so decoding, receiving and uploading, detection and writing overlap. The store is the
+same layout `qace.data.features.HDF5Store` reads, written in place and resumable: a rerun skips the
+ids already there. Images that cannot be used (unreadable, too small, fewer than 36 regions) are
+listed with the reason in ``<store>.errors.jsonl`` (rewritten each run) and nothing else is lost;
+CMYK, grey, palette and alpha images are converted to RGB.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -55,6 +57,11 @@ class ExtractSummary:
     errors: int
     seconds: float
     errors_path: Path
+    batches: int = 0
+    """Batches that reached the detector."""
+    input_wait_s: float = 0.0
+    """Seconds the detector's thread waited for its next uploaded batch, the first batch's wait (the
+    loader's start) not counted: near zero when the detector is the slowest part."""
 
     def line(self) -> str:
         rate = self.extracted / self.seconds if self.seconds > 0 else 0.0
@@ -230,6 +237,88 @@ def decode_batches(
     )
 
 
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+class _Prefetch(Generic[U]):
+    """``prepare`` applied to each item of ``source`` in a thread of its own (inside ``context``), up to
+    ``depth`` results ahead of the iterating thread, which gets them in order. An exception in the thread
+    (from ``source`` or ``prepare``) is raised to the iterating thread once the results before it are
+    taken; `close` (always call it) stops the thread after the item in hand and waits for it.
+    ``waited`` sums the seconds the iterating thread waited for a result, ``count`` counts them."""
+
+    def __init__(
+        self,
+        source: Iterable[T],
+        prepare: Callable[[T], U],
+        *,
+        depth: int = 2,
+        context: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> None:
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self.waited: list[float] = []
+        self._thread = threading.Thread(
+            target=self._run, args=(source, prepare, context), name="qace-feature-upload", daemon=True
+        )
+        self._thread.start()
+
+    def _run(
+        self,
+        source: Iterable[T],
+        prepare: Callable[[T], U],
+        context: Callable[[], AbstractContextManager[Any]],
+    ) -> None:
+        try:
+            with context():
+                for item in source:
+                    if not self._put(("item", prepare(item))):
+                        return
+        except BaseException as exc:  # noqa: BLE001 (handed to the iterating thread, which raises it)
+            self._put(("error", exc))
+            return
+        self._put(("end", None))
+
+    def _put(self, entry: tuple[str, Any]) -> bool:
+        """Queue ``entry`` unless `close` was called first (then False)."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[U]:
+        while True:
+            start = time.perf_counter()
+            kind, value = self._queue.get()
+            self.waited.append(time.perf_counter() - start)
+            if kind == "error":
+                raise value
+            if kind == "end":
+                return
+            yield value
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _same_stream(detector: Any) -> Callable[[], AbstractContextManager[Any]]:
+    """A context for the upload thread: on a GPU, the calling thread's current stream (the default one
+    unless the caller set another), so that each batch's upload is queued before the detector's work on
+    it in one stream and needs no other synchronisation; elsewhere nothing."""
+    import torch
+
+    device = next(detector.parameters()).device
+    if device.type != "cuda":
+        return nullcontext
+    stream = torch.cuda.current_stream(device)
+    return lambda: torch.cuda.stream(stream)
+
+
 def extract_features(
     images: Iterable[ImageItem],
     out_path: str | Path,
@@ -263,21 +352,31 @@ def extract_features(
             written += len(batch) - len(failed)
         writer.flush()
 
+    def upload(batch: list[_Decoded]) -> tuple[list[_Decoded], list[_Decoded], Any]:
+        """In the upload thread: the batch, its usable images and their upload (None if there are none)."""
+        usable = [d for d in batch if d.pixels is not None]
+        return batch, usable, detector.upload([d.pixels for d in usable]) if usable else None
+
     start = time.perf_counter()
     thread = threading.Thread(target=write, name="qace-feature-writer", daemon=True)
     thread.start()
     bar = track("extracting features", total=len(todo), unit="image", enabled=progress)
+    ahead: _Prefetch[tuple[list[_Decoded], list[_Decoded], Any]] | None = None
     try:
-        for batch in decode_batches(todo, detector.config, batch_size, workers):
-            usable = [d for d in batch if d.pixels is not None]
+        # the loader's iterator is made in this thread, so its worker processes start from here as before;
+        # the upload thread then holds the only reference, and shuts the workers down when it ends
+        loader = iter(decode_batches(todo, detector.config, batch_size, workers))
+        ahead = _Prefetch(loader, upload, depth=2, context=_same_stream(detector))
+        del loader
+        for batch, usable, uploaded in ahead:
             errors.extend(
                 {"image_id": d.item.key, "path": d.item.path, "reason": d.error or ""}
                 for d in batch
                 if d.pixels is None
             )
-            if usable:
-                found = detector.detect_resized(
-                    [d.pixels for d in usable], [d.size for d in usable], dtype=dtype
+            if uploaded is not None:
+                found = detector.detect_uploaded(
+                    *uploaded, [d.pixels for d in usable], [d.size for d in usable], dtype=dtype
                 )
                 regions = []
                 for decoded, result in zip(usable, found, strict=True):
@@ -290,6 +389,8 @@ def extract_features(
                 pending.put(regions)
             bar.update(len(batch))
     finally:
+        if ahead is not None:
+            ahead.close()
         pending.put(None)
         thread.join()
         bar.close()
@@ -297,8 +398,15 @@ def extract_features(
     with errors_path.open("w", encoding="utf-8") as f:
         for entry in errors:
             f.write(json.dumps(entry) + "\n")
+    waited = ahead.waited  # the first: the loader's start; the last: for the end of the input
     return ExtractSummary(
-        written, len(items) - len(todo), len(errors), time.perf_counter() - start, errors_path
+        written,
+        len(items) - len(todo),
+        len(errors),
+        time.perf_counter() - start,
+        errors_path,
+        batches=len(waited) - 1,
+        input_wait_s=sum(waited[1:-1]),
     )
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from qace.data.records import Record, RecordError, read_records, require
+from qace.data.records import Record, RecordError, _parse_line, read_records, require
 from qace.errors import InputError
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -316,3 +317,34 @@ def test_parquet_input_rows_are_records_or_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no 'caption' column"):
         pq.write_table(pa.table({"id": ["a"]}), tmp_path / "bare.parquet")
         list(read_records(tmp_path / "bare.parquet"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"id": "a"}',
+        '{"id": "a"}\r\n',
+        '{"id": "a"} \t\n',
+        '{"id": "a"}\x0c',  # not JSON whitespace: extra data
+        '{"id": "a"}\xa0',
+        '{"id": "a"} x',
+        '{"id": "a"}{"id": "b"}',
+        '{"id": ',
+        "{}",
+        ' {"id": "a"}',
+        '{"id": NaN, "x": [1, {"y": null}], "id": "b"}',
+        '{"id": "\\ud800"}',
+        "[1]",
+        "{" * 100_000,
+    ],
+)
+def test_jsonl_lines_parse_as_json_loads(text: str) -> None:
+    def outcome(parse: Any) -> tuple[str, str]:
+        try:
+            return "ok", repr(parse(text))
+        except ValueError as exc:  # JSONDecodeError included
+            return type(exc).__name__, str(exc)
+        except RecursionError:
+            return "RecursionError", ""
+
+    assert outcome(_parse_line) == outcome(json.loads)

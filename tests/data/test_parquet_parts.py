@@ -13,6 +13,7 @@ import pytest
 
 from qace.data import parquet_parts
 from qace.data.output import ResultWriter
+from qace.data.parquet_parts import JsonText, plain_row
 from qace.errors import QACEError
 
 SIG = "QACE-Ref|qg:t5-base|version:0.1.0"
@@ -106,3 +107,34 @@ def test_errors_only_chunks_and_numpy_values(tmp_path: Path) -> None:
         {"id": "a", "score": 0.5, "per_q": "[1.0, 0.0]"},
         {"id": "b", "score": 0.0, "per_q": None},
     ]
+
+
+def test_plain_row_values() -> None:
+    row = {
+        "id": "a",
+        "s": "é",
+        "none": None,
+        "flag": False,
+        "f": 0.25,
+        "n": -(2**63),
+        "big": 2**63,
+        "np_f": np.float64(0.5),
+        "np_i": np.int64(3),
+        "flags": [],
+        "per_q": np.array([1.0, 0.0]),
+        "d": {"é": [1, None]},
+    }
+    plain = plain_row(row)
+    assert list(plain) == list(row)
+    assert plain["big"] == "9223372036854775808" and isinstance(plain["big"], JsonText)
+    assert plain["flags"] == "[]" and isinstance(plain["flags"], JsonText)
+    assert plain["per_q"] == "[1.0, 0.0]" and plain["d"] == '{"é": [1, null]}'
+    assert type(plain["np_f"]) is float and type(plain["np_i"]) is int
+    assert {k: plain[k] for k in ("s", "none", "flag", "f", "n")} == {
+        k: row[k] for k in ("s", "none", "flag", "f", "n")
+    }
+    for bad in (float("nan"), np.float32("inf"), -float("inf")):
+        with pytest.raises(ValueError):
+            plain_row({"id": "b", "x": bad})
+    with pytest.raises(TypeError):
+        plain_row({"id": "c", "x": object()})

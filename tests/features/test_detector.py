@@ -184,6 +184,36 @@ def test_pooled_regions_are_cast_once_to_the_autocast_dtype(detector: BottomUpDe
     assert half.dtype == torch.bfloat16 and torch.equal(half, pooled.bfloat16())
 
 
+def _uploads(device: str, staging: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of decreasing then increasing size through ``_upload``, each batch on the host afterwards."""
+    rng = np.random.default_rng(7)
+    shapes = [[(40, 60), (52, 30)], [(20, 24)], [(64, 80), (10, 90), (70, 12)], [(33, 47)]]
+    batches = [[rng.integers(0, 255, (*hw, 3), dtype=np.uint8) for hw in shape] for shape in shapes]
+    out = [detector_module._upload(images, torch.device(device), staging) for images in batches]
+    return [(batch.cpu(), sizes.cpu()) for batch, sizes in out]
+
+
+def test_upload_reuses_its_host_buffer_with_the_same_batches() -> None:
+    """The staging buffer is kept from batch to batch, grown when needed, and its stale padding does
+    not reach the batch: each batch equals one sent through a fresh buffer."""
+    staging = detector_module._Staging()
+    shared = _uploads("cpu", staging)
+    fresh = _uploads("cpu", None)
+    for (batch, sizes), (alone, alone_sizes) in zip(shared, fresh, strict=True):
+        assert torch.equal(batch, alone) and torch.equal(sizes, alone_sizes)
+    assert staging.buffer is not None and staging.buffer.numel() == 3 * 70 * 90 * 3  # the largest batch
+    assert copy.deepcopy(staging).buffer is None
+
+
+@pytest.mark.gpu
+def test_upload_through_a_pinned_buffer_on_cuda() -> None:
+    staging = detector_module._Staging()
+    shared = _uploads("cuda", staging)
+    assert staging.buffer is not None and staging.buffer.is_pinned()
+    for (batch, sizes), (alone, alone_sizes) in zip(shared, _uploads("cpu", None), strict=True):
+        assert torch.equal(batch, alone) and torch.equal(sizes, alone_sizes)
+
+
 @pytest.mark.gpu
 def test_detector_on_cuda(detector: BottomUpDetector) -> None:
     """fp32 and bf16 on a GPU (pinned upload, channels-last, torchvision's RoIPool where it loads): 36
@@ -205,6 +235,24 @@ def test_detector_on_cuda(detector: BottomUpDetector) -> None:
         half = model.roi_heads.pool(res4, proposals)
     assert half.dtype == torch.bfloat16 and half.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(half, ops.roi_pool(res4, rois, model.config.pooler_resolution, 1 / 16).bfloat16())
+
+
+def test_batches_uploaded_ahead_detect_as_they_do_one_call_at_a_time(detector: BottomUpDetector) -> None:
+    """`detect_resized` is `upload` then `detect_uploaded`; uploading two more batches (through the same
+    host buffer) before detecting the first changes nothing."""
+    shapes = [[(64, 48), (48, 64)], [(100, 40)], [(120, 90), (64, 48), (40, 100)]]
+    batches = [
+        [resize_for_detector(_image(30 + 3 * k + i, w, h), detector.config) for i, (w, h) in enumerate(shape)]
+        for k, shape in enumerate(shapes)
+    ]
+    alone = [detector.detect_resized([r[0] for r in b], [(r[1], r[2]) for r in b]) for b in batches]
+    uploaded = [detector.upload([r[0] for r in b]) for b in batches]
+    for (batch, sizes), resized, expected in zip(uploaded, batches, alone, strict=True):
+        images, originals = [r[0] for r in resized], [(r[1], r[2]) for r in resized]
+        found = detector.detect_uploaded(batch, sizes, images, originals)
+        for det, ref in zip(found, expected, strict=True):
+            assert isinstance(det, Detection) and isinstance(ref, Detection)
+            np.testing.assert_array_equal(det.regions(), ref.regions())
 
 
 def test_stages_are_reported_in_order(detector: BottomUpDetector) -> None:

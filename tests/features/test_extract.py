@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,15 @@ import pytest
 from qace.cli import main
 from qace.data.features import HDF5Store
 from qace.errors import ConfigError, InputError
-from qace.features.extract import ImageItem, RegionWriter, gather_images
+from qace.features import extract as extract_module
+from qace.features.extract import (
+    ImageItem,
+    RegionWriter,
+    decode_batches,
+    extract_features,
+    gather_images,
+    load_detector,
+)
 from qace.testing.detector import make_test_detector
 
 Image = pytest.importorskip("PIL.Image")
@@ -161,3 +170,151 @@ def test_folder_of_images_and_captions_score_with_qace_img_in_one_command(
     cache = tmp_path / "run" / "scores.features.h5"
     with HDF5Store(cache) as store:
         assert sorted(store.ids()) == ["beach", "dog", "kitchen"]
+
+
+def _mixed_folder(folder: Path) -> list[ImageItem]:
+    """Good images of several sizes (so batches differ in shape), with unreadable and too-small ones
+    among them, some batches with none usable."""
+    sizes = [(64, 48), (48, 64), (90, 40), (64, 48), (120, 90), (40, 100), (64, 64), (70, 50)]
+    for i, size in enumerate(sizes):
+        _png(folder / f"good{i}.png", 10 + i, size=size)
+    _png(folder / "good2b.png", 30, size=(8, 8))  # too small
+    (folder / "good5b.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    _png(folder / "zz_tiny.png", 31, size=(6, 9))
+    (folder / "zz_zbroken.png").write_bytes(b"nope")  # the last batch of 2: nothing usable
+    return gather_images(folder)
+
+
+def _one_call_at_a_time(
+    items: list[ImageItem], detector, batch_size: int
+) -> tuple[dict[str, np.ndarray], list[str], list[dict[str, str]]]:
+    """What extraction stored before the upload thread: each loader batch through `detect_resized` in this
+    thread, in order; (regions as the store holds them, ids in order, errors in order)."""
+    regions: dict[str, np.ndarray] = {}
+    errors: list[dict[str, str]] = []
+    for batch in decode_batches(items, detector.config, batch_size, 0):
+        usable = [d for d in batch if d.pixels is not None]
+        errors += [{"image_id": d.item.key, "path": d.item.path, "reason": d.error} for d in batch if d.error]
+        if usable:
+            found = detector.detect_resized([d.pixels for d in usable], [d.size for d in usable])
+            for d, result in zip(usable, found, strict=True):
+                if isinstance(result, str):
+                    errors.append({"image_id": d.item.key, "path": d.item.path, "reason": result})
+                else:
+                    regions[d.item.key] = result.regions().astype(np.float16).astype(np.float32)
+    return regions, list(regions), errors
+
+
+def _stored(out: Path) -> tuple[dict[str, np.ndarray], list[str], list[dict[str, str]]]:
+    with HDF5Store(out) as store:
+        ids = store.ids()
+        regions = {key: store.get(key) for key in ids}
+    errors = [json.loads(line) for line in out.with_name(out.stem + ".errors.jsonl").open()]
+    return regions, ids, errors
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_uploading_ahead_stores_what_one_call_at_a_time_did(
+    detector_dir: Path, tmp_path: Path, workers: int
+) -> None:
+    """The upload thread changes nothing: the same rows in the same order and the same errors, in order,
+    as each batch through `detect_resized` in turn (batches of 2, up to three uploaded ahead)."""
+    detector = load_detector(str(detector_dir), "cpu")
+    items = _mixed_folder(tmp_path / "imgs")
+    summary = extract_features(
+        items, tmp_path / "f.h5", detector, detector_name="t", batch_size=2, workers=workers, progress=False
+    )
+    regions, ids, errors = _stored(tmp_path / "f.h5")
+    want_regions, want_ids, want_errors = _one_call_at_a_time(items, detector, 2)
+    assert ids == want_ids and len(ids) == 8
+    assert errors == want_errors and len(errors) == 4
+    for key in ids:
+        np.testing.assert_array_equal(regions[key], want_regions[key])
+    assert (summary.extracted, summary.errors, summary.batches) == (8, 4, 6)
+    assert summary.input_wait_s >= 0
+
+
+def _broken_after(first: int, exc: Exception):
+    """A stand-in for ``decode_batches`` whose iterator yields ``first`` real batches, then raises."""
+
+    def batches(items, config, batch_size, workers):
+        for k, batch in enumerate(decode_batches(items, config, batch_size, workers)):
+            if k == first:
+                raise exc
+            yield batch
+
+    return batches
+
+
+def test_an_error_in_the_loader_or_the_upload_reaches_the_caller(
+    detector_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raised in the upload thread, raised by `extract_features` after the batches before it are stored;
+    the thread is gone afterwards."""
+    detector = load_detector(str(detector_dir), "cpu")
+    items = [ImageItem(p.stem, str(p)) for p in (_png(tmp_path / f"{i}.png", i) for i in range(6))]
+    with monkeypatch.context() as m:
+        m.setattr(extract_module, "decode_batches", _broken_after(1, OSError("disk gone")))
+        with pytest.raises(OSError, match="disk gone"):
+            extract_features(
+                items, tmp_path / "a.h5", detector, detector_name="t", batch_size=2, progress=False
+            )
+    with HDF5Store(tmp_path / "a.h5") as store:
+        assert store.ids() == ["0", "1"]
+
+    calls = []
+
+    def upload(images):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise RuntimeError("upload failed")
+        return type(detector).upload(detector, images)
+
+    with monkeypatch.context() as m:
+        m.setattr(detector, "upload", upload)
+        with pytest.raises(RuntimeError, match="upload failed"):
+            extract_features(
+                items, tmp_path / "b.h5", detector, detector_name="t", batch_size=2, progress=False
+            )
+    assert not [t for t in threading.enumerate() if t.name == "qace-feature-upload"]
+
+
+def test_an_error_in_the_detector_stops_the_upload_thread(
+    detector_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    detector = load_detector(str(detector_dir), "cpu")
+    items = [ImageItem(p.stem, str(p)) for p in (_png(tmp_path / f"{i}.png", i) for i in range(8))]
+
+    def detect_uploaded(*args, **kwargs):
+        raise ValueError("detector failed")
+
+    monkeypatch.setattr(detector, "detect_uploaded", detect_uploaded)
+    with pytest.raises(ValueError, match="detector failed"):  # while the upload thread has batches queued
+        extract_features(items, tmp_path / "c.h5", detector, detector_name="t", batch_size=1, progress=False)
+    assert not [t for t in threading.enumerate() if t.name == "qace-feature-upload"]
+
+
+@pytest.mark.gpu
+def test_uploading_ahead_on_cuda_stores_what_the_cpu_does(detector_dir: Path, tmp_path: Path) -> None:
+    """On a GPU (pinned buffer reused while up to three batches are uploaded ahead, one stream): the same
+    ids, order and errors as one call at a time on the GPU and as the CPU, and the same regions (TF32 off,
+    so that CUDA's fp32 convolutions are close to the CPU's; the store holds fp16)."""
+    import torch
+
+    items = _mixed_folder(tmp_path / "imgs")
+    cpu = load_detector(str(detector_dir), "cpu")
+    gpu = load_detector(str(detector_dir), "cuda")
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        extract_features(
+            items, tmp_path / "g.h5", gpu, detector_name="t", batch_size=2, workers=2, progress=False
+        )
+        regions, ids, errors = _stored(tmp_path / "g.h5")
+        sequential = _one_call_at_a_time(items, gpu, 2)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    for want_regions, want_ids, want_errors in (sequential, _one_call_at_a_time(items, cpu, 2)):
+        assert ids == want_ids and errors == want_errors and len(ids) == 8
+        for key in ids:
+            np.testing.assert_allclose(regions[key], want_regions[key], rtol=1e-2, atol=1e-3)
