@@ -35,12 +35,13 @@ from typing import Any
 
 from qace.errors import ConfigError
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """2: the decoder graphs return ``next_token`` (and ``answerability``), and ``compact.onnx`` drops rows;
 3: every graph states ONNX IR version 8 (an older ``compact.onnx`` could carry the onnx package's newer
 version, which ONNX Runtime refused to load); 4: the static-cache step (``decoder_static``,
 ``static_init``, the manifest's ``heads``, ``d_kv`` and ``static_steps``), and fp16 graphs clamp with
-Max/Min (ONNX Runtime's CUDA Clip read its computed bounds on the host)."""
+Max/Min (ONNX Runtime's CUDA Clip read its computed bounds on the host); 5: the fp16 guard's "any
+infinity" as a half-precision ReduceMax (it was an int64 ReduceSum, slow on ONNX Runtime's CUDA provider)."""
 MANIFEST = "manifest.json"
 WEIGHTED_GRAPHS = ("encoder", "decoder_init", "decoder", "decoder_static")
 """The graphs traced from the model (the ones int8 quantizes)."""

@@ -105,11 +105,15 @@ def _clamp(h: torch.Tensor) -> torch.Tensor:
     """T5's fp16 overflow guard (`qace.families.t5.ops.clamp_fp16`'s formula; a no-op in other dtypes),
     clamped with Max and Min instead of Clip: ONNX Runtime's CUDA Clip reads its bounds on the host, so a
     Clip bounded by this computed limit copied it to the host at every residual (a synchronisation, and
-    a copy node that rules out CUDA graphs)."""
+    a copy node that rules out CUDA graphs). "Any infinity" is the maximum of a 0/1 half-precision map
+    (Equal, Cast, ReduceMax): ``isinf(h).any()`` exported as casts to double and an int64 ReduceSum,
+    which ONNX Runtime's CUDA provider runs in a generic kernel that took 92% of a T5-base batch's GPU
+    time (docs/onnx.md)."""
     if h.dtype != torch.float16:
         return h
     top = torch.finfo(h.dtype).max
-    limit = torch.where(torch.isinf(h).any(), top - 1000, top)
+    overflowed = (h.abs() == float("inf")).to(h.dtype).amax() > 0
+    limit = torch.where(overflowed, top - 1000, top)
     return torch.minimum(torch.maximum(h, -limit), limit)
 
 
