@@ -33,7 +33,13 @@ import numpy as np
 import torch
 
 from benchmarks.run_info import commit, gpu_name, versions
-from benchmarks.workload import flickr_workload, pascal_workload, workload_models, workload_scorer
+from benchmarks.workload import (
+    device_speed_settings,
+    flickr_workload,
+    pascal_workload,
+    workload_models,
+    workload_scorer,
+)
 from qace.data.records import Record, read_records
 from qace.engine.instrument import cuda_sync
 
@@ -75,13 +81,16 @@ def measure(
 ) -> tuple[dict[str, Any], np.ndarray, dict[str, Any] | None]:
     """One backend on one variant: setup (export included), the untimed warm-up, then the timed pass;
     returns its figures, its per-caption QACE and (ONNX) how each runner decoded."""
+    chosen = device_speed_settings(args.device, backend)  # each backend's own batches unless given
+    rows = args.batch_rows or chosen["max_batch_rows"]
+    tokens = args.batch_tokens or chosen["max_batch_tokens"]
     start = time.perf_counter()
     scorer = workload_scorer(
         models,
         variant,
         device=args.device,
         precision=args.precision,
-        args=args,
+        args=argparse.Namespace(**{**vars(args), "batch_rows": rows, "batch_tokens": tokens}),
         backend=backend,
         candidate_cache=True,
     )
@@ -97,6 +106,8 @@ def measure(
         "captions_per_s": len(records) / seconds,
         "seconds": seconds,
         "setup_seconds_incl_export": setup,
+        "batch_rows": rows,
+        "batch_tokens": tokens,
         "mean_qace": float(scores.mean()),
     }
     if torch.cuda.is_available():  # the whole device's, so ONNX Runtime's arenas count too
@@ -142,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=None)
     parser.add_argument("--precision", default="fp16")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--batch-rows", type=int, default=2048)
-    parser.add_argument("--batch-tokens", type=int, default=131072)
+    parser.add_argument("--batch-rows", type=int, default=None, help="default: the backend's")
+    parser.add_argument("--batch-tokens", type=int, default=None, help="default: each backend's")
     parser.add_argument("--chunk-size", type=int, default=2048)
     parser.add_argument("--spacy-workers", type=int, default=8)
     parser.add_argument(

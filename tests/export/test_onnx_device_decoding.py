@@ -201,8 +201,9 @@ def test_cli_cuda_without_the_gpu_build(test_models_dir, tmp_path, capsys, monke
 
 
 def test_fp16_graphs_keep_the_t5_overflow_guard(exports):
-    """Every residual of an fp16 graph goes through T5's clamp (``isinf`` -> ``where`` -> ``clip``):
-    two per encoder layer, three per decoder layer; fp32 graphs have none."""
+    """Every residual of an fp16 graph goes through T5's clamp (its "any infinity" a ReduceMax, then
+    ``where``, ``max``, ``min``): two per encoder layer, three per decoder layer; fp32 graphs have none. No
+    graph reduces in int64 or casts to double (slow on ONNX Runtime's CUDA provider)."""
     import onnx
 
     layers = json.loads((exports["qg", "fp16"] / "manifest.json").read_text())["layers"]
@@ -210,4 +211,10 @@ def test_fp16_graphs_keep_the_t5_overflow_guard(exports):
     for graph, count in per_layer.items():
         for variant, expected in (("fp16", count * layers), ("fp32", 0)):
             nodes = onnx.load(str(exports["qg", variant] / f"{graph}.onnx")).graph.node
-            assert [n.op_type for n in nodes].count("IsInf") == expected, (graph, variant)
+            assert [n.op_type for n in nodes].count("ReduceMax") == expected, (graph, variant)
+            assert "ReduceSum" not in [n.op_type for n in nodes], (graph, variant)
+            double = onnx.TensorProto.DOUBLE
+            assert not [n for n in nodes if n.op_type == "Cast" and n.attribute[0].i == double], (
+                graph,
+                variant,
+            )
