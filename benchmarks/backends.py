@@ -82,15 +82,15 @@ def measure(
     """One backend on one variant: setup (export included), the untimed warm-up, then the timed pass;
     returns its figures, its per-caption QACE and (ONNX) how each runner decoded."""
     chosen = device_speed_settings(args.device, backend)  # each backend's own batches unless given
-    rows = args.batch_rows or chosen["max_batch_rows"]
-    tokens = args.batch_tokens or chosen["max_batch_tokens"]
+    batch_rows = args.batch_rows or chosen["max_batch_rows"]
+    batch_tokens = args.batch_tokens or chosen["max_batch_tokens"]
     start = time.perf_counter()
     scorer = workload_scorer(
         models,
         variant,
         device=args.device,
         precision=args.precision,
-        args=argparse.Namespace(**{**vars(args), "batch_rows": rows, "batch_tokens": tokens}),
+        args=argparse.Namespace(**{**vars(args), "batch_rows": batch_rows, "batch_tokens": batch_tokens}),
         backend=backend,
         candidate_cache=True,
     )
@@ -106,8 +106,8 @@ def measure(
         "captions_per_s": len(records) / seconds,
         "seconds": seconds,
         "setup_seconds_incl_export": setup,
-        "batch_rows": rows,
-        "batch_tokens": tokens,
+        "batch_rows": batch_rows,
+        "batch_tokens": batch_tokens,
         "mean_qace": float(scores.mean()),
     }
     if torch.cuda.is_available():  # the whole device's, so ONNX Runtime's arenas count too

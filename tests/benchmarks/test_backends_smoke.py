@@ -33,6 +33,8 @@ def test_records_workload_runs_both_backends(tiny_models: Path, tmp_path: Path) 
     assert report["captions"] == N and report["distinct_captions"] == len({r.caption for r in records})
     (entry,) = report["results"]
     assert entry["torch"]["captions_per_s"] > 0 and entry["onnx"]["captions_per_s"] > 0
+    for backend in ("torch", "onnx"):  # the batches given on the command line, as each ran them
+        assert (entry[backend]["batch_rows"], entry[backend]["batch_tokens"]) == (64, 4096)
     assert entry["mean_abs_qace_diff"] < 1e-5  # fp32 on both sides, same forced outputs
     assert entry["onnx_decoding"] == {role: {"static_cache": False} for role in ("qg", "tqa")}  # the CPU's
 
