@@ -344,11 +344,11 @@ def engine_defaults(args: argparse.Namespace) -> None:
             setattr(args, option, chosen[name])
 
 
-def device_speed_settings(device: str) -> dict[str, int]:
-    """All four speed settings a `QACE` on ``device`` uses when given none: the dataclass's, overlaid
-    with the device's (`speed_defaults`)."""
+def device_speed_settings(device: str, backend: str = "torch") -> dict[str, int]:
+    """All four speed settings a `QACE` on ``device`` with ``backend`` uses when given none: the
+    dataclass's, overlaid with the device's (`speed_defaults`)."""
     defaults = QACEConfig()
-    return {name: getattr(defaults, name) for name in SPEED_OPTIONS} | speed_defaults(device)
+    return {name: getattr(defaults, name) for name in SPEED_OPTIONS} | speed_defaults(device, backend)
 
 
 def preload_features(scorer: QACE, records: Sequence[Record]) -> None:

@@ -66,7 +66,8 @@ class QACE(FileScorer):
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
         if config is None:  # settings left open get the device's (`speed_defaults`)
             device = str(settings.get("device", QACEConfig.device))
-            settings = {**speed_defaults(device), **settings}
+            backend = str(settings.get("backend", QACEConfig.backend))
+            settings = {**speed_defaults(device, backend), **settings}
         self.config = (config or QACEConfig()).with_(**settings)
         from qace.engine.feature_cache import FeatureCache
         from qace.kernels.bertscore import BertScoreMatcher

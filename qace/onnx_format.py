@@ -12,7 +12,15 @@ per name in `GRAPHS` and `MANIFEST`:
 - ``decoder`` (with past): `decoder_input_names` (the past K/V laid out as `merge_past` makes them) ->
   `decoder_output_names` (the new self-attention K/V, one position longer);
 - ``compact`` (no weights): `compact_input_names` -> `compact_output_names`: the rows ``index`` of the
-  encoder mask and every past K/V.
+  encoder mask and every past K/V;
+- ``decoder_static`` (a step over a static cache of ``static_steps`` positions, CUDA-graph friendly):
+  `static_input_names` -> `static_output_names`: the greedy state (`STATE`: the token fed, the step
+  index, the ended flags), the forced tokens, the encoder mask, per layer the self-attention cache
+  ``past.{i}.self_*`` (B, H, static_steps, Dk) and the cross K/V -> ``emitted`` (what the greedy loop
+  writes for the step: the token, or -1 once the row had ended) and ``next.<input>`` for every
+  `static_carried` input: the outputs of one step are the inputs of the next;
+- ``static_init`` (no weights): `static_init_input_names` -> `static_init_output_names`: the state
+  after the first step (``decoder_init``'s), written where the first ``decoder_static`` reads it.
 
 Bump `FORMAT_VERSION` when the graphs' inputs, outputs or arithmetic change, or which ONNX Runtime
 versions can load them: cached exports of older formats are then redone.
@@ -27,14 +35,22 @@ from typing import Any
 
 from qace.errors import ConfigError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 5
 """2: the decoder graphs return ``next_token`` (and ``answerability``), and ``compact.onnx`` drops rows;
 3: every graph states ONNX IR version 8 (an older ``compact.onnx`` could carry the onnx package's newer
-version, which ONNX Runtime refused to load)."""
+version, which ONNX Runtime refused to load); 4: the static-cache step (``decoder_static``,
+``static_init``, the manifest's ``heads``, ``d_kv`` and ``static_steps``), and fp16 graphs clamp with
+Max/Min (ONNX Runtime's CUDA Clip read its computed bounds on the host); 5: the fp16 guard's "any
+infinity" as a half-precision ReduceMax (it was an int64 ReduceSum, slow on ONNX Runtime's CUDA provider)."""
 MANIFEST = "manifest.json"
-WEIGHTED_GRAPHS = ("encoder", "decoder_init", "decoder")
+WEIGHTED_GRAPHS = ("encoder", "decoder_init", "decoder", "decoder_static")
 """The graphs traced from the model (the ones int8 quantizes)."""
-GRAPHS = (*WEIGHTED_GRAPHS, "compact")
+WEIGHTLESS_GRAPHS = ("compact", "static_init")
+GRAPHS = (*WEIGHTED_GRAPHS, *WEIGHTLESS_GRAPHS)
+LOOP_GRAPHS = ("encoder", "decoder_init", "decoder", "compact")
+"""What decoding with a growing past runs (the engine's greedy loop)."""
+STATIC_GRAPHS = ("encoder", "decoder_init", "static_init", "decoder_static")
+"""What decoding over a static cache runs."""
 
 ENCODER_INPUTS = ("input_ids", "attention_mask")
 FEATURES = "features"
@@ -42,6 +58,16 @@ FEATURES = "features"
 ENCODER_OUTPUTS = ("encoder_hidden_states", "encoder_attention_mask")
 SELF_KV = ("self_key", "self_value")
 CROSS_KV = ("cross_key", "cross_value")
+STATE = ("decoder_input_ids", "step", "finished")
+"""A static step's greedy state: each row's token to feed (B, 1) int64, the step index (1,) int64 (on
+the device, so that no shape or host value depends on it), each row's ended flag (B,) bool."""
+FORCED = "forced"
+"""(B, static_steps) int64: the token each row must emit at each step (benchmarks), `NOT_FORCED` where
+the greedy choice stands."""
+NOT_FORCED = -1
+EMITTED = "emitted"
+NEXT = "next."
+"""Prefix of a static step's output that is its input of that name at the next step."""
 
 
 def past_names(layers: int, prefix: str, kinds: tuple[str, ...]) -> list[str]:
@@ -73,6 +99,31 @@ def compact_output_names(layers: int) -> list[str]:
     return [f"kept.{name}" for name in compact_input_names(layers)[1:]]
 
 
+def static_carried(layers: int) -> list[str]:
+    """The inputs of ``decoder_static`` that each step returns, updated, as ``next.<input>``."""
+    return [*STATE, *past_names(layers, "past", SELF_KV)]
+
+
+def static_input_names(layers: int) -> list[str]:
+    return [*STATE, FORCED, "encoder_attention_mask", *past_names(layers, "past", SELF_KV + CROSS_KV)]
+
+
+def static_output_names(layers: int) -> list[str]:
+    return [EMITTED, *(NEXT + name for name in static_carried(layers))]
+
+
+def static_init_input_names(layers: int) -> list[str]:
+    """``decoder_init``'s greedy choice and self-attention K/V, the forced tokens and the encoder mask."""
+    return ["next_token", FORCED, "encoder_attention_mask", *past_names(layers, "present", SELF_KV)]
+
+
+def static_init_output_names(layers: int) -> list[str]:
+    """The first step's ``emitted``, then ``next.<input>`` for every ``decoder_static`` input but the
+    cross-attention K/V (``decoder_init`` writes those)."""
+    written = [name for name in static_input_names(layers) if not name.endswith(CROSS_KV)]
+    return [EMITTED, *(NEXT + name for name in written)]
+
+
 def merge_past(self_kv: list[Any], past: list[Any]) -> list[Any]:
     """Next step's past: each layer's new self-attention K/V with its unchanged cross-attention K/V."""
     return [
@@ -89,6 +140,9 @@ def manifest(
     variant: str,
     visual: bool,
     layers: int,
+    heads: int,
+    d_kv: int,
+    static_steps: int,
     start_id: int,
     eos_id: int,
     vocab_size: int,
@@ -96,7 +150,8 @@ def manifest(
     exporter: str,
     versions: dict[str, str],
 ) -> dict[str, Any]:
-    """An export's manifest (the exporter adds ``validation`` and ``export_seconds`` once measured)."""
+    """An export's manifest (the exporter adds ``validation`` and ``export_seconds`` once measured).
+    ``static_steps``: the positions of ``decoder_static``'s cache, the most tokens it decodes."""
     return {
         "format_version": FORMAT_VERSION,
         "source": source,
@@ -105,6 +160,9 @@ def manifest(
         "variant": variant,
         "visual": visual,
         "layers": layers,
+        "heads": heads,
+        "d_kv": d_kv,
+        "static_steps": static_steps,
         "decoder_start_token_id": start_id,
         "eos_token_id": eos_id,
         "vocab_size": vocab_size,
@@ -135,6 +193,9 @@ class GraphInfo:
     """What the runner reads from an export's manifest."""
 
     layers: int
+    heads: int
+    d_kv: int
+    static_steps: int
     visual: bool
     start_id: int
     eos_id: int
@@ -145,6 +206,9 @@ class GraphInfo:
         info = read_manifest(export_dir)
         return cls(
             int(info["layers"]),
+            int(info["heads"]),
+            int(info["d_kv"]),
+            int(info["static_steps"]),
             bool(info["visual"]),
             int(info["decoder_start_token_id"]),
             int(info["eos_token_id"]),

@@ -50,6 +50,14 @@ def test_gpu_batches_follow_the_cards_memory(gb: float, rows: int | None, gpu_me
     assert speed_defaults("cuda:1") == want
 
 
+@pytest.mark.parametrize(("gb", "rows"), [(80, 1024), (40, 512), (24, 256), (16, None)])
+def test_onnx_runtime_gets_half_the_rows(gb: float, rows: int | None, gpu_memory, cores) -> None:
+    gpu_memory(gb)
+    cores(16)
+    chosen = speed_defaults("cuda", "onnx")
+    assert (chosen.get("max_batch_rows"), chosen.get("max_batch_tokens")) == (rows, rows and 64 * rows)
+
+
 def test_a_device_that_cannot_be_asked_gets_no_gpu_defaults(monkeypatch) -> None:
     def missing(device):
         raise AssertionError("Torch not compiled with CUDA enabled")
@@ -67,9 +75,17 @@ def test_spacy_workers_share_the_cores(n: int, engines: int, workers: int, cores
 
 
 def test_given_settings_win_and_a_config_is_taken_as_it_is(test_models_dir, monkeypatch) -> None:
-    monkeypatch.setattr(api, "speed_defaults", lambda device: {"max_batch_rows": 7, "chunk_size": 9})
+    asked = []
+
+    def chosen_for(device: str, backend: str) -> dict[str, int]:
+        asked.append((device, backend))
+        return {"max_batch_rows": 7, "chunk_size": 9}
+
+    monkeypatch.setattr(api, "speed_defaults", chosen_for)
     scorer = QACE(models=test_models_dir, max_batch_rows=5, progress=False)
     assert (scorer.config.max_batch_rows, scorer.config.chunk_size) == (5, 9)
+    QACE(models=test_models_dir, backend="onnx", progress=False)
+    assert asked == [("cpu", "torch"), ("cpu", "onnx")]
     chosen = QACEConfig(progress=False)
     assert QACE(chosen, models=test_models_dir).config == chosen
 

@@ -12,13 +12,14 @@ keeps its caches. Per step:
   (each drop copies the caches, so it is amortised: CTranslate2's trick).
 
 The caller turns the ``(rows, steps)`` output into ids cut at EOS (`qace.engine.batches.cut_at_eos`).
-Backends: the ONNX runner (numpy on the host, its graphs' K/V on the session's device) and the T5
-family's eager decoder (torch, on the model's device). The T5 family's CUDA-graph decoding
-(`qace.families.t5.decode_graphs`) does not run this loop: there the same rules are device operations
-captured inside each step's graph, on fixed-shape static buffers (a graph cannot hand control back to
-the host between its kernels, and its shapes cannot shrink, so no row is dropped); only the stop test
-is left to the host. It keeps the contract (``-1`` after a row ended, answerability at step 0) and the
-EOS cut.
+Backends: the ONNX runner on the CPU (numpy on the host, its graphs' K/V on the session's device) and
+the T5 family's eager decoder (torch, on the model's device). The CUDA-graph decodings, the T5 family's
+(`qace.families.t5.decode_graphs`) and ONNX Runtime's (the exported ``decoder_static`` step,
+`qace.engine.onnx_static`), do not run this loop: there the same rules are device operations captured
+inside each step's graph, on fixed-shape static buffers (a graph cannot hand control back to the host
+between its kernels, and its shapes cannot shrink, so no row is dropped); only the stop test is left
+to the host. They keep the contract (``-1`` after a row ended, answerability at step 0) and the EOS
+cut.
 """
 
 from __future__ import annotations

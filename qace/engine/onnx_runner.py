@@ -1,16 +1,20 @@
-"""ONNX Runtime runner: the engine's greedy loop (`engine.greedy`) on exported graphs (`qace.onnx_format`).
+"""ONNX Runtime runner: greedy decoding of exported graphs (`qace.onnx_format`), on the CPU or CUDA.
 
 Same contract as :class:`qace.engine.torch_runner.TorchRunner`: encoder once per batch, first decoder
-step through ``decoder_init`` (which also returns the cross-attention K/V), later steps through
-``decoder`` with the past K/V fed back; answerability from the first step's logits; stop when every
-row has emitted EOS.
+step through ``decoder_init`` (which also returns the cross-attention K/V), answerability from the first
+step's logits, stop when every row has emitted EOS. Two ways to decode the later steps, one per device
+by default (``static_cache``):
 
-Decoding stays on the session's device (CPU or CUDA alike): every graph runs through IO binding, the
-encoder states and K/V are ``OrtValue``s on that device fed from one step to the next, and the only
-values copied to the host per step are the graphs' ``next_token`` (the argmax, taken inside the graph)
-and, at the first step, ``answerability``: one id and one float per row, never the logits. Finished
-rows are dropped on the device by the ``compact`` graph once at most half the rows are still running
-(as the PyTorch runner does: each drop copies the K/V, so it is amortised).
+- CPU: the engine's greedy loop (`qace.engine.greedy`) on ``decoder`` with the past K/V fed back, one
+  position longer each step; finished rows are dropped on the device by the ``compact`` graph once at
+  most half the rows are still running (as the PyTorch runner does: each drop copies the K/V, so it is
+  amortised). Cheapest on a CPU, where a step costs its arithmetic, not its launches.
+- CUDA: ``decoder_static`` over a static cache, replayed from CUDA graphs (`qace.engine.onnx_static`).
+
+Either way decoding stays on the session's device: every graph runs through IO binding, the encoder
+states and K/V are ``OrtValue``s on that device fed from one step to the next, and the only values
+copied to the host per step are one token id per row (the argmax is taken inside the graph) and, at the
+first step, ``answerability``: never the logits.
 
 Runtime needs only numpy and onnxruntime; torch is touched only to mirror its thread count.
 """
@@ -28,12 +32,14 @@ import numpy as np
 from qace.engine import instrument
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.greedy import NumpyArrays, greedy_decode
+from qace.engine.onnx_static import StaticDecoder, bind_feeds
 from qace.errors import BackendUnavailableError, ConfigError
 from qace.onnx_format import (
     ENCODER_INPUTS,
     ENCODER_OUTPUTS,
     FEATURES,
-    GRAPHS,
+    LOOP_GRAPHS,
+    STATIC_GRAPHS,
     GraphInfo,
     compact_input_names,
     compact_output_names,
@@ -92,8 +98,11 @@ def _device_id(device: str) -> int:
     return int(index)
 
 
-def make_session(path: Path, *, device: str = "cpu", threads: int | None = None) -> Any:
-    """An InferenceSession with full graph optimisation on the provider matching ``device``."""
+def make_session(
+    path: Path, *, device: str = "cpu", threads: int | None = None, cuda_graph: bool = False
+) -> Any:
+    """An InferenceSession with full graph optimisation on the provider matching ``device``;
+    ``cuda_graph``: the CUDA provider captures and replays its runs (``enable_cuda_graph``)."""
     ort = import_ort()
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -104,7 +113,14 @@ def make_session(path: Path, *, device: str = "cpu", threads: int | None = None)
     providers: list[Any] = ["CPUExecutionProvider"]
     if device.startswith("cuda"):
         # TF32 matmuls (ORT's default on Ampere and later) would make fp32 graphs lossy
-        cuda = {"device_id": _device_id(device), "use_tf32": 0}
+        # the arena grows by what a run asks for, not to the next power of two: a fp16 T5-base batch of
+        # 2,048 rows would otherwise reserve up to twice its working memory in each session
+        cuda = {
+            "device_id": _device_id(device),
+            "use_tf32": 0,
+            "enable_cuda_graph": int(cuda_graph),
+            "arena_extend_strategy": "kSameAsRequested",
+        }
         providers.insert(0, ("CUDAExecutionProvider", cuda))
     return ort.InferenceSession(str(path), sess_options=options, providers=providers)
 
@@ -112,15 +128,39 @@ def make_session(path: Path, *, device: str = "cpu", threads: int | None = None)
 class OnnxRunner:
     """Runs one exported seq2seq model (T5 or Visual-T5) on batches planned by the scheduler."""
 
-    def __init__(self, export_dir: str | Path, *, device: str = "cpu", threads: int | None = None) -> None:
+    def __init__(
+        self,
+        export_dir: str | Path,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        static_cache: bool | None = None,
+        max_batch: tuple[int, int] | None = None,
+    ) -> None:
+        """``static_cache``: decode over ``decoder_static`` (default on CUDA, where it runs as CUDA
+        graphs) rather than the growing-past loop (default on the CPU); see the module docstring.
+        ``max_batch``: the scheduler's (rows, tokens) batch limits, which size the static cache's
+        buffers once (`qace.engine.onnx_static`)."""
         self.export_dir = Path(export_dir)
         self.info = GraphInfo.read(self.export_dir)
         self.device = device
+        cuda = device.startswith("cuda")
+        self.static_cache = cuda if static_cache is None else static_cache
         self.sessions = {
-            name: make_session(self.export_dir / f"{name}.onnx", device=device, threads=threads)
-            for name in GRAPHS
+            name: make_session(
+                self.export_dir / f"{name}.onnx",
+                device=device,
+                threads=threads,
+                cuda_graph=cuda and name == "decoder_static",
+            )
+            for name in (STATIC_GRAPHS if self.static_cache else LOOP_GRAPHS)
         }
-        self._where = ("cuda", _device_id(device)) if device.startswith("cuda") else ("cpu", 0)
+        self._where = ("cuda", _device_id(device)) if cuda else ("cpu", 0)
+        self.static = (
+            StaticDecoder(self.sessions, self.info, self._where, capture=cuda, max_batch=max_batch)
+            if self.static_cache
+            else None
+        )
         layers = self.info.layers
         self._init_outputs = init_output_names(layers)[1:]  # the logits stay in the graph
         self._step_inputs = decoder_input_names(layers)
@@ -144,15 +184,20 @@ class OnnxRunner:
         hidden, mask = self._run("encoder", feeds, ENCODER_OUTPUTS)
         force = instrument.of(self).force_tokens
         forced = None if force is None else np.asarray(force(batch, max_new_tokens), dtype=np.int64)
-        out, answerability = greedy_decode(
-            _OnnxSteps(self, hidden, mask, unanswerable_id),
-            len(batch.input_ids),
-            start_id=self.info.start_id,
-            eos_id=self.info.eos_id,
-            max_new_tokens=max_new_tokens,
-            unanswerable_id=unanswerable_id,
-            forced=forced,
-        )
+        if self.static is not None:
+            out, answerability = self.static.decode(
+                hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
+            )
+        else:
+            out, answerability = greedy_decode(
+                _OnnxSteps(self, hidden, mask, unanswerable_id),
+                len(batch.input_ids),
+                start_id=self.info.start_id,
+                eos_id=self.info.eos_id,
+                max_new_tokens=max_new_tokens,
+                unanswerable_id=unanswerable_id,
+                forced=forced,
+            )
         return Generated(tokens=cut_at_eos(out, self.info.eos_id), answerability=answerability)
 
     def _run(
@@ -162,11 +207,7 @@ class OnnxRunner:
         ``outputs`` come back as OrtValues on the session's device, except the names in ``host``, which
         are copied to the host and returned as numpy arrays."""
         binding = self.sessions[graph].io_binding()
-        for name, value in feeds.items():
-            if isinstance(value, np.ndarray):
-                binding.bind_cpu_input(name, value)
-            else:
-                binding.bind_ortvalue_input(name, value)
+        bind_feeds(binding, feeds)
         for name in outputs:
             binding.bind_output(name, *(("cpu", 0) if name in host else self._where))
         self.sessions[graph].run_with_iobinding(binding)

@@ -36,10 +36,12 @@ def runner_for(
     device: str = "cpu",
     fingerprint: str | None = None,
     threads: int | None = None,
+    max_batch: tuple[int, int] | None = None,
 ) -> OnnxRunner:
     """An ONNX Runtime runner for a loaded model, exporting and validating it on first use.
 
-    ``precision``: ``fp32`` (exact), ``fp16`` (meant for CUDA) or ``int8`` (dynamic quantization, CPU).
+    ``precision``: ``fp32`` (exact), ``fp16`` (meant for CUDA) or ``int8`` (dynamic quantization, CPU);
+    ``max_batch``: the scheduler's (rows, tokens) batch limits (`qace.engine.onnx_runner.OnnxRunner`).
     """
     if precision not in ("fp32", "fp16", "int8"):
         raise ConfigError(
@@ -47,7 +49,7 @@ def runner_for(
         )
     check_device(device)
     export_dir = ensure_export(source, model, precision, fingerprint=fingerprint, device=device)
-    return OnnxRunner(export_dir, device=device, threads=threads)
+    return OnnxRunner(export_dir, device=device, threads=threads, max_batch=max_batch)
 
 
 def cache_root() -> Path:

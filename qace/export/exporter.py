@@ -1,4 +1,4 @@
-"""Export one QG/TQA/Visual-T5 model to three ONNX graphs, validate them, and write a manifest.
+"""Export one QG/TQA/Visual-T5 model to its ONNX graphs, validate them, and write a manifest.
 
 Exporter choice: ``torch.onnx.export`` (TorchScript tracing) on the wrappers in ``qace.export.graphs``
 for all three model kinds. Optimum was the first choice for QG/TQA, but every optimum release that
@@ -24,13 +24,15 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from qace import __version__
 from qace import onnx_format as fmt
 from qace.engine.onnx_runner import import_ort
 from qace.errors import ConfigError
 from qace.export import graphs
-from qace.export.validate import ValidationReport, validate_export
+from qace.export.static_graphs import StaticInit, StaticStep
+from qace.export.validate import VALIDATION_STEPS, ValidationReport, validate_export
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +81,8 @@ def _kv_axes(names: list[str], length: str) -> dict[str, dict[int, str]]:
     return {n: {0: "batch", 2: length if "self" in n else "encoder_length"} for n in names}
 
 
-def _export_graphs(model: Any, out: Path) -> None:
-    """Trace the encoder, first-step decoder and decoder-with-past graphs of ``model`` into ``out``."""
+def _export_graphs(model: Any, out: Path, steps: int) -> None:
+    """Trace every graph of ``model`` into ``out`` (the static-cache step over ``steps`` positions)."""
     config = model.config
     layers = config.num_decoder_layers
     dtype = next(model.parameters()).dtype
@@ -153,6 +155,7 @@ def _export_graphs(model: Any, out: Path) -> None:
         _, _, _, *past = graphs.DecoderInit(model)(token, hidden, enc_mask, unanswerable)
         # Two steps of past, so no past axis is traced as the constant 1.
         _, _, *selfkv = graphs.DecoderWithPast(model)(token, enc_mask, *past)
+    init_selfkv = [kv for i, kv in enumerate(past) if i % 4 < 2]
     past = fmt.merge_past(selfkv, past)
     dec_in, dec_out = fmt.decoder_input_names(layers), fmt.decoder_output_names(layers)
     _export_graph(
@@ -170,14 +173,57 @@ def _export_graphs(model: Any, out: Path) -> None:
             **_kv_axes(dec_out[2:], "past_length_plus_1"),
         },
     )
-    _write_compact(out, layers, dtype)
-
-
-def _write_compact(out: Path, layers: int, dtype: torch.dtype) -> None:
+    _export_static(model, out, steps, enc_mask, init_selfkv, past)
     from onnx import TensorProto
 
     float_type = TensorProto.FLOAT16 if dtype == torch.float16 else TensorProto.FLOAT
     graphs.write_compact_graph(out / "compact.onnx", layers, float_type)
+
+
+def _export_static(
+    model: Any,
+    out: Path,
+    steps: int,
+    enc_mask: torch.Tensor,
+    first: list[torch.Tensor],
+    past: list[torch.Tensor],
+) -> None:
+    """Trace ``static_init`` (fed ``decoder_init``'s self K/V ``first``) and ``decoder_static`` (fed the
+    layout of ``past``, its self K/V padded to ``steps`` positions) into ``out``."""
+    layers = int(model.config.num_decoder_layers)
+    batch = enc_mask.shape[0]
+    forced = torch.full((batch, steps), fmt.NOT_FORCED, dtype=torch.long)
+    batch_only = {0: "batch"}
+    encoder = {0: "batch", 1: "encoder_length"}
+    init_in, init_out = fmt.static_init_input_names(layers), fmt.static_init_output_names(layers)
+    next_token = torch.tensor([5, int(model.config.eos_token_id)], dtype=torch.long)
+    _export_graph(
+        StaticInit(steps, int(model.config.eos_token_id)),
+        (next_token, forced, enc_mask, *first),
+        out / "static_init.onnx",
+        init_in,
+        init_out,
+        {
+            **{name: batch_only for name in init_in + init_out if name not in ("next.step",)},
+            "encoder_attention_mask": encoder,
+            "next.encoder_attention_mask": encoder,
+        },
+    )
+    caches = [F.pad(kv, (0, 0, 0, steps - kv.shape[2])) if i % 4 < 2 else kv for i, kv in enumerate(past)]
+    state = (next_token[:, None], torch.tensor([2]), torch.zeros(batch, dtype=torch.bool))
+    step_in, step_out = fmt.static_input_names(layers), fmt.static_output_names(layers)
+    _export_graph(
+        StaticStep(model, steps),
+        (*state, forced, enc_mask, *caches),
+        out / "decoder_static.onnx",
+        step_in,
+        step_out,
+        {
+            **{name: batch_only for name in step_in + step_out if "step" not in name},
+            "encoder_attention_mask": encoder,
+            **{name: {0: "batch", 2: "encoder_length"} for name in step_in if name.endswith(fmt.CROSS_KV)},
+        },
+    )
 
 
 def _quantize(src: Path, dst: Path) -> None:
@@ -222,8 +268,13 @@ def export_model(
     source: str = "",
     validate: bool = True,
     validation_device: str = "cpu",
+    steps: int = VALIDATION_STEPS,
 ) -> ExportResult:
     """Export ``model`` (T5 or Visual-T5) as ``variant`` into ``out_dir`` and validate it there.
+
+    ``steps``: the positions of the static-cache step's self-attention cache, so the most new tokens
+    that decoding over it can produce (default: as many as the export is validated over, which covers
+    every answer the metric decodes).
 
     The graphs are written to a temporary directory next to ``out_dir`` and moved into place only after
     validation passed, so a failed export never leaves a directory that looks usable. Raises
@@ -242,12 +293,13 @@ def export_model(
         if variant == "int8":
             fp32_dir = tmp / "fp32"
             fp32_dir.mkdir()
-            _export_graphs(reference, fp32_dir)
+            _export_graphs(reference, fp32_dir, steps)
             _quantize(fp32_dir, graphs_dir)
-            _write_compact(graphs_dir, int(model.config.num_decoder_layers), torch.float32)
+            for name in fmt.WEIGHTLESS_GRAPHS:
+                shutil.copy(fp32_dir / f"{name}.onnx", graphs_dir)
         else:
-            _export_graphs(_prepared(model, variant), graphs_dir)
-        manifest = _manifest(model, variant, fingerprint, source)
+            _export_graphs(_prepared(model, variant), graphs_dir, steps)
+        manifest = _manifest(model, variant, fingerprint, source, steps)
         fmt.write_manifest(graphs_dir, manifest)
         report = validate_export(
             reference, graphs_dir, variant=variant, device=validation_device, enforce=validate
@@ -271,7 +323,7 @@ def export_model(
     return ExportResult(out, variant, report, seconds)
 
 
-def _manifest(model: Any, variant: str, fingerprint: str, source: str) -> dict[str, Any]:
+def _manifest(model: Any, variant: str, fingerprint: str, source: str, steps: int) -> dict[str, Any]:
     import onnx
 
     ort = import_ort()
@@ -282,6 +334,9 @@ def _manifest(model: Any, variant: str, fingerprint: str, source: str) -> dict[s
         variant=variant,
         visual=is_visual(model),
         layers=int(config.num_decoder_layers),
+        heads=int(config.num_heads),
+        d_kv=int(config.d_kv),
+        static_steps=steps,
         start_id=int(config.decoder_start_token_id),
         eos_id=int(config.eos_token_id),
         vocab_size=int(config.vocab_size),

@@ -26,7 +26,9 @@ Graphs (their names, inputs and outputs are the export format, `qace.onnx_format
   ``present.{i}.self_value`` (T + 1).
 - ``compact`` (built with ``onnx.helper``, no weights): ``index`` (K,) and ``encoder_attention_mask``
   plus every ``past.*`` input of ``decoder`` -> the same tensors with only the rows in ``index``,
-  named ``kept.<input>``, so finished rows are dropped where the K/V live.
+  named ``kept.<input>``, so finished rows are dropped where the K/V live;
+- ``decoder_static`` and ``static_init``: the step over a static cache, for CUDA graphs
+  (`qace.export.static_graphs`, built on `decoder_step` here).
 
 The decoding loop needs only ``next_token`` (and ``answerability``) on the host; ``logits`` stay
 outputs for the export validation, which compares them with PyTorch's.
@@ -35,13 +37,14 @@ outputs for the export validation, which compares them with PyTorch's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from qace.families.t5.ops import clamp_fp16, rms_norm
+from qace.families.t5.ops import rms_norm
 from qace.onnx_format import compact_input_names, compact_output_names
 
 OPSET = 17
@@ -70,7 +73,7 @@ def _bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_d
     return buckets + torch.where(is_small, relative, large)
 
 
-def _position_bias(
+def position_bias(
     attn: Any, config: Any, query: torch.Tensor, key: torch.Tensor, decoder: bool
 ) -> torch.Tensor:
     """(1, H, Q, K) bias for query positions ``query`` and key positions ``key`` (1-D long tensors)."""
@@ -85,15 +88,36 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
 
 
-def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Unscaled dot-product attention (T5), softmax in the activation dtype like HF's eager path."""
+def _one_position_heads(x: torch.Tensor, config: Any) -> torch.Tensor:
+    """(B, 1, H * Dk) -> (B, H, 1, Dk), reshaped by constants only (`_heads` reads the shape in the graph)."""
+    return x.reshape(-1, 1, config.num_heads, config.d_kv).transpose(1, 2)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Unscaled dot-product attention (T5), softmax in the activation dtype like HF's eager path:
+    ``(B, Q, H, Dk)``, heads not merged yet."""
     scores = torch.matmul(q, k.transpose(2, 3)) + bias
     weights = torch.softmax(scores, dim=-1)
-    out = torch.matmul(weights, v).transpose(1, 2)
-    return attn.o(out.reshape(out.shape[0], out.shape[1], -1))
+    return torch.matmul(weights, v).transpose(1, 2)
 
 
-def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _clamp(h: torch.Tensor) -> torch.Tensor:
+    """T5's fp16 overflow guard (`qace.families.t5.ops.clamp_fp16`'s formula; a no-op in other dtypes),
+    clamped with Max and Min instead of Clip: ONNX Runtime's CUDA Clip reads its bounds on the host, so a
+    Clip bounded by this computed limit copied it to the host at every residual (a synchronisation, and
+    a copy node that rules out CUDA graphs). "Any infinity" is the maximum of a 0/1 half-precision map
+    (Equal, Cast, ReduceMax): ``isinf(h).any()`` exported as casts to double and an int64 ReduceSum,
+    which ONNX Runtime's CUDA provider runs in a generic kernel that took 92% of a T5-base batch's GPU
+    time (docs/onnx.md)."""
+    if h.dtype != torch.float16:
+        return h
+    top = torch.finfo(h.dtype).max
+    overflowed = (h.abs() == float("inf")).to(h.dtype).amax() > 0
+    limit = torch.where(overflowed, top - 1000, top)
+    return torch.minimum(torch.maximum(h, -limit), limit)
+
+
+def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, S) 1/0 mask -> (B, 1, 1, S) additive bias (0 or the dtype's minimum), as transformers does."""
     return ((1 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min).to(dtype)
 
@@ -107,20 +131,16 @@ def _encoder_stack(stack: Any, config: Any, embeds: torch.Tensor, mask: torch.Te
     heads = config.num_heads
     positions = torch.arange(embeds.shape[1], dtype=torch.long, device=embeds.device)
     first = stack.block[0].layer[0].SelfAttention
-    bias = _position_bias(first, config, positions, positions, decoder=False).to(embeds.dtype)
-    bias = bias + _mask_bias(mask, embeds.dtype)
+    bias = position_bias(first, config, positions, positions, decoder=False).to(embeds.dtype)
+    bias = bias + mask_bias(mask, embeds.dtype)
     x = embeds
     for block in stack.block:
         layer = block.layer[0]
         attn = layer.SelfAttention
         h = rms_norm(x, layer.layer_norm, fused=False)
-        x = clamp_fp16(
-            x
-            + _attend(
-                attn, _heads(attn.q(h), heads), _heads(attn.k(h), heads), _heads(attn.v(h), heads), bias
-            )
-        )
-        x = clamp_fp16(_ff(block, x))
+        out = _attention(_heads(attn.q(h), heads), _heads(attn.k(h), heads), _heads(attn.v(h), heads), bias)
+        x = _clamp(x + attn.o(out.reshape(out.shape[0], out.shape[1], -1)))
+        x = _clamp(_ff(block, x))
     return rms_norm(x, stack.final_layer_norm, fused=False)
 
 
@@ -161,40 +181,53 @@ class VisualEncoder(nn.Module):
         return _encoder_stack(self.model.encoder, self.model.config, embeds, mask), mask
 
 
-def _decoder_step(
+SelfCache = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""How a decoder step keeps its self-attention keys and values: layer ``i``'s new key and value
+``(B, H, 1, Dk)`` -> the keys and values the step's query attends to, which the step also returns for
+that layer (appended to the past, written into a static cache, or alone at the first step)."""
+
+
+def decoder_step(
     model: Any,
     token: torch.Tensor,
+    self_bias: torch.Tensor,
     enc_bias: torch.Tensor,
-    self_kv: list[tuple[torch.Tensor, torch.Tensor]] | None,
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    self_cache: SelfCache,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One greedy step for every row: fp32 logits (B, V) and the new self-attention K/V per layer."""
+    """One greedy step for every row (one query position): fp32 logits (B, V) and, per layer, the
+    self-attention keys and values ``self_cache`` gave. ``self_bias`` is the position bias (future
+    masked) over those keys; ``enc_bias`` the encoder padding's. Reshapes use constants only."""
     config, stack = model.config, model.decoder
-    heads = config.num_heads
+    width = config.num_heads * config.d_kv
     x = stack.embed_tokens(token)
-    past = 0 if self_kv is None else self_kv[0][0].shape[2]
-    keys = torch.arange(past + 1, dtype=torch.long, device=token.device)
-    first = stack.block[0].layer[0].SelfAttention
-    self_bias = _position_bias(first, config, keys[-1:], keys, decoder=True).to(x.dtype)
     presents: list[torch.Tensor] = []
     for i, block in enumerate(stack.block):
         layer = block.layer[0]
         attn = layer.SelfAttention
         h = rms_norm(x, layer.layer_norm, fused=False)
-        k, v = _heads(attn.k(h), heads), _heads(attn.v(h), heads)
-        if self_kv is not None:
-            k, v = torch.cat([self_kv[i][0], k], dim=2), torch.cat([self_kv[i][1], v], dim=2)
+        k, v = self_cache(i, _one_position_heads(attn.k(h), config), _one_position_heads(attn.v(h), config))
         presents += [k, v]
-        x = clamp_fp16(x + _attend(attn, _heads(attn.q(h), heads), k, v, self_bias))
+        out = _attention(_one_position_heads(attn.q(h), config), k, v, self_bias)
+        x = _clamp(x + attn.o(out.reshape(-1, 1, width)))
         layer = block.layer[1]
         attn = layer.EncDecAttention
         h = rms_norm(x, layer.layer_norm, fused=False)
-        x = clamp_fp16(x + _attend(attn, _heads(attn.q(h), heads), cross_kv[i][0], cross_kv[i][1], enc_bias))
-        x = clamp_fp16(_ff(block, x))
+        out = _attention(_one_position_heads(attn.q(h), config), cross_kv[i][0], cross_kv[i][1], enc_bias)
+        x = _clamp(x + attn.o(out.reshape(-1, 1, width)))
+        x = _clamp(_ff(block, x))
     x = rms_norm(x, stack.final_layer_norm, fused=False)
     if getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
         x = x * (config.d_model**-0.5)
     return model.lm_head(x)[:, 0, :].float(), presents
+
+
+def _causal_bias(model: Any, past: Any) -> torch.Tensor:
+    """``(1, H, 1, past + 1)`` position bias of a query at position ``past`` over the keys up to it."""
+    keys = torch.arange(past + 1, dtype=torch.long)
+    first = model.decoder.block[0].layer[0].SelfAttention
+    bias = position_bias(first, model.config, keys[-1:], keys, decoder=True)
+    return bias.to(model.decoder.embed_tokens.weight.dtype)
 
 
 class DecoderInit(nn.Module):
@@ -218,8 +251,11 @@ class DecoderInit(nn.Module):
             cross.append(
                 (_heads(attn.k(encoder_hidden_states), heads), _heads(attn.v(encoder_hidden_states), heads))
             )
-        enc_bias = _mask_bias(encoder_attention_mask, encoder_hidden_states.dtype)
-        logits, presents = _decoder_step(self.model, decoder_input_ids, enc_bias, None, cross)
+        enc_bias = mask_bias(encoder_attention_mask, encoder_hidden_states.dtype)
+        self_bias = _causal_bias(self.model, 0)
+        logits, presents = decoder_step(
+            self.model, decoder_input_ids, self_bias, enc_bias, cross, lambda i, k, v: (k, v)
+        )
         unanswerable = torch.index_select(torch.softmax(logits, dim=-1), 1, unanswerable_id)[:, 0]
         out: list[torch.Tensor] = [logits, logits.argmax(dim=-1), 1.0 - unanswerable]
         for i, (k, v) in enumerate(cross):
@@ -237,10 +273,14 @@ class DecoderWithPast(nn.Module):
     def forward(
         self, decoder_input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *past: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        self_kv = [(past[4 * i], past[4 * i + 1]) for i in range(len(past) // 4)]
         cross_kv = [(past[4 * i + 2], past[4 * i + 3]) for i in range(len(past) // 4)]
-        enc_bias = _mask_bias(encoder_attention_mask, past[0].dtype)
-        logits, presents = _decoder_step(self.model, decoder_input_ids, enc_bias, self_kv, cross_kv)
+
+        def grow(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.cat([past[4 * i], k], dim=2), torch.cat([past[4 * i + 1], v], dim=2)
+
+        enc_bias = mask_bias(encoder_attention_mask, past[0].dtype)
+        self_bias = _causal_bias(self.model, past[0].shape[2])
+        logits, presents = decoder_step(self.model, decoder_input_ids, self_bias, enc_bias, cross_kv, grow)
         return (logits, logits.argmax(dim=-1), *presents)
 
 

@@ -25,7 +25,12 @@ def _runner(model: Any, config: QACEConfig, source: str, fingerprint: str) -> An
         from qace.export.cache import runner_for
 
         return runner_for(
-            model, source, precision=config.precision, device=config.device, fingerprint=fingerprint
+            model,
+            source,
+            precision=config.precision,
+            device=config.device,
+            fingerprint=fingerprint,
+            max_batch=(config.max_batch_rows, config.max_batch_tokens),
         )
     raise BackendUnavailableError(f"backend {config.backend!r} is not available; use --backend torch or onnx")
 

@@ -33,7 +33,10 @@ def test_records_workload_runs_both_backends(tiny_models: Path, tmp_path: Path) 
     assert report["captions"] == N and report["distinct_captions"] == len({r.caption for r in records})
     (entry,) = report["results"]
     assert entry["torch"]["captions_per_s"] > 0 and entry["onnx"]["captions_per_s"] > 0
+    for backend in ("torch", "onnx"):  # the batches given on the command line, as each ran them
+        assert (entry[backend]["batch_rows"], entry[backend]["batch_tokens"]) == (64, 4096)
     assert entry["mean_abs_qace_diff"] < 1e-5  # fp32 on both sides, same forced outputs
+    assert entry["onnx_decoding"] == {role: {"static_cache": False} for role in ("qg", "tqa")}  # the CPU's
 
 
 def test_bad_record_is_named(tmp_path: Path) -> None:
@@ -41,3 +44,65 @@ def test_bad_record_is_named(tmp_path: Path) -> None:
     source.write_text('{"id": "x1", "caption": ""}\n')
     with pytest.raises(SystemExit, match="x1"):
         backends.main(["--tiny", "--records", str(source), "--out", str(tmp_path / "o.json")])
+
+
+def test_isolated_backends_give_the_same_scores(tiny_models: Path, tmp_path: Path) -> None:
+    """``--isolate`` runs each backend in a child process: the same figures come back to one report."""
+    records = flickr_records(6, refs=5)
+    source = tmp_path / "distinct.jsonl"
+    rows = [
+        {"id": r.id, "caption": r.caption, "image_id": r.image_id, "references": list(r.references)}
+        for r in records
+    ]
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["--tiny", "--records", str(source), "--models-dir", str(tiny_models), "--device", "cpu"]
+    argv += ["--precision", "fp32", "--variants", "ref", "--spacy-workers", "0", "--batch-rows", "64"]
+    argv += ["--batch-tokens", "4096", "--chunk-size", "64"]
+    together, apart = tmp_path / "together.json", tmp_path / "apart.json"
+    assert backends.main([*argv, "--out", str(together)]) == 0
+    assert backends.main([*argv, "--isolate", "--out", str(apart)]) == 0
+    (a,), (b,) = (json.loads(p.read_text())["results"] for p in (together, apart))
+    for backend in ("torch", "onnx"):
+        assert a[backend]["mean_qace"] == b[backend]["mean_qace"]
+    assert a["mean_abs_qace_diff"] == b["mean_abs_qace_diff"] and a["onnx_decoding"] == b["onnx_decoding"]
+
+
+def test_a_failing_backend_is_reported_and_the_run_goes_on(
+    tiny_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child whose backend fails (an out-of-memory, say) writes the error; the parent reports it for that
+    backend, leaves out the ratio it cannot form, and finishes the other backends."""
+    records = flickr_records(4, refs=5)
+    source = tmp_path / "distinct.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"id": r.id, "caption": r.caption, "references": list(r.references)}) + "\n"
+            for r in records
+        )
+    )
+    argv = ["--tiny", "--records", str(source), "--models-dir", str(tiny_models), "--device", "cpu"]
+    argv += ["--precision", "fp32", "--variants", "ref", "--spacy-workers", "0"]
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(
+            "Error in execution:\nFailed to allocate memory for requested buffer of size 134215680"
+        )
+
+    monkeypatch.setattr(backends, "measure", out_of_memory)
+    child_out = tmp_path / "child.json"
+    assert backends.main([*argv, "--child", "onnx:ref", str(child_out)]) == 0
+    child = json.loads(child_out.read_text())
+    assert (
+        child["result"]["error"]
+        == "RuntimeError: Failed to allocate memory for requested buffer of size 134215680"
+    )
+    assert child["scores"] is None
+
+    ok = ({"captions_per_s": 1.0}, backends.np.zeros(4), None)
+    monkeypatch.setattr(
+        backends, "_in_child", lambda backend, *a: ok if backend == "torch" else (child["result"], None, None)
+    )
+    out = tmp_path / "report.json"
+    assert backends.main([*argv, "--isolate", "--out", str(out)]) == 0
+    (entry,) = json.loads(out.read_text())["results"]
+    assert entry["onnx"] == child["result"] and "onnx_vs_torch" not in entry

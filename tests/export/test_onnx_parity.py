@@ -19,6 +19,7 @@ from qace.cli import main as cli_main
 from qace.data.features import RandomFeatureStore
 from qace.export.cache import ensure_export, is_current
 from qace.models.loading import checkpoint_fingerprint, load_seq2seq
+from qace.onnx_format import FORMAT_VERSION
 from tests.helpers import flickr_records
 
 N_CAPTIONS = 100
@@ -75,6 +76,20 @@ def test_export_is_made_once_and_redone_for_other_weights(models_copy):
     (out / "manifest.json").write_text(json.dumps(manifest))
     ensure_export(source, model, "fp32")  # stale fingerprint: exported and validated again
     assert json.loads((out / "manifest.json").read_text())["fingerprint"] == checkpoint_fingerprint(source)
+
+
+def test_an_export_of_the_previous_format_is_redone(models_copy):
+    """Format 3 had no static-cache step: a cached export of it is exported again, not half used."""
+    source = models_copy / "qg"
+    model = load_seq2seq(str(source), role="qg")[0]
+    out = ensure_export(source, model, "fp32")
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "format_version": 3}))
+    (out / "decoder_static.onnx").unlink()
+    assert not is_current(out, manifest["fingerprint"])
+    assert ensure_export(source, model, "fp32") == out
+    assert json.loads((out / "manifest.json").read_text())["format_version"] == FORMAT_VERSION == 4
+    assert (out / "decoder_static.onnx").is_file() and is_current(out, manifest["fingerprint"])
 
 
 def test_read_only_source_exports_to_cache(models_copy, tmp_path, monkeypatch):
