@@ -28,25 +28,6 @@ UNANSWERABLE = 7
 HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
-def _load(models_dir, role):
-    if role == "vqa":
-        return loading.load_visual_t5(models_dir / role)[0]
-    return loading.load_seq2seq(str(models_dir / role), role=role)[0]
-
-
-@pytest.fixture(scope="module")
-def loaded(test_models_dir):
-    return {role: _load(test_models_dir, role) for role in ROLES}
-
-
-@pytest.fixture(scope="module")
-def exports(loaded, tmp_path_factory):
-    out = tmp_path_factory.mktemp("onnx-device")
-    made = {(role, "fp32"): export_model(loaded[role], out / role, variant="fp32").out_dir for role in ROLES}
-    made["qg", "fp16"] = export_model(loaded["qg"], out / "qg-fp16", variant="fp16").out_dir
-    return made
-
-
 @pytest.mark.parametrize(("role", "variant"), [(r, "fp32") for r in ROLES] + [("qg", "fp16")])
 def test_in_graph_argmax_equals_host_argmax_of_the_logits(loaded, exports, role, variant):
     """What the loop reads back (ids, one float) is what the old host-side argmax/softmax made of the

@@ -20,31 +20,11 @@ from qace.export.exporter import export_model
 from qace.export.validate import sample_batch
 from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
-from qace.models import loading
 
 ROLES = ("qg", "tqa", "vqa")
 UNANSWERABLE = 7
 EOS = 12
 """The EOS id of the random model below."""
-
-
-def _load(models_dir, role):
-    if role == "vqa":
-        return loading.load_visual_t5(models_dir / role)[0]
-    return loading.load_seq2seq(str(models_dir / role), role=role)[0]
-
-
-@pytest.fixture(scope="module")
-def loaded(test_models_dir):
-    return {role: _load(test_models_dir, role) for role in ROLES}
-
-
-@pytest.fixture(scope="module")
-def exports(loaded, tmp_path_factory):
-    out = tmp_path_factory.mktemp("onnx-static")
-    made = {(role, "fp32"): export_model(loaded[role], out / role, variant="fp32").out_dir for role in ROLES}
-    made["qg", "fp16"] = export_model(loaded["qg"], out / "qg-fp16", variant="fp16").out_dir
-    return made
 
 
 @pytest.fixture(scope="module")
