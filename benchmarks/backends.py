@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=None)
     parser.add_argument("--precision", default="fp16")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--batch-rows", type=int, default=None, help="default: the backend's")
+    parser.add_argument("--batch-rows", type=int, default=None, help="default: each backend's")
     parser.add_argument("--batch-tokens", type=int, default=None, help="default: each backend's")
     parser.add_argument("--chunk-size", type=int, default=2048)
     parser.add_argument("--spacy-workers", type=int, default=8)

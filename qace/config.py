@@ -113,15 +113,15 @@ GPU_BATCH_ROWS = ((70, 2048), (35, 1024), (18, 512))
 batches, under 18 GB the CPU's (the measured peaks behind the steps: docs/performance.md)."""
 
 
-ONNX_GPU_BATCH_ROWS = ((70, 1024), (35, 512), (18, 256))
-"""`GPU_BATCH_ROWS` for the ONNX backend: half the rows, since ONNX Runtime's sessions each keep an arena
-at their own peak beside the static caches (2,048-row batches filled an 80 GB H100: docs/onnx.md)."""
+ONNX_GPU_ROWS_DIVISOR = 2
+"""The ONNX backend on a GPU gets `GPU_BATCH_ROWS` divided by this: ONNX Runtime's sessions each keep an
+arena at their own peak beside the static caches (2,048-row batches filled an 80 GB H100: docs/onnx.md)."""
 
 
 def speed_defaults(device: str, backend: str = "torch") -> dict[str, int]:
     """Speed settings for an engine on ``device`` where none are given: the dataclass's on the CPU; on
     a CUDA device the benchmarks' batches and chunks, the batches scaled to the card's memory (by
-    `GPU_BATCH_ROWS`, or `ONNX_GPU_BATCH_ROWS` for ``backend`` onnx), and spaCy parsing in
+    `GPU_BATCH_ROWS`, divided by `ONNX_GPU_ROWS_DIVISOR` for ``backend`` onnx), and spaCy parsing in
     `auto_spacy_workers` processes.
     """
     if not device.startswith("cuda"):
@@ -132,8 +132,9 @@ def speed_defaults(device: str, backend: str = "torch") -> dict[str, int]:
         memory_gb = torch.cuda.get_device_properties(torch.device(device)).total_memory / 1e9
     except (AssertionError, RuntimeError, ValueError):  # no such GPU: loading the models says so
         return {}
-    steps = ONNX_GPU_BATCH_ROWS if backend == "onnx" else GPU_BATCH_ROWS
-    rows = next((rows for gb, rows in steps if memory_gb >= gb), None)
+    rows = next((rows for gb, rows in GPU_BATCH_ROWS if memory_gb >= gb), None)
+    if rows is not None and backend == "onnx":
+        rows //= ONNX_GPU_ROWS_DIVISOR
     batches = {} if rows is None else {"max_batch_rows": rows, "max_batch_tokens": 64 * rows}
     return {**batches, "chunk_size": 2048, "spacy_workers": auto_spacy_workers()}
 
