@@ -35,13 +35,14 @@ from typing import Any
 
 from qace.errors import ConfigError
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 """2: the decoder graphs return ``next_token`` (and ``answerability``), and ``compact.onnx`` drops rows;
 3: every graph states ONNX IR version 8 (an older ``compact.onnx`` could carry the onnx package's newer
 version, which ONNX Runtime refused to load); 4: the static-cache step (``decoder_static``,
 ``static_init``, the manifest's ``heads``, ``d_kv`` and ``static_steps``), and fp16 graphs clamp with
 Max/Min (ONNX Runtime's CUDA Clip read its computed bounds on the host); 5: the fp16 guard's "any
-infinity" as a half-precision ReduceMax (it was an int64 ReduceSum, slow on ONNX Runtime's CUDA provider)."""
+infinity" as a half-precision ReduceMax (it was an int64 ReduceSum, slow on ONNX Runtime's CUDA provider);
+6: ``decoder_static`` writes its self-attention keys and values in place (`static_in_place`)."""
 MANIFEST = "manifest.json"
 WEIGHTED_GRAPHS = ("encoder", "decoder_init", "decoder", "decoder_static")
 """The graphs traced from the model (the ones int8 quantizes)."""
@@ -102,6 +103,14 @@ def compact_output_names(layers: int) -> list[str]:
 def static_carried(layers: int) -> list[str]:
     """The inputs of ``decoder_static`` that each step returns, updated, as ``next.<input>``."""
     return [*STATE, *past_names(layers, "past", SELF_KV)]
+
+
+def static_in_place(layers: int) -> list[str]:
+    """The carried inputs of ``decoder_static`` that it updates where they lie: the self-attention caches.
+    The step writes its keys and values at position ``step`` with ``ScatterElements`` and returns the
+    cache as ``next.<input>``; bound to the input's own buffer, that output is the input updated in place
+    (ONNX Runtime's kernel skips its copy when the two alias), so no step copies a whole cache."""
+    return past_names(layers, "past", SELF_KV)
 
 
 def static_input_names(layers: int) -> list[str]:

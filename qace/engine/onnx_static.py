@@ -11,17 +11,19 @@ answerability from the first step, forced tokens for benchmarks):
   the tokens to feed, the step index 1, the ended flags, the forced tokens (`NOT_FORCED` unless a
   benchmark forces them) and the encoder mask, and the caches with position 0 filled;
 - ``decoder_static`` then runs once per step, its outputs of step k being its inputs of step k+1: the
-  carried tensors (`static_carried`) have two buffer sets, and the two directions (set 0 -> set 1,
-  set 1 -> set 0) alternate (ping-pong), each with its own IO binding made once; the host copies only
-  ``emitted`` (one int64 per row) per step, writes it into the output and stops once every row has
-  ended. Rows are never dropped (the shapes are fixed); a finished row keeps emitting -1.
+  self-attention caches are updated in place (`static_in_place`: each one's output bound to its input's
+  buffer), the other carried tensors (`static_carried`: the tokens, the step index, the ended flags)
+  have two buffer sets, and the two directions (set 0 -> set 1, set 1 -> set 0) alternate
+  (ping-pong), each with its own IO binding made once; the host copies only ``emitted`` (one int64 per
+  row) per step, writes it into the output and stops once every row has ended. Rows are never dropped
+  (the shapes are fixed); a finished row keeps emitting -1.
 
 Buffers: one allocation (the slab) holds every tensor the step reads or writes, laid out for the batch's
 (rows, encoder length) from offset 0: only one batch decodes at a time, and each batch rewrites all of
-them before its first step. A shape needs two sets of self caches (2 x layers x rows x heads x
-static_steps x d_kv) plus the cross K/V (2 x layers x rows x heads x length x d_kv), in the export's
-float type, plus a few int64 per row: for T5-base in fp16 at 256 rows of 48 tokens about 1.0 GB, at
-2,048 rows of 64 tokens about 9.5 GB. Given the scheduler's batch limits (``max_batch``: at most R rows
+them before its first step. A shape needs the self caches (2 x layers x rows x heads x static_steps x
+d_kv) and the cross K/V (2 x layers x rows x heads x length x d_kv), in the export's float type, plus a
+few int64 per row: for T5-base in fp16 at 256 rows of 48 tokens about 0.7 GB, at 2,048 rows of 64 tokens
+about 7 GB. Given the scheduler's batch limits (``max_batch``: at most R rows
 and T tokens a batch, so rows x length <= T), the first slab is sized for every shape within them and
 is allocated once: ONNX Runtime's device arena keeps freed memory for itself, so growing the slab shape
 by shape would hold every smaller slab too. A shape beyond the limits (or any shape larger than the
@@ -31,7 +33,8 @@ into the old one).
 CUDA graphs (``capture``): the step session has ``enable_cuda_graph``; each shape gets two graph ids,
 one per direction (`gpu_graph_id` run option). ONNX Runtime captures an id on its first run (inside
 that one call it runs the step twice to allocate its intermediates, then captures, then replays; the
-step reads its inputs and writes other buffers, so repeating it is harmless) and replays it afterwards,
+step writes other buffers than it reads, but for the cache position ``step``, which each repetition
+writes with the same values, so repeating it is harmless) and replays it afterwards,
 reading and writing the addresses bound at capture: hence bindings made once per shape and never
 rebound. The intermediates of all captured graphs come from the step session's arena and are reused
 across graphs (replays never overlap). Captured graphs belong to the thread that captured them (ONNX
@@ -59,6 +62,7 @@ from qace.onnx_format import (
     init_output_names,
     past_names,
     static_carried,
+    static_in_place,
     static_init_input_names,
     static_init_output_names,
     static_input_names,
@@ -118,6 +122,7 @@ class StaticDecoder:
         self.max_batch = max_batch
         self.float = np.dtype(info.float_dtype)
         self.carried = static_carried(info.layers)
+        self.in_place = set(static_in_place(info.layers))
         self.cross = past_names(info.layers, "present", CROSS_KV)
         self._slab: Any = None
         self._shapes: dict[tuple[int, int], _Shape] = {}
@@ -207,7 +212,8 @@ class StaticDecoder:
         return np.asarray(binding.get_outputs()[0].numpy())
 
     def _key(self, which: int, name: str) -> Key:
-        return (which, name) if name in self.carried else (None, name)
+        """Where set ``which``'s ``name`` lives: its own place if carried in two sets, else the shared one."""
+        return (which, name) if name in self.carried and name not in self.in_place else (None, name)
 
     def _bind(self, binding: Any, name: str, place: _Place, *, output: bool) -> None:
         args = (name, *self.where, place.dtype, place.shape, self._slab.data_ptr() + place.offset)
@@ -230,8 +236,8 @@ class StaticDecoder:
             binding = session.io_binding()
             for name in static_input_names(self.info.layers):
                 self._bind(binding, name, places[self._key(direction, name)], output=False)
-            for name in self.carried:
-                self._bind(binding, NEXT + name, places[1 - direction, name], output=True)
+            for name in self.carried:  # an in-place cache: the same place as the input above
+                self._bind(binding, NEXT + name, places[self._key(1 - direction, name)], output=True)
             binding.bind_ortvalue_output(EMITTED, shape.emitted[1 - direction])
             options = self.ort.RunOptions()
             if self.capture:
@@ -269,7 +275,7 @@ class StaticDecoder:
         return [
             (key, *shapes[name])
             for name in static_input_names(info.layers)
-            for key in ([(0, name), (1, name)] if name in self.carried else [(None, name)])
+            for key in sorted({self._key(0, name), self._key(1, name)}, key=str)
         ]
 
     def _grow(self, size: int) -> None:

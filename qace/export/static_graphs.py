@@ -5,9 +5,10 @@ PyTorch runner's CUDA-graph decoding, `qace.families.t5.decode_graphs`), so ONNX
 once per batch shape as a CUDA graph and replay it:
 
 - the self-attention keys and values live in a cache of ``steps`` positions per layer, (B, H, steps,
-  Dk); the step writes its own at position ``step`` (a ``Where`` on a one-hot position, no shape or
-  host value depends on the step) and returns the whole cache, which the next step reads: the runner
-  ping-pongs two sets of buffers, since an ONNX graph cannot write into its input;
+  Dk); the step writes its own at position ``step`` (``ScatterElements`` along the positions, its
+  indices made from ``step`` by elementwise operations, so no shape or host value depends on the step)
+  and returns the cache, which the runner binds to the input's own buffer: the cache is updated in
+  place (`qace.onnx_format.static_in_place`);
 - its query attends to every position, the later ones masked by T5's decoder position bias computed in
   the graph from the step index (``bidirectional=False`` buckets, the future at the dtype's minimum);
 - the greedy rules of the engine's loop (`qace.engine.greedy`) are device operations (`greedy_rules`):
@@ -65,10 +66,12 @@ class StaticStep(nn.Module):
         first = model.decoder.block[0].layer[0].SelfAttention
         bias = position_bias(first, model.config, step, positions, decoder=True).to(dtype)
         self_bias = torch.where(positions > step, torch.finfo(dtype).min, bias)
-        here = (positions == step)[:, None]  # (steps, 1): the cache position this step writes
+        where: list[torch.Tensor] = []  # (B, H, 1, Dk): ``step`` everywhere, the position this step writes
 
         def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.where(here, k, past[4 * i]), torch.where(here, v, past[4 * i + 1])
+            if not where:  # elementwise from ``k`` (true even where k is NaN) and ``step``: no Shape node
+                where.append(torch.where(k == k, step, step))
+            return past[4 * i].scatter(2, where[0], k), past[4 * i + 1].scatter(2, where[0], v)
 
         cross = [(past[4 * i + 2], past[4 * i + 3]) for i in range(len(past) // 4)]
         enc_bias = mask_bias(encoder_attention_mask, dtype)

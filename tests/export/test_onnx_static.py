@@ -8,6 +8,8 @@ one, and several batch shapes through one runner.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -145,6 +147,29 @@ def test_one_runner_serves_several_shapes(chatty):
     assert got == [expected[i] for i in order]
     assert sorted(runner.static._shapes) == shapes
     assert runner.static.captured_shapes == 0  # the CPU captures nothing
+
+
+def test_the_caches_are_written_in_place(chatty, exports):
+    """The step writes each self cache with one ScatterElements and no Where copies it; the runner keeps
+    one buffer per cache, bound as both the step's input and its output, while the rest of the carried
+    state ping-pongs between two sets."""
+    model, export = chatty
+    layers = json.loads((exports["qg", "fp32"] / "manifest.json").read_text())["layers"]
+    ops = [n.op_type for n in onnx.load(str(exports["qg", "fp32"] / "decoder_static.onnx")).graph.node]
+    assert ops.count("ScatterElements") == 2 * layers
+    runner = OnnxRunner(export, static_cache=True)
+    ids = np.random.default_rng(5).integers(2, 24, size=(3, 7))
+    runner.generate(TextBatch(ids, np.ones_like(ids)), max_new_tokens=MAX_NEW_TOKENS)
+    (shape,) = runner.static._shapes.values()
+    caches = [name for name in runner.static.carried if name.endswith(("self_key", "self_value"))]
+    assert caches and all((None, n) in shape.places and (0, n) not in shape.places for n in caches)
+    assert (0, "step") in shape.places and (1, "step") in shape.places
+    base = runner.static._slab.data_ptr()
+    for direction, binding in enumerate(shape.bindings):  # outputs in the order bound: carried, emitted
+        written = dict(zip(runner.static.carried, binding.get_outputs(), strict=False))
+        for name in caches:  # where the step read it
+            assert written[name].data_ptr() == base + shape.places[None, name].offset
+        assert written["step"].data_ptr() == base + shape.places[1 - direction, "step"].offset
 
 
 def test_batch_limits_size_the_buffers_once(chatty):
