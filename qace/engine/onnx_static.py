@@ -211,9 +211,13 @@ class StaticDecoder:
         session.run_with_iobinding(binding)
         return np.asarray(binding.get_outputs()[0].numpy())
 
+    def _two_sets(self, name: str) -> bool:
+        """Whether ``name`` has a buffer per set (carried, not updated in place) rather than one."""
+        return name in self.carried and name not in self.in_place
+
     def _key(self, which: int, name: str) -> Key:
-        """Where set ``which``'s ``name`` lives: its own place if carried in two sets, else the shared one."""
-        return (which, name) if name in self.carried and name not in self.in_place else (None, name)
+        """Where set ``which``'s ``name`` lives."""
+        return (which, name) if self._two_sets(name) else (None, name)
 
     def _bind(self, binding: Any, name: str, place: _Place, *, output: bool) -> None:
         args = (name, *self.where, place.dtype, place.shape, self._slab.data_ptr() + place.offset)
@@ -275,7 +279,7 @@ class StaticDecoder:
         return [
             (key, *shapes[name])
             for name in static_input_names(info.layers)
-            for key in sorted({self._key(0, name), self._key(1, name)}, key=str)
+            for key in ([(0, name), (1, name)] if self._two_sets(name) else [(None, name)])
         ]
 
     def _grow(self, size: int) -> None:
