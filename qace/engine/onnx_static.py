@@ -38,8 +38,12 @@ writes with the same values, so repeating it is harmless) and replays it afterwa
 reading and writing the addresses bound at capture: hence bindings made once per shape and never
 rebound. The intermediates of all captured graphs come from the step session's arena and are reused
 across graphs (replays never overlap). Captured graphs belong to the thread that captured them (ONNX
-Runtime keeps them per thread), so one thread should drive a runner. On the CPU the same steps run
-without capture.
+Runtime keeps them per thread), so one thread should drive a runner. A shape's first batch runs its
+steps without capture (graph id -1, which ONNX Runtime runs as a plain run): many shapes of a run occur
+once, and for them capturing cost more than it saved (the call that captures runs the step twice and
+instantiates the graph, about 7 ms for T5-base, against the launches of a few steps: QACE-Ref's answers
+are 2-4 tokens); from its second batch on a shape's steps are captured and replayed. On the CPU the same
+steps run without capture.
 """
 
 from __future__ import annotations
@@ -100,6 +104,8 @@ class _Shape:
     """Per direction ``d``: reads set ``d``, writes set ``1 - d``."""
     options: list[Any] = field(default_factory=list)
     graph_ids: list[int] = field(default_factory=list)
+    batches: int = 0
+    """Batches decoded in this shape so far (the first runs uncaptured)."""
 
 
 class StaticDecoder:
@@ -129,8 +135,10 @@ class StaticDecoder:
         self._graph_ids = 0
         self._captured: set[int] = set()
         """Graph ids that have run, so are captured (ONNX Runtime captures an id on its first run)."""
+        self._uncaptured = ort.RunOptions()
+        self._uncaptured.add_run_config_entry(GRAPH_ID, "-1")  # ONNX Runtime's "no graph for this run"
         self.captured_shapes = 0
-        """Shapes whose step is captured as CUDA graphs (two each), counted for benchmarks."""
+        """Shapes whose step has been captured as CUDA graphs (one graph per direction), for benchmarks."""
         self.row_steps = 0
         """Decoder positions computed so far (rows x steps, the first step included), as the PyTorch
         decoder counts them."""
@@ -163,14 +171,19 @@ class StaticDecoder:
         out[:, 0] = self._start(shape, first, wanted, mask)
         self.row_steps += rows
         session = self.sessions["decoder_static"]
+        captured = self.capture and shape.batches > 0
+        shape.batches += 1
         for step in range(1, max_new_tokens):
             if np.isin(out[:, step - 1], (-1, info.eos_id)).all():
                 break
             direction = (step - 1) % 2  # static_init wrote set 0
-            session.run_with_iobinding(shape.bindings[direction], shape.options[direction])
+            options = shape.options[direction] if captured or not self.capture else self._uncaptured
+            session.run_with_iobinding(shape.bindings[direction], options)
             out[:, step] = shape.emitted[1 - direction].numpy()
             self.row_steps += rows
-            self._captured.update(shape.graph_ids[direction : direction + 1])
+            if captured and shape.graph_ids[direction] not in self._captured:
+                self._captured.add(shape.graph_ids[direction])
+                self.captured_shapes += direction == 0  # a shape's first step runs direction 0
         return out, answerability
 
     def _first_step(
@@ -250,7 +263,6 @@ class StaticDecoder:
                 shape.graph_ids.append(self._graph_ids)
             shape.bindings.append(binding)
             shape.options.append(options)
-        self.captured_shapes += self.capture
         self._shapes[rows, length] = shape
         return shape
 

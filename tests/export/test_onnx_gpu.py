@@ -78,7 +78,7 @@ def _chatty(tmp_path):
 
 
 def test_cuda_graphs_replay_several_shapes_like_pytorch(tmp_path):
-    """One runner, two batch shapes, each decoded twice (captured on first sight, replayed after):
+    """One runner, two batch shapes, each decoded three times (uncaptured, captured, replayed):
     every pass equals PyTorch, rows ending anywhere from the first step to the limit; the step session
     really has CUDA graphs on."""
     model, export = _chatty(tmp_path)
@@ -86,16 +86,16 @@ def test_cuda_graphs_replay_several_shapes_like_pytorch(tmp_path):
     first = rng.integers(2, 24, size=(16, 9))
     first[:, -1] = 1
     batches = [TextBatch(ids, np.ones_like(ids)) for ids in (first, rng.integers(2, 24, size=(5, 13)))]
-    runner = OnnxRunner(export, device="cuda")
+    runner = OnnxRunner(export, device="cuda", max_batch=(16, 208))  # one slab: the shapes are kept
     assert runner.static is not None
     options = runner.sessions["decoder_static"].get_provider_options()["CUDAExecutionProvider"]
     assert options["enable_cuda_graph"] == "1"
     reference = torch_runner(model.to(TORCH_DEVICE), device=TORCH_DEVICE)
     expected = [reference.generate(b, max_new_tokens=MAX_NEW_TOKENS).tokens for b in batches]
     assert len({len(t) for t in expected[0]}) > 5
-    for i in (0, 1, 0, 1):
+    for k, i in enumerate((0, 1, 0, 1, 0, 1)):
         assert runner.generate(batches[i], max_new_tokens=MAX_NEW_TOKENS).tokens == expected[i], i
-    assert runner.static.captured_shapes == 2
+        assert runner.static.captured_shapes == min(2, max(0, k - 1))
 
 
 @pytest.mark.parametrize("variant", ["fp32", "fp16"])

@@ -149,6 +149,45 @@ def test_one_runner_serves_several_shapes(chatty):
     assert runner.static.captured_shapes == 0  # the CPU captures nothing
 
 
+def test_a_shape_is_captured_from_its_second_batch_on(chatty):
+    """With capture on, each shape's first batch runs its steps with graph id -1 (no capture), later
+    batches with the shape's own id per direction; the outputs are the same either way. (The CPU provider
+    ignores graph ids, so this checks the options the runner passes; the GPU suite checks capture.)"""
+    model, export = chatty
+    rng = np.random.default_rng(6)
+    batches = [
+        TextBatch(ids, np.ones_like(ids)) for ids in (rng.integers(2, 24, size=s) for s in [(4, 6), (5, 8)])
+    ]
+    runner = OnnxRunner(export, static_cache=True, max_batch=(9, 99))  # one slab: shapes are kept
+    static = runner.static
+    assert static is not None
+    static.capture = True
+    used: list[str] = []
+    session = static.sessions["decoder_static"]
+    run = session.run_with_iobinding
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(session, name)
+
+        def run_with_iobinding(self, binding, options):
+            used.append(options.get_run_config_entry("gpu_graph_id"))
+            return run(binding, options)
+
+    static.sessions = {**static.sessions, "decoder_static": Recording()}
+    expected = [torch_runner(model).generate(b, max_new_tokens=MAX_NEW_TOKENS).tokens for b in batches]
+    runs = []
+    for i in (0, 1, 0, 0, 1):
+        used.clear()
+        assert runner.generate(batches[i], max_new_tokens=MAX_NEW_TOKENS).tokens == expected[i]
+        runs.append(sorted(set(used)))
+    ids = {shape: (s.graph_ids[0], s.graph_ids[1]) for shape, s in static._shapes.items()}
+    first, second = (str(g) for g in ids[4, 6]), (str(g) for g in ids[5, 8])
+    assert runs[0] == runs[1] == ["-1"]
+    assert runs[2] == runs[3] == sorted(first) and runs[4] == sorted(second)
+    assert static.captured_shapes == 2
+
+
 def test_the_caches_are_written_in_place(chatty, exports):
     """The step writes each self cache with one ScatterElements and no Where copies it; the runner keeps
     one buffer per cache, bound as both the step's input and its output, while the rest of the carried
