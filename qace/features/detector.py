@@ -30,10 +30,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -156,15 +157,70 @@ def resize_for_detector(image: Any, config: DetectorConfig) -> tuple[np.ndarray,
 
 
 class Conv2d(nn.Conv2d):
-    """A convolution followed by its frozen batch norm (the checkpoint's ``<conv>.norm.*`` keys)."""
+    """A convolution followed by its frozen batch norm (the checkpoint's ``<conv>.norm.*`` keys).
+
+    While ``folded`` is set (`BottomUpDetector` sets it for a half-precision batch on a GPU) the two run
+    as one convolution with `fold`'s weight and bias, and `relu` and `add_relu` run as one cuDNN kernel
+    each (``torch.cudnn_convolution_relu``, ``torch.cudnn_convolution_add_relu``): the batch norm, ReLU and
+    residual sum are no longer passes of their own over the activations (on a CPU, the folded
+    convolution followed by them)."""
 
     def __init__(self, *args: Any, norm: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.norm = nn.BatchNorm2d(norm) if norm else None
+        self.folded: tuple[Tensor, Tensor] | None = None
+
+    def fold(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """This convolution and its batch norm as one: (weight, bias) in ``dtype``, the weight in the
+        layout of this one (computed in float32, rounded once)."""
+        weight = self.weight.float()
+        bias = self.bias.float() if self.bias is not None else torch.zeros_like(weight[:, 0, 0, 0])
+        if self.norm is not None:
+            n = self.norm  # frozen: its running statistics are always there
+            mean, var = cast(Tensor, n.running_mean).float(), cast(Tensor, n.running_var).float()
+            scale = n.weight.float() / torch.sqrt(var + n.eps)
+            weight, bias = weight * scale[:, None, None, None], (bias - mean) * scale + n.bias.float()
+        channels_last = self.weight.is_contiguous(memory_format=torch.channels_last)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        return weight.to(dtype=dtype, memory_format=layout), bias.to(dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.folded is not None:
+            weight, bias = self.folded
+            return self._conv_forward(x.to(weight.dtype), weight, bias)
         x = super().forward(x)
         return self.norm(x) if self.norm is not None else x
+
+    @property
+    def _pads(self) -> tuple[int, ...]:
+        """The padding as numbers (the detector never gives a string)."""
+        return cast(tuple[int, ...], self.padding)
+
+    def relu(self, x: Tensor) -> Tensor:
+        """ReLU of `forward`."""
+        if self.folded is not None and x.is_cuda:
+            weight, bias = self.folded
+            return torch.cudnn_convolution_relu(
+                x.to(weight.dtype), weight, bias, self.stride, self._pads, self.dilation, self.groups
+            )
+        return torch.relu(self(x))
+
+    def add_relu(self, x: Tensor, residual: Tensor) -> Tensor:
+        """ReLU of `forward` plus ``residual``."""
+        if self.folded is not None and x.is_cuda:
+            weight, bias = self.folded
+            return torch.cudnn_convolution_add_relu(
+                x.to(weight.dtype),
+                weight,
+                residual.to(weight.dtype),
+                1.0,
+                bias,
+                self.stride,
+                self._pads,
+                self.dilation,
+                self.groups,
+            )
+        return torch.relu(self(x) + residual)
 
 
 class Bottleneck(nn.Module):
@@ -176,12 +232,11 @@ class Bottleneck(nn.Module):
         self.conv3 = Conv2d(width, cout, 1, bias=False, norm=cout)
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        out = torch.relu(self.conv1(x))
+        out = self.conv1.relu(x)
         if mask is not None:
             out = out * mask
-        out = torch.relu(self.conv2(out))
-        out = self.conv3(out)
-        return torch.relu(out + (self.shortcut(x) if self.shortcut is not None else x))
+        out = self.conv2.relu(out)
+        return self.conv3.add_relu(out, self.shortcut(x) if self.shortcut is not None else x)
 
 
 class Stage(nn.ModuleList):
@@ -220,7 +275,7 @@ class Backbone(nn.Module):
 
     def forward(self, x: Tensor, sizes: Tensor) -> tuple[Tensor, Tensor]:
         """``sizes`` (N, 2) valid (h, w) per image; returns res4 and its valid sizes."""
-        x = torch.relu(self.stem.conv1(x))
+        x = self.stem.conv1.relu(x)
         sizes = (sizes + 1) // 2  # 7x7 stride-2 conv, padding 3
         x = nn.functional.max_pool2d(x * _mask(x, sizes), kernel_size=3, stride=2, padding=0, ceil_mode=True)
         sizes = _caffe_pool_size(sizes)
@@ -452,6 +507,8 @@ class BottomUpDetector(nn.Module):
         self.proposal_generator = RPN(self.config)
         self.roi_heads = ROIHeads(self.config)
         self._staging = _Staging()
+        self._folds: dict[torch.dtype, list[tuple[Tensor, Tensor]]] = {}
+        """Per half-precision dtype, every `Conv2d`'s `Conv2d.fold`, made at its first batch in it."""
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eval()
@@ -505,6 +562,30 @@ class BottomUpDetector(nn.Module):
                 f"wrong shape {wrong[:5]} (of {len(missing)}, {len(unexpected)}, {len(wrong)})"
             )
         self.load_state_dict(renamed, strict=False)
+        self._folds.clear()
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> BottomUpDetector:
+        self._folds.clear()  # moved or cast: fold again from the new weights
+        return super()._apply(fn, *args, **kwargs)
+
+    @contextmanager
+    def _folded(self, dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+        """Inside: on a GPU in half precision, every `Conv2d` with its batch norm folded in (see there);
+        otherwise nothing changes. The folded weights are made from the weights at the first such batch
+        (and again after `load_checkpoint` or a move), so weights changed in place later are not seen."""
+        if device.type != "cuda" or dtype == torch.float32:
+            yield
+            return
+        convs = [m for m in self.modules() if isinstance(m, Conv2d)]
+        if dtype not in self._folds:
+            self._folds[dtype] = [conv.fold(dtype) for conv in convs]
+        try:
+            for conv, folded in zip(convs, self._folds[dtype], strict=True):
+                conv.folded = folded
+            yield
+        finally:
+            for conv in convs:
+                conv.folded = None
 
     def placed(self, device: str) -> BottomUpDetector:
         """This model on ``device`` in eval mode, in `_layout` (channels-last on a GPU)."""
@@ -565,7 +646,10 @@ class BottomUpDetector(nn.Module):
         c = self.config
         device = batch.device
         stage = on_stage or _no_stage
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+        with (
+            self._folded(dtype, device),
+            torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32),
+        ):
             res4, valid = self.backbone(batch, sizes)
             stage("backbone")
             proposals, count = self.proposal_generator(res4, valid, sizes)
