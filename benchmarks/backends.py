@@ -81,7 +81,7 @@ def measure(
 ) -> tuple[dict[str, Any], np.ndarray, dict[str, Any] | None]:
     """One backend on one variant: setup (export included), the untimed warm-up, then the timed pass;
     returns its figures, its per-caption QACE and (ONNX) how each runner decoded."""
-    chosen = device_speed_settings(args.device, backend)  # each backend's own batches unless given
+    chosen = device_speed_settings(args.device, backend, variant)  # its own batches unless given
     batch_rows = args.batch_rows or chosen["max_batch_rows"]
     batch_tokens = args.batch_tokens or chosen["max_batch_tokens"]
     start = time.perf_counter()

@@ -344,11 +344,12 @@ def engine_defaults(args: argparse.Namespace) -> None:
             setattr(args, option, chosen[name])
 
 
-def device_speed_settings(device: str, backend: str = "torch") -> dict[str, int]:
-    """All four speed settings a `QACE` on ``device`` with ``backend`` uses when given none: the
-    dataclass's, overlaid with the device's (`speed_defaults`)."""
+def device_speed_settings(device: str, backend: str = "torch", variant: str = "ref") -> dict[str, int]:
+    """All four speed settings a `QACE` of ``variant`` on ``device`` with ``backend`` uses when given
+    none: the dataclass's, overlaid with the device's (`speed_defaults`)."""
     defaults = QACEConfig()
-    return {name: getattr(defaults, name) for name in SPEED_OPTIONS} | speed_defaults(device, backend)
+    device_defaults = speed_defaults(device, backend, variant)
+    return {name: getattr(defaults, name) for name in SPEED_OPTIONS} | device_defaults
 
 
 def preload_features(scorer: QACE, records: Sequence[Record]) -> None:

@@ -67,7 +67,8 @@ class QACE(FileScorer):
         if config is None:  # settings left open get the device's (`speed_defaults`)
             device = str(settings.get("device", QACEConfig.device))
             backend = str(settings.get("backend", QACEConfig.backend))
-            settings = {**speed_defaults(device, backend), **settings}
+            variant = str(settings.get("variant", QACEConfig.variant))
+            settings = {**speed_defaults(device, backend, variant), **settings}
         self.config = (config or QACEConfig()).with_(**settings)
         from qace.engine.feature_cache import FeatureCache
         from qace.kernels.bertscore import BertScoreMatcher

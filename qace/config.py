@@ -113,16 +113,18 @@ GPU_BATCH_ROWS = ((70, 2048), (35, 1024), (18, 512))
 batches, under 18 GB the CPU's (the measured peaks behind the steps: docs/performance.md)."""
 
 
-ONNX_GPU_ROWS_DIVISOR = 2
-"""The ONNX backend on a GPU gets `GPU_BATCH_ROWS` divided by this: ONNX Runtime's sessions each keep an
-arena at their own peak beside the static caches (2,048-row batches filled an 80 GB H100: docs/onnx.md)."""
+ONNX_IMG_ROWS_DIVISOR = 2
+"""QACE-Img on the ONNX backend on a GPU gets `GPU_BATCH_ROWS` divided by this. Its three models' ONNX
+Runtime sessions each keep an arena at their own peak beside the static caches: at 2,048 rows it filled
+73 of an H100's 80 GB and ran at 0.49x the PyTorch runner, against 0.61x at 1,024; QACE-Ref (two models)
+used 58 GB at 2,048 rows and ran faster there (0.54x against 0.47x at 1,024; docs/onnx.md)."""
 
 
-def speed_defaults(device: str, backend: str = "torch") -> dict[str, int]:
+def speed_defaults(device: str, backend: str = "torch", variant: str = "ref") -> dict[str, int]:
     """Speed settings for an engine on ``device`` where none are given: the dataclass's on the CPU; on
     a CUDA device the benchmarks' batches and chunks, the batches scaled to the card's memory (by
-    `GPU_BATCH_ROWS`, divided by `ONNX_GPU_ROWS_DIVISOR` for ``backend`` onnx), and spaCy parsing in
-    `auto_spacy_workers` processes.
+    `GPU_BATCH_ROWS`, divided by `ONNX_IMG_ROWS_DIVISOR` for ``backend`` onnx with ``variant`` img), and
+    spaCy parsing in `auto_spacy_workers` processes.
     """
     if not device.startswith("cuda"):
         return {}
@@ -133,8 +135,8 @@ def speed_defaults(device: str, backend: str = "torch") -> dict[str, int]:
     except (AssertionError, RuntimeError, ValueError):  # no such GPU: loading the models says so
         return {}
     rows = next((rows for gb, rows in GPU_BATCH_ROWS if memory_gb >= gb), None)
-    if rows is not None and backend == "onnx":
-        rows //= ONNX_GPU_ROWS_DIVISOR
+    if rows is not None and backend == "onnx" and variant == "img":
+        rows //= ONNX_IMG_ROWS_DIVISOR
     batches = {} if rows is None else {"max_batch_rows": rows, "max_batch_tokens": 64 * rows}
     return {**batches, "chunk_size": 2048, "spacy_workers": auto_spacy_workers()}
 

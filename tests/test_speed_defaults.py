@@ -51,11 +51,12 @@ def test_gpu_batches_follow_the_cards_memory(gb: float, rows: int | None, gpu_me
 
 
 @pytest.mark.parametrize(("gb", "rows"), [(80, 1024), (40, 512), (24, 256), (16, None)])
-def test_onnx_runtime_gets_half_the_rows(gb: float, rows: int | None, gpu_memory, cores) -> None:
+def test_onnx_runtime_gets_half_the_rows_for_qace_img(gb: float, rows: int | None, gpu_memory, cores) -> None:
     gpu_memory(gb)
     cores(16)
-    chosen = speed_defaults("cuda", "onnx")
+    chosen = speed_defaults("cuda", "onnx", "img")
     assert (chosen.get("max_batch_rows"), chosen.get("max_batch_tokens")) == (rows, rows and 64 * rows)
+    assert speed_defaults("cuda", "onnx", "ref") == speed_defaults("cuda", "torch", "img")  # all the rows
 
 
 def test_a_device_that_cannot_be_asked_gets_no_gpu_defaults(monkeypatch) -> None:
@@ -77,15 +78,15 @@ def test_spacy_workers_share_the_cores(n: int, engines: int, workers: int, cores
 def test_given_settings_win_and_a_config_is_taken_as_it_is(test_models_dir, monkeypatch) -> None:
     asked = []
 
-    def chosen_for(device: str, backend: str) -> dict[str, int]:
-        asked.append((device, backend))
+    def chosen_for(device: str, backend: str, variant: str) -> dict[str, int]:
+        asked.append((device, backend, variant))
         return {"max_batch_rows": 7, "chunk_size": 9}
 
     monkeypatch.setattr(api, "speed_defaults", chosen_for)
     scorer = QACE(models=test_models_dir, max_batch_rows=5, progress=False)
     assert (scorer.config.max_batch_rows, scorer.config.chunk_size) == (5, 9)
-    QACE(models=test_models_dir, backend="onnx", progress=False)
-    assert asked == [("cpu", "torch"), ("cpu", "onnx")]
+    QACE(models=test_models_dir, backend="onnx", variant="img", progress=False)
+    assert asked == [("cpu", "torch", "ref"), ("cpu", "onnx", "img")]
     chosen = QACEConfig(progress=False)
     assert QACE(chosen, models=test_models_dir).config == chosen
 
