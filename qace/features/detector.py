@@ -507,8 +507,8 @@ class BottomUpDetector(nn.Module):
         self.proposal_generator = RPN(self.config)
         self.roi_heads = ROIHeads(self.config)
         self._staging = _Staging()
-        self._folds: dict[torch.dtype, list[tuple[Tensor, Tensor]]] = {}
-        """Per half-precision dtype, every `Conv2d`'s `Conv2d.fold`, made at its first batch in it."""
+        self._folds: dict[torch.dtype, list[tuple[Conv2d, tuple[Tensor, Tensor]]]] = {}
+        """Per half-precision dtype, every `Conv2d` with its `Conv2d.fold`, made at its first batch in it."""
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eval()
@@ -576,15 +576,16 @@ class BottomUpDetector(nn.Module):
         if device.type != "cuda" or dtype == torch.float32:
             yield
             return
-        convs = [m for m in self.modules() if isinstance(m, Conv2d)]
         if dtype not in self._folds:
-            self._folds[dtype] = [conv.fold(dtype) for conv in convs]
+            convs = [m for m in self.modules() if isinstance(m, Conv2d)]
+            self._folds[dtype] = [(conv, conv.fold(dtype)) for conv in convs]
+        folds = self._folds[dtype]
         try:
-            for conv, folded in zip(convs, self._folds[dtype], strict=True):
+            for conv, folded in folds:
                 conv.folded = folded
             yield
         finally:
-            for conv in convs:
+            for conv, _ in folds:
                 conv.folded = None
 
     def placed(self, device: str) -> BottomUpDetector:
