@@ -71,6 +71,14 @@ def onnx_decoding(scorer: Any) -> dict[str, Any]:
     return found
 
 
+def _device_used_gb() -> float | None:
+    """GB in use on the whole device (so ONNX Runtime's arenas count too), None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return round((total - free) / 2**30, 2)
+
+
 def measure(
     backend: str,
     variant: str,
@@ -110,9 +118,8 @@ def measure(
         "batch_tokens": batch_tokens,
         "mean_qace": float(scores.mean()),
     }
-    if torch.cuda.is_available():  # the whole device's, so ONNX Runtime's arenas count too
-        free, total = torch.cuda.mem_get_info()
-        result["device_used_gb_after"] = round((total - free) / 2**30, 2)
+    if (used := _device_used_gb()) is not None:
+        result["device_used_gb_after"] = used
     decoding = onnx_decoding(scorer) if backend == "onnx" else None
     scorer.candidates.close()
     del scorer
@@ -179,9 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             result, scores, decoding = measure(backend, variant, models, records, warm, args)
         except Exception as exc:  # reported in the parent's JSON (an out-of-memory, say), the run goes on
             failed = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"}
-            if torch.cuda.is_available():
-                free, total = torch.cuda.mem_get_info()
-                failed["device_used_gb_at_error"] = round((total - free) / 2**30, 2)
+            if (used := _device_used_gb()) is not None:
+                failed["device_used_gb_at_error"] = used
             Path(out).write_text(json.dumps({"result": failed, "scores": None, "decoding": None}))
             return 0
         Path(out).write_text(json.dumps({"result": result, "scores": scores.tolist(), "decoding": decoding}))
