@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from qace.errors import ConfigError, ModelNotFoundError
-from qace.features import DEFAULT_DETECTOR
+from qace.features import DEFAULT_DETECTOR, half_roi_pool
 from qace.features.ops import greedy_nms, roi_pool
 
 log = logging.getLogger(__name__)
@@ -435,15 +435,22 @@ class ROIHeads(nn.Module):
         self.box_predictor = BoxPredictor(8 * c.res2_channels, c.num_classes, c.num_attrs)
 
     def pool(self, res4: Tensor, proposals: Tensor) -> Tensor:
-        """RoIPool (in float32) of each image's (N, P, 4) proposals: (N * P, C, r, r), image-major, cast
-        once to the dtype res5 computes in (autocast's, else float32) and laid out as `_layout` says,
-        instead of once in each of the two convolutions that read it."""
+        """RoIPool of each image's (N, P, 4) proposals: (N * P, C, r, r), image-major, in the dtype res5
+        computes in (autocast's, else float32) and laid out as `_layout` says, cast once instead of once
+        in each of the two convolutions that read it.
+
+        A half-precision res4 on a GPU in that dtype is pooled as it is by one Triton kernel
+        (`qace.features.half_roi_pool`); otherwise RoIPool runs in float32 and its output is cast. Both
+        give the same values: a maximum of half values is one of them."""
         n, p = proposals.shape[:2]
         image = torch.arange(n, device=res4.device, dtype=torch.float32).repeat_interleave(p)
         rois = torch.cat([image[:, None], proposals.reshape(-1, 4).float()], dim=1)
-        x = roi_pool(res4.float(), rois, self.config.pooler_resolution, 1.0 / 16)
-        autocast = torch.is_autocast_enabled(x.device.type)
-        dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+        autocast = torch.is_autocast_enabled(res4.device.type)
+        dtype = torch.get_autocast_dtype(res4.device.type) if autocast else torch.float32
+        size = self.config.pooler_resolution
+        if res4.dtype == dtype and half_roi_pool.fused_available(res4):
+            return half_roi_pool.roi_pool_half(res4, rois, size, 1.0 / 16)
+        x = roi_pool(res4.float(), rois, size, 1.0 / 16)
         return x.to(dtype=dtype, memory_format=_layout(x.device))
 
     def forward(self, regions: Tensor) -> tuple[Tensor, Tensor]:
@@ -613,10 +620,11 @@ class BottomUpDetector(nn.Module):
         `upload`, then `detect_uploaded`.
 
         ``dtype`` float32 is the exact mode; bfloat16/float16 run the convolutions and heads under
-        autocast (features computed in that precision, returned as float32; RoIPool, box decoding, class
-        probabilities and NMS in float32). The whole batch goes through each stage at once and comes
-        back to the host in one copy per output. ``on_stage``, if given, is called with each stage's
-        name as it is issued (upload, backbone, rpn, roi_pool, res5, select, host): a profiler's hook."""
+        autocast (features computed in that precision, returned as float32; RoIPool, a maximum, is exact
+        in any; box decoding, class probabilities and NMS in float32). The whole batch goes through each
+        stage at once and comes back to the host in one copy per output. ``on_stage``, if given, is called
+        with each stage's name as it is issued (upload, backbone, rpn, roi_pool, res5, select, host): a
+        profiler's hook."""
         batch, sizes = self.upload(images)
         (on_stage or _no_stage)("upload")
         return self.detect_uploaded(batch, sizes, images, originals, dtype, on_stage)

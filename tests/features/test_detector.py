@@ -17,7 +17,7 @@ import torch
 
 from qace.errors import ConfigError
 from qace.features import detector as detector_module
-from qace.features import ops
+from qace.features import half_roi_pool, ops
 from qace.features.detector import (
     RPN,
     BottomUpDetector,
@@ -236,6 +236,11 @@ def test_detector_on_cuda(detector: BottomUpDetector) -> None:
         half = model.roi_heads.pool(res4, proposals)
     assert half.dtype == torch.bfloat16 and half.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(half, ops.roi_pool(res4, rois, model.config.pooler_resolution, 1 / 16).bfloat16())
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # a bf16 res4, as the backbone gives: pooled in bf16
+        pooled = model.roi_heads.pool(res4.bfloat16(), proposals)
+    assert pooled.dtype == torch.bfloat16 and pooled.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(pooled, half_roi_pool.roi_pool_half(res4.bfloat16(), rois, 2, 1 / 16))
+    assert torch.equal(pooled, ops.roi_pool(res4.bfloat16().float(), rois, 2, 1 / 16).bfloat16())
 
 
 def _convs(model: BottomUpDetector) -> list[detector_module.Conv2d]:
