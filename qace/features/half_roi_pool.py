@@ -11,7 +11,7 @@ own dtype and writes the output straight in the layout res5 reads.
 Exactness: a maximum of bf16 or fp16 values is one of them, so pooling the half map gives exactly the
 half cast of pooling its float32 copy, for finite values (the detector's res4 follows a ReLU). The bin
 edges are computed as torchvision's kernel computes them (`bin_edges`: float32 products, C ``round``,
-IEEE division), and an empty bin gives 0, as there.
+IEEE division, which PyTorch's CUDA division by a scalar is not), and an empty bin gives 0, as there.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def bin_edges(rois: Tensor, size: int, spatial_scale: float, height: int, width:
     steps = torch.arange(size + 1, device=rois.device, dtype=torch.float32)
 
     def edges(start: Tensor, end: Tensor, limit: int) -> tuple[Tensor, Tensor]:
-        extent = torch.clamp(end - start + 1, min=1).float() / size
+        extent = torch.clamp(end - start + 1, min=1).float()
+        # divided by a tensor: PyTorch's CUDA division by a scalar multiplies by its reciprocal instead
+        extent = extent / torch.full_like(extent, size)
         first = torch.floor(steps[None, :-1] * extent[:, None]).int() + start[:, None]
         last = torch.ceil(steps[None, 1:] * extent[:, None]).int() + start[:, None]
         return first.clamp(0, limit).int(), last.clamp(0, limit).int()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from qace.cli import main
-from qace.data.features import HDF5Store
+from qace.data.features import HDF5_LAYOUT, HDF5Store
 from qace.errors import ConfigError, InputError
 from qace.features import extract as extract_module
 from qace.features.extract import (
@@ -99,6 +99,38 @@ def test_region_writer_writes_a_batch_at_once_and_lists_the_images_it_refuses(tm
     again = RegionWriter(tmp_path / "f.h5", "d")  # resuming keeps the rows and knows their ids
     assert again.ids == {"a", "b", "c"}
     again.close()
+
+
+def test_region_writer_stores_chunks_hdf5_reads_through_its_own_filters(tmp_path: Path) -> None:
+    """The writer compresses each chunk itself (shuffle, then deflate): h5py reads them back through
+    HDF5's filters as the values written, in float16 and float32 stores, as it reads a store written
+    through h5py's own filters; a features dataset of another layout is written through h5py."""
+    import h5py
+
+    rng = np.random.default_rng(1)
+    rows = [np.abs(rng.standard_normal((36, 2054))).astype(np.float32) for _ in range(5)]
+    rows[2][:, :100] = 0.0  # compressible stretches
+    for dtype in (np.float16, np.float32):
+        writer = RegionWriter(tmp_path / f"{dtype.__name__}.h5", "d", dtype=dtype)
+        assert writer._direct
+        writer.add([(str(i), r) for i, r in enumerate(rows)])
+        writer.close()
+        with h5py.File(tmp_path / f"{dtype.__name__}.h5") as f:
+            stored = f["features"]
+            assert stored.compression == "gzip" and stored.shuffle
+            np.testing.assert_array_equal(stored[:], np.stack(rows).astype(dtype))
+            chunk = stored.id.read_direct_chunk((2, 0, 0))[1]
+            assert len(chunk) < rows[2].astype(dtype).nbytes  # stored compressed
+    with h5py.File(tmp_path / "plain.h5", "w") as f:
+        f.create_dataset("features", shape=(0, 36, 2054), maxshape=(None, 36, 2054), dtype=np.float16)
+        f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"))
+        f.attrs["layout"], f.attrs["detector"] = HDF5_LAYOUT, "d"
+    writer = RegionWriter(tmp_path / "plain.h5", "d")
+    assert not writer._direct
+    writer.add([("a", rows[0])])
+    writer.close()
+    with HDF5Store(tmp_path / "plain.h5") as store:
+        np.testing.assert_array_equal(store.get("a"), rows[0].astype(np.float16).astype(np.float32))
 
 
 def test_gather_from_list_and_records_files(tmp_path: Path) -> None:

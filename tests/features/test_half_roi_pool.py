@@ -65,6 +65,8 @@ def test_kernel_equals_torchvision_on_the_float32_copy(dtype: torch.dtype, chann
     x = torch.randn(3, channels, 20, 24, generator=g).to(dtype).cuda()
     rois = _rois(200, 3, seed=channels).cuda()
     expected = ops.roi_pool(x.float(), rois, size, 1 / 16).to(dtype)
+    on_gpu, on_cpu = (half_roi_pool.bin_edges(r, size, 1 / 16, 20, 24) for r in (rois, rois.cpu()))
+    assert all(torch.equal(g.cpu(), c) for g, c in zip(on_gpu, on_cpu, strict=True))
     for features in (x.contiguous(memory_format=torch.channels_last), x):
         out = half_roi_pool.roi_pool_half(features, rois, size, 1 / 16)
         assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
