@@ -248,14 +248,20 @@ def _convs(model: BottomUpDetector) -> list[detector_module.Conv2d]:
 
 
 def test_folded_batch_norms_compute_what_the_convolutions_and_norms_did(detector: BottomUpDetector) -> None:
-    """Every batch norm folded into its convolution (`Conv2d.fold`, float32, on the CPU: the folded
-    convolution, then ReLU and the residual sum): the same regions, features to fp32 rounding."""
+    """Every batch norm folded into its convolution and each shortcut's bias moved into its block's
+    conv3 (`BottomUpDetector.folds`, float32, on the CPU: the folded convolution, then ReLU and the
+    residual sum): the same regions, features to fp32 rounding."""
     images = [_image(40 + i, w, h) for i, (w, h) in enumerate([(64, 48), (48, 64), (100, 40)])]
     expected = _detect(detector, images)
     model = copy.deepcopy(detector)
     assert any(not torch.allclose(c.norm.running_var, torch.ones(1)) for c in _convs(model) if c.norm)
-    for conv in _convs(model):
-        conv.folded = conv.fold(torch.float32)
+    folds = dict(model.folds(torch.float32))
+    assert set(folds) == set(_convs(model))
+    blocks = [m for m in model.modules() if isinstance(m, detector_module.Bottleneck)]
+    shortcuts = [block.shortcut for block in blocks if block.shortcut is not None]
+    assert len(shortcuts) == 4 and all(folds[s][1] is None for s in shortcuts)
+    for conv, fold in folds.items():
+        conv.folded = fold
     for det, ref in zip(_detect(model, images), expected, strict=True):
         assert isinstance(det, Detection) and isinstance(ref, Detection)
         np.testing.assert_allclose(det.boxes, ref.boxes, atol=1e-3)
