@@ -64,6 +64,9 @@ class ExtractSummary:
     input_wait_s: float = 0.0
     """Seconds the detector's thread waited for its next uploaded batch, the first batch's wait (the
     loader's start) not counted: near zero when the detector is the slowest part."""
+    start_s: float = 0.0
+    """Seconds from the call to the first batch's arrival at the detector (opening the store, starting
+    the loader's processes, decoding the first batch); ``seconds`` less this is the steady part."""
 
     def line(self) -> str:
         rate = self.extracted / self.seconds if self.seconds > 0 else 0.0
@@ -292,6 +295,8 @@ class _Prefetch(Generic[U]):
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self.waited: list[float] = []
+        self.first_at: float | None = None
+        """``time.perf_counter()`` when the iterating thread got its first entry."""
         self._thread = threading.Thread(
             target=self._run, args=(source, prepare, context), name="qace-feature-upload", daemon=True
         )
@@ -327,7 +332,10 @@ class _Prefetch(Generic[U]):
         while True:
             start = time.perf_counter()
             kind, value = self._queue.get()
-            self.waited.append(time.perf_counter() - start)
+            now = time.perf_counter()
+            self.waited.append(now - start)
+            if self.first_at is None:
+                self.first_at = now
             if kind == "error":
                 raise value
             if kind == "end":
@@ -432,6 +440,7 @@ def extract_features(
         for entry in errors:
             f.write(json.dumps(entry) + "\n")
     waited = ahead.waited  # the first: the loader's start; the last: for the end of the input
+    first = ahead.first_at - start if ahead.first_at is not None else 0.0
     return ExtractSummary(
         written,
         len(items) - len(todo),
@@ -440,6 +449,7 @@ def extract_features(
         errors_path,
         batches=len(waited) - 1,
         input_wait_s=sum(waited[1:-1]),
+        start_s=first,
     )
 
 

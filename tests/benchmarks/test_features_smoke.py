@@ -22,6 +22,9 @@ def test_tiny_features_benchmark_writes_its_report(tmp_path: Path) -> None:
     assert report["batched"]["extracted"] == 2 and report["batched"]["errors"] == 0
     assert report["loop"]["images"] == 1 and report["loop"]["images_per_s"] > 0
     assert report["speedup"] > 0 and report["precision"] == "fp32"  # the CPU default
+    batched = report["batched"]
+    assert 0 < batched["start_s"] < batched["seconds"]
+    assert batched["steady_images_per_s"] >= batched["images_per_s"] and report["speedup_steady"] > 0
     assert report["weights"].startswith("random") and report["ops_backend"] in ("torchvision", "torch")
     assert set(report["versions"]) == {"qace", "torch", "torchvision", "python"}
     stages = ["upload", "backbone", "rpn", "roi_pool", "res5", "select", "host", "total"]
