@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import sys
 
 import torch
@@ -14,6 +16,7 @@ from qace.integrations.torchmetrics import QACEScore
 
 
 def main(rank: int, models: str, data: str, out: str) -> None:
+    faulthandler.enable()  # a fatal signal (an abort in a C++ teardown) prints every thread's stack
     with open(data) as f:
         inputs = json.load(f)
     captions, refs = inputs["captions"], inputs["refs"]
@@ -32,6 +35,7 @@ def main(rank: int, models: str, data: str, out: str) -> None:
     if rank == 1:
         metric.update(captions[3:], refs[3:])
     empty = metric.compute()
+    dist.barrier()  # no rank tears down while another still talks to it (rank 0 also hosts the store)
     dist.destroy_process_group()
     with open(out, "w") as f:
         json.dump(
@@ -47,3 +51,8 @@ def main(rank: int, models: str, data: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the work is done and written; leave without the interpreter's finalisation, where one CI run saw
+    # rank 1 abort ("terminate called without an active exception") as torch's C++ objects were torn down
+    os._exit(0)

@@ -111,21 +111,26 @@ def test_two_gloo_ranks_agree_with_one_process(
     worker = Path(__file__).with_name("ddp_worker.py")
     data = tmp_path / "inputs.json"
     data.write_text(json.dumps({"captions": CAPTIONS, "refs": REFS}))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(worker),
-                str(rank),
-                str(test_models_dir),
-                str(data),
-                str(tmp_path / f"{rank}.json"),
-            ],
-            env=env,
-        )
-        for rank in (0, 1)
-    ]
-    assert [p.wait(timeout=240) for p in procs] == [0, 0]
+    logs = [tmp_path / f"{rank}.log" for rank in (0, 1)]
+    with logs[0].open("w") as err0, logs[1].open("w") as err1:
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(worker),
+                    str(rank),
+                    str(test_models_dir),
+                    str(data),
+                    str(tmp_path / f"{rank}.json"),
+                ],
+                env=env,
+                stderr=err,
+            )
+            for rank, err in ((0, err0), (1, err1))
+        ]
+        codes = [p.wait(timeout=240) for p in procs]
+    stderr = "\n".join(f"rank {r} stderr:\n{log.read_text()[-3000:]}" for r, log in enumerate(logs))
+    assert codes == [0, 0], stderr
     results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
     want = [e["qace"] for e in expected]
     for result in results:
