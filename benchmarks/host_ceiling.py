@@ -1,0 +1,150 @@
+"""The engine's host ceiling: captions/s on distinct captions when every model answers at once, so that
+every second measured is the host work of the path the GPU engine runs.
+
+    python -m benchmarks.host_ceiling --variant img --out benchmarks/results/host_ceiling_cpu.json
+    [--captions 4096] [--passes 3] [--models-dir DIR]
+
+What is replaced, and what runs as in a real pass:
+
+- each model runner answers a batch with the outputs the GPU benchmark forces
+  (`benchmarks.workload.padded_target_tokens`) without running its model; a QA model's answerability is
+  a constant. Everything around the models runs: de-duplication, prompt ids, slicing, batch planning and
+  padding, decoding, question cleaning, result rows;
+- Visual-T5's region features go through the device feature cache's host work (reading, stacking,
+  copying into the cache's slab, here in host memory), and batches gather from a shape-only slab;
+- BERTScore's encoder returns zeros of its output's shape; its tokenising, indexing and matching run;
+- spaCy is left out: every caption's candidates are parsed before the timed passes and kept, while every
+  other cache the engine keeps across calls (prompt parts, device features) starts cold in each pass
+  (`benchmarks.workload.reset_caches`).
+
+Workload: the distinct PASCAL-50S captions (`benchmarks.workload.pascal_workload`), tiny models with the
+workload's tokenizer, and the GPU speed defaults (chunks of 2,048 captions, batches of up to 2,048 rows
+and 131,072 tokens), so the host does what it does beside a GPU. ``captions_per_s`` is the median pass.
+No device can make the engine faster than this on the same host; the GPU host has more cores, so its
+ceiling is measured there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.run_info import commit, versions
+from benchmarks.throughput import DATA
+from benchmarks.workload import (
+    build_tiny_models,
+    padded_target_tokens,
+    pascal_workload,
+    reset_caches,
+    workload_scorer,
+)
+from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
+from qace.engine.device_features import DeviceFeatureCache
+
+SETTINGS = {"batch_rows": 2048, "batch_tokens": 131072, "chunk_size": 2048, "spacy_workers": 0}
+"""The GPU speed defaults (`qace.config.speed_defaults`); spaCy runs once, before the passes."""
+
+
+class InstantRunner:
+    """A runner that answers every batch at once with the workload's forced outputs (module docstring)."""
+
+    def __init__(self, role: str, eos_id: int) -> None:
+        self.role, self.eos_id = role, eos_id
+        self.features: DeviceFeatureCache | None = None
+
+    def generate(
+        self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
+    ) -> Generated:
+        ids, mask = np.asarray(batch.input_ids), np.asarray(batch.attention_mask)
+        tokens = padded_target_tokens(ids, mask, self.role, max_new_tokens, self.eos_id)
+        answerability = np.full(len(tokens), 0.75) if unanswerable_id is not None else None
+        return Generated(tokens=cut_at_eos(tokens, self.eos_id), answerability=answerability)
+
+    def feature_rows(self, image_ids: Any, load: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The device feature cache's host work, in host memory; batches gather from a shape-only slab."""
+        if self.features is None:
+            self.features = DeviceFeatureCache(torch.device("cpu"), torch.float32, 8192)
+        found = self.features.rows(image_ids, load)
+        if found is None:
+            return None
+        slab, slots = found
+        return torch.empty(slab.shape, device="meta"), slots.to("meta")
+
+
+def instant_scorer(models: Path, variant: str) -> Any:
+    """The benchmarks' scorer (`workload_scorer`) with instant runners and a zero BERTScore encoder."""
+    args = argparse.Namespace(**SETTINGS)
+    scorer = workload_scorer(models, variant, device="cpu", precision="fp32", args=args, candidate_cache=True)
+    for role in ("qg", "tqa", "vqa"):
+        runner = getattr(scorer.models, role)
+        if runner is not None:
+            setattr(scorer.models, role, InstantRunner(role, runner.decoder.eos_id))
+    width = int(scorer.matcher._encoder.config.hidden_size)
+    scorer.matcher._hidden = lambda ids, mask: torch.zeros(ids.shape[0], ids.shape[1], width)
+    return scorer
+
+
+def measure(scorer: Any, records: list[Any], passes: int) -> dict[str, Any]:
+    """Parse every caption once, then ``passes`` passes, each with the engine's caches cold but the
+    candidates kept."""
+    list(scorer.score_records(records))  # parses the captions (kept) and imports what a pass needs
+    rates = []
+    for _ in range(passes):
+        candidates = dict(scorer.candidates._cache)
+        reset_caches(scorer)
+        scorer.candidates._cache.update(candidates)
+        start = time.perf_counter()
+        list(scorer.score_records(records))
+        rates.append(len(records) / (time.perf_counter() - start))
+    return {"captions_per_s": float(np.median(rates)), "passes_captions_per_s": rates}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", choices=["img", "ref"], action="append")
+    parser.add_argument("--captions", type=int, default=4096)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--models-dir", default=None, help="tiny models built earlier (else built here)")
+    parser.add_argument("--out", default="benchmarks/results/host_ceiling_cpu.json")
+    args = parser.parse_args(argv)
+    records = pascal_workload(DATA, args.captions)
+    models = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-host-ceiling-"))
+    build_tiny_models(models, records)
+    results = []
+    for variant in args.variant or ["img", "ref"]:
+        result = measure(instant_scorer(models, variant), records, args.passes)
+        results.append({"variant": variant, **result})
+        print(f"{variant}: {result['captions_per_s']:.0f} captions/s (host ceiling)", flush=True)
+    report = {
+        "command": "python -m benchmarks.host_ceiling "
+        + shlex.join(argv if argv is not None else sys.argv[1:]),
+        **commit(),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor()},
+        **versions("python", "torch", "transformers", "tokenizers", "numpy", "qace"),
+        "workload": {
+            "name": "PASCAL-50S distinct human captions, 5 other captions of the image as references",
+            "captions": len(records),
+            "distinct_captions": len({r.caption for r in records}),
+            "spacy": "left out: candidates parsed before the timed passes",
+        },
+        "settings": {**SETTINGS, "passes": args.passes},
+        "results": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
