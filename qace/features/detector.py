@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from qace.errors import ConfigError, ModelNotFoundError
-from qace.features import DEFAULT_DETECTOR, half_roi_pool
+from qace.features import DEFAULT_DETECTOR
 from qace.features.ops import greedy_nms, roi_pool
 
 log = logging.getLogger(__name__)
@@ -456,20 +456,15 @@ class ROIHeads(nn.Module):
     def pool(self, res4: Tensor, proposals: Tensor) -> Tensor:
         """RoIPool of each image's (N, P, 4) proposals: (N * P, C, r, r), image-major, in the dtype res5
         computes in (autocast's, else float32) and laid out as `_layout` says, cast once instead of once
-        in each of the two convolutions that read it.
-
-        A half-precision res4 on a GPU in that dtype is pooled as it is by one Triton kernel
-        (`qace.features.half_roi_pool`); otherwise RoIPool runs in float32 and its output is cast. Both
-        give the same values: a maximum of half values is one of them."""
+        in each of the two convolutions that read it (a res4 in that dtype is pooled as it is:
+        `qace.features.ops.roi_pool`)."""
         n, p = proposals.shape[:2]
         image = torch.arange(n, device=res4.device, dtype=torch.float32).repeat_interleave(p)
         rois = torch.cat([image[:, None], proposals.reshape(-1, 4).float()], dim=1)
         autocast = torch.is_autocast_enabled(res4.device.type)
         dtype = torch.get_autocast_dtype(res4.device.type) if autocast else torch.float32
-        size = self.config.pooler_resolution
-        if res4.dtype == dtype and half_roi_pool.fused_available(res4):
-            return half_roi_pool.roi_pool_half(res4, rois, size, 1.0 / 16)
-        x = roi_pool(res4.float(), rois, size, 1.0 / 16)
+        res4 = res4 if res4.dtype == dtype else res4.float()
+        x = roi_pool(res4, rois, self.config.pooler_resolution, 1.0 / 16)
         return x.to(dtype=dtype, memory_format=_layout(x.device))
 
     def forward(self, regions: Tensor) -> tuple[Tensor, Tensor]:

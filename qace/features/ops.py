@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from qace.features import half_roi_pool
+
 
 def _torchvision_roi_pool():  # noqa: ANN202
     try:
@@ -32,10 +34,21 @@ BACKEND = "torchvision" if _TV_ROI_POOL is not None else "torch"
 
 def roi_pool(features: Tensor, rois: Tensor, output_size: int, spatial_scale: float) -> Tensor:
     """Caffe's RoIPool (max over each bin; an empty bin gives 0): ``rois`` is (K, 5) of
-    ``(batch index, x1, y1, x2, y2)`` in input pixels; returns (K, C, output_size, output_size)."""
-    if _TV_ROI_POOL is not None:
-        return _TV_ROI_POOL(features, rois, (output_size, output_size), spatial_scale)
-    return roi_pool_reference(features, rois, output_size, spatial_scale)
+    ``(batch index, x1, y1, x2, y2)`` in input pixels; returns (K, C, output_size, output_size) in
+    ``features``' dtype.
+
+    A half-precision map on a GPU is pooled as it is by one Triton kernel (`qace.features.half_roi_pool`,
+    channels-last output); otherwise torchvision's kernel (or `roi_pool_reference` without it) pools a
+    float32 copy, cast back. Both give the same values: a maximum of half values is one of them."""
+    if half_roi_pool.fused_available(features):
+        return half_roi_pool.roi_pool_half(features, rois, output_size, spatial_scale)
+    pool = _TV_ROI_POOL if _TV_ROI_POOL is not None else _reference_pool
+    return pool(features.float(), rois, (output_size, output_size), spatial_scale).to(features.dtype)
+
+
+def _reference_pool(features: Tensor, rois: Tensor, size: tuple[int, int], spatial_scale: float) -> Tensor:
+    """`roi_pool_reference` called as torchvision's kernel is."""
+    return roi_pool_reference(features, rois, size[0], spatial_scale)
 
 
 def roi_pool_reference(features: Tensor, rois: Tensor, output_size: int, spatial_scale: float) -> Tensor:

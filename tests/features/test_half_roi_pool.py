@@ -55,6 +55,16 @@ def test_the_kernel_is_for_half_maps_on_a_gpu() -> None:
         assert not half_roi_pool.fused_available(torch.zeros(1, 2, 3, 3, device="cuda"))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_map_without_the_kernel_is_pooled_in_float32_and_cast_back(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 20, 24, generator=g).to(dtype)
+    rois = _rois(30, 2, seed=1)
+    out = ops.roi_pool(x, rois, 7, 1 / 16)
+    assert out.dtype == dtype and torch.equal(out, ops.roi_pool(x.float(), rois, 7, 1 / 16).to(dtype))
+    assert torch.equal(out.float(), _roi_pool_by_definition(x.float(), rois, 7, 1 / 16))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("channels", "size"), [(1024, 14), (100, 7), (3, 2)])
@@ -71,4 +81,5 @@ def test_kernel_equals_torchvision_on_the_float32_copy(dtype: torch.dtype, chann
         out = half_roi_pool.roi_pool_half(features, rois, size, 1 / 16)
         assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(out, expected)
+        assert torch.equal(ops.roi_pool(features, rois, size, 1 / 16), out)  # the dispatch picks the kernel
     assert half_roi_pool.roi_pool_half(x, rois[:0], size, 1 / 16).shape == (0, channels, size, size)
