@@ -34,8 +34,9 @@ def _ratings(ratings: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
     return r
 
 
-def category_counts(ratings: np.ndarray, categories: Sequence[float] | np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def category_counts(
+    ratings: np.ndarray, categories: Sequence[float] | np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(items x categories) count table and the sorted categories; NaN judgments are not counted."""
     r = _ratings(ratings)
     cats = np.unique(r[np.isfinite(r)]) if categories is None else np.asarray(categories, dtype=float)
@@ -62,8 +63,12 @@ def fleiss_kappa(ratings: np.ndarray, categories: Sequence[float] | np.ndarray |
     return float((p_obs - p_exp) / (1.0 - p_exp))
 
 
-def cohen_kappa(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray,
-                weights: str | None = None, categories: Sequence[float] | np.ndarray | None = None) -> float:
+def cohen_kappa(
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    weights: str | None = None,
+    categories: Sequence[float] | np.ndarray | None = None,
+) -> float:
     """Cohen's (1960) kappa between two judges; ``weights`` "linear"/"quadratic" for ordinal scales.
 
     Weighted kappa (Cohen 1968) penalises a 1-vs-4 disagreement more than a 3-vs-4 one, with
@@ -171,13 +176,16 @@ def goodman_kruskal_gamma(x: Sequence[float] | np.ndarray, y: Sequence[float] | 
     return float("nan") if total == 0 else (concordant - discordant) / total
 
 
-def pairwise(ratings: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], float],
-             judges: Sequence[str] | None = None) -> dict[str, float]:
+def pairwise(
+    ratings: np.ndarray, fn: Callable[[np.ndarray, np.ndarray], float], judges: Sequence[str] | None = None
+) -> dict[str, float]:
     """``fn`` for every pair of judges, keyed ``"j1-j2"``, plus their ``"mean"``."""
     r = _ratings(ratings)
     names = list(judges) if judges is not None else [f"j{i + 1}" for i in range(r.shape[1])]
-    out = {f"{names[i]}-{names[j]}": fn(r[:, i], r[:, j])
-           for i, j in itertools.combinations(range(r.shape[1]), 2)}
+    out = {
+        f"{names[i]}-{names[j]}": fn(r[:, i], r[:, j])
+        for i, j in itertools.combinations(range(r.shape[1]), 2)
+    }
     out["mean"] = float(np.nanmean(list(out.values())))
     return out
 
@@ -203,8 +211,13 @@ class AgreementReport:
         return out
 
     def to_dict(self) -> dict:
-        return {"n_items": self.n_items, "judges": self.judges, "figures": self.figures,
-                "pairwise": self.pairwise, "readings": self.readings()}
+        return {
+            "n_items": self.n_items,
+            "judges": self.judges,
+            "figures": self.figures,
+            "pairwise": self.pairwise,
+            "readings": self.readings(),
+        }
 
 
 def agreement_report(ratings: np.ndarray, judges: Sequence[str] | None = None) -> AgreementReport:

@@ -30,9 +30,17 @@ COCO_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "meteor", "cider"
 BASELINES = (*COCO_METRICS, "bertscore", "spice")
 #: Display names for tables.
 DISPLAY = {
-    "bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4",
-    "rouge_l": "ROUGE-L", "meteor": "METEOR", "cider": "CIDEr", "bertscore": "BERTScore",
-    "spice": "SPICE", "qace-ref": "QACE-Ref", "qace-img": "QACE-Img",
+    "bleu1": "BLEU-1",
+    "bleu2": "BLEU-2",
+    "bleu3": "BLEU-3",
+    "bleu4": "BLEU-4",
+    "rouge_l": "ROUGE-L",
+    "meteor": "METEOR",
+    "cider": "CIDEr",
+    "bertscore": "BERTScore",
+    "spice": "SPICE",
+    "qace-ref": "QACE-Ref",
+    "qace-img": "QACE-Img",
 }
 SPICE_SKIP_MESSAGE = (
     "SPICE skipped: it needs Stanford CoreNLP models that pycocoevalcap downloads on first use, "
@@ -62,8 +70,11 @@ def _version(dist: str) -> str:
 
 def _cache_key(metric: str, candidates: Sequence[str], references: Sequence[Sequence[str]]) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([metric, _version("pycocoevalcap"), list(candidates),
-                         [list(r) for r in references]]).encode())
+    h.update(
+        json.dumps(
+            [metric, _version("pycocoevalcap"), list(candidates), [list(r) for r in references]]
+        ).encode()
+    )
     return f"{metric}-{h.hexdigest()[:20]}"
 
 
@@ -120,8 +131,9 @@ def _meteor(gts: dict, res: dict) -> np.ndarray:
     jar_dir = Path(meteor_mod.__file__).parent
     cmd = ["java", "-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm"]
     logger.info("METEOR on %d candidates (Java; this takes a while)", len(res))
-    proc = subprocess.Popen(cmd, cwd=jar_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=jar_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     stdin, stdout = proc.stdin, proc.stdout
     if stdin is None or stdout is None:  # pragma: no cover - Popen with PIPE always sets them
         raise BackendUnavailableError("could not open pipes to the METEOR jar")
@@ -185,8 +197,10 @@ def compute_baselines(
         raise InputError(f"{len(candidates)} candidates but {len(references)} reference lists")
     for i, refs in enumerate(references):
         if not any(r.strip() for r in refs):
-            raise InputError(f"candidate {i} ({candidates[i][:40]!r}) has no references; reference-based "
-                             "baselines need at least one per candidate")
+            raise InputError(
+                f"candidate {i} ({candidates[i][:40]!r}) has no references; reference-based "
+                "baselines need at least one per candidate"
+            )
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     out: dict[str, np.ndarray] = {}
     todo = []

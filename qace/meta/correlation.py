@@ -42,8 +42,12 @@ METHODS: dict[str, Callable[[np.ndarray, np.ndarray], tuple[float, float]]] = {
     "spearman": lambda x, y: tuple(stats.spearmanr(x, y)),  # type: ignore[dict-item]
     "pearson": lambda x, y: tuple(stats.pearsonr(x, y)),  # type: ignore[dict-item]
 }
-DISPLAY = {"kendall_c": "Kendall tau-c", "kendall_b": "Kendall tau-b", "spearman": "Spearman rho",
-           "pearson": "Pearson r"}
+DISPLAY = {
+    "kendall_c": "Kendall tau-c",
+    "kendall_b": "Kendall tau-b",
+    "spearman": "Spearman rho",
+    "pearson": "Pearson r",
+}
 #: Smallest p-value printed as a number; smaller ones (denormals, 0.0) are written ``"<1e-300"``.
 P_FLOOR = 1e-300
 P_FLOOR_TEXT = "<1e-300"
@@ -106,8 +110,9 @@ def t_test_p(r: float, n: int) -> float:
     return float(2.0 * stats.t.sf(abs(t), df=n - 2))
 
 
-def _clean(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
-           *groupings: np.ndarray | None) -> tuple[np.ndarray, ...]:
+def _clean(
+    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *groupings: np.ndarray | None
+) -> tuple[np.ndarray, ...]:
     xa = np.asarray(x, dtype=float).ravel()
     ya = np.asarray(y, dtype=float).ravel()
     if xa.shape != ya.shape:
@@ -133,8 +138,10 @@ def coefficient(x: np.ndarray, y: np.ndarray, method: str) -> tuple[float, float
         raise ConfigError(f"unknown correlation {method!r}; choose from {list(METHODS)}")
     for what, v in (("metric", x), ("human", y)):
         if v.size and np.all(v == v[0]):
-            raise InputError(f"the {what} scores are constant ({v[0]:g} on all {v.size} rows): "
-                             "no correlation is defined; check the column mapping")
+            raise InputError(
+                f"the {what} scores are constant ({v[0]:g} on all {v.size} rows): "
+                "no correlation is defined; check the column mapping"
+            )
     r, p = METHODS[method](x, y)
     return float(r), float(p)
 
@@ -182,8 +189,12 @@ def percentile_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float
 _FEW_LEVELS = 16
 
 
-def _kendall_s(x: np.ndarray, y: np.ndarray, levels: tuple[np.ndarray, np.ndarray],
-               other_levels: tuple[np.ndarray, np.ndarray]) -> float | None:
+def _kendall_s(
+    x: np.ndarray,
+    y: np.ndarray,
+    levels: tuple[np.ndarray, np.ndarray],
+    other_levels: tuple[np.ndarray, np.ndarray],
+) -> float | None:
     """Kendall's ``S`` (concordant minus discordant pairs) when ``y`` or ``x`` has few levels, else None.
 
     ``levels``/``other_levels``: (inverse, counts) of ``np.unique`` of ``y``/``x``. For levels
@@ -195,7 +206,7 @@ def _kendall_s(x: np.ndarray, y: np.ndarray, levels: tuple[np.ndarray, np.ndarra
         if counts.size <= _FEW_LEVELS:
             order = np.argsort(inv, kind="stable")
             bounds = np.concatenate([[0], np.cumsum(counts)])
-            groups = [np.sort(other[order[bounds[k]:bounds[k + 1]]]) for k in range(counts.size)]
+            groups = [np.sort(other[order[bounds[k] : bounds[k + 1]]]) for k in range(counts.size)]
             s = 0
             for a in range(counts.size):
                 lo = groups[a]
@@ -242,8 +253,14 @@ def fast_coefficients(x: np.ndarray, y: np.ndarray, methods: Sequence[str]) -> d
     return {m: float(out[m]) for m in methods}
 
 
-def bootstrap_all(x: np.ndarray, y: np.ndarray, methods: Sequence[str], groups: np.ndarray | None = None,
-                  n_boot: int = 1000, seed: int = 0) -> dict[str, np.ndarray]:
+def bootstrap_all(
+    x: np.ndarray,
+    y: np.ndarray,
+    methods: Sequence[str],
+    groups: np.ndarray | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
     """Each method's coefficient on each of ``n_boot`` item resamples (see :func:`resample_rows`)."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -254,15 +271,26 @@ def bootstrap_all(x: np.ndarray, y: np.ndarray, methods: Sequence[str], groups: 
     return {m: np.array([v[m] for v in values]) for m in methods}
 
 
-def bootstrap_values(x: np.ndarray, y: np.ndarray, method: str, groups: np.ndarray | None = None,
-                     n_boot: int = 1000, seed: int = 0) -> np.ndarray:
+def bootstrap_values(
+    x: np.ndarray,
+    y: np.ndarray,
+    method: str,
+    groups: np.ndarray | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> np.ndarray:
     """The coefficient on each of ``n_boot`` item resamples (see :func:`resample_rows`)."""
     return bootstrap_all(x, y, [method], groups, n_boot, seed)[method]
 
 
 def bootstrap_ci(
-    x: np.ndarray, y: np.ndarray, method: str, groups: np.ndarray | None = None,
-    n_boot: int = 1000, level: float = 0.95, seed: int = 0,
+    x: np.ndarray,
+    y: np.ndarray,
+    method: str,
+    groups: np.ndarray | None = None,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile interval of ``method`` over ``n_boot`` resamples of whole items.
 
@@ -283,9 +311,15 @@ def unit_means(x: np.ndarray, y: np.ndarray, units: np.ndarray) -> tuple[np.ndar
 
 
 def correlate(
-    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, method: str = "kendall_c",
-    groups: np.ndarray | None = None, n_boot: int = 0, level: float = 0.95, seed: int = 0,
-    units: np.ndarray | None = None, boot: np.ndarray | None = None,
+    x: Sequence[float] | np.ndarray,
+    y: Sequence[float] | np.ndarray,
+    method: str = "kendall_c",
+    groups: np.ndarray | None = None,
+    n_boot: int = 0,
+    level: float = 0.95,
+    seed: int = 0,
+    units: np.ndarray | None = None,
+    boot: np.ndarray | None = None,
 ) -> Correlation:
     """Coefficient, exact and row p-values, and (``n_boot > 0``) an item-bootstrap interval.
 
@@ -307,21 +341,40 @@ def correlate(
         lo, hi = percentile_ci(boot, level)
     elif n_boot > 0:
         lo, hi = percentile_ci(bootstrap_values(xa, ya, method, g, n_boot, seed), level)
-    return Correlation(method=method, value=r, p_value=p, p_value_rows=p_rows, p_value_t=t_test_p(r, xa.size),
-                       ci_low=lo, ci_high=hi, n=int(xa.size), n_units=n_units,
-                       n_items=int(np.unique(g).size), n_boot=n_boot)
+    return Correlation(
+        method=method,
+        value=r,
+        p_value=p,
+        p_value_rows=p_rows,
+        p_value_t=t_test_p(r, xa.size),
+        ci_low=lo,
+        ci_high=hi,
+        n=int(xa.size),
+        n_units=n_units,
+        n_items=int(np.unique(g).size),
+        n_boot=n_boot,
+    )
 
 
 def correlate_all(
-    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray,
-    methods: Sequence[str] = tuple(METHODS), groups: np.ndarray | None = None, n_boot: int = 0,
-    level: float = 0.95, seed: int = 0, units: np.ndarray | None = None,
+    x: Sequence[float] | np.ndarray,
+    y: Sequence[float] | np.ndarray,
+    methods: Sequence[str] = tuple(METHODS),
+    groups: np.ndarray | None = None,
+    n_boot: int = 0,
+    level: float = 0.95,
+    seed: int = 0,
+    units: np.ndarray | None = None,
 ) -> dict[str, Correlation]:
     """:func:`correlate` for each method, keyed by method name (one bootstrap loop serves all)."""
     xa, ya, g = _clean(x, y, groups)
     boots = bootstrap_all(xa, ya, methods, g, n_boot, seed) if n_boot > 0 else {}
-    return {m: correlate(x, y, m, groups=groups, n_boot=n_boot, level=level, seed=seed, units=units,
-                         boot=boots.get(m)) for m in methods}
+    return {
+        m: correlate(
+            x, y, m, groups=groups, n_boot=n_boot, level=level, seed=seed, units=units, boot=boots.get(m)
+        )
+        for m in methods
+    }
 
 
 def expand_judgments(metric: np.ndarray, human: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

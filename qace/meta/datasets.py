@@ -113,11 +113,17 @@ class PairSet:
     def subset(self, idx: Sequence[int] | np.ndarray) -> PairSet:
         """The pairs at positions ``idx``, keeping their ids (so export ids still join)."""
         ix = [int(i) for i in idx]
-        return PairSet(name=self.name, ids=[self.ids[i] for i in ix],
-                       image_ids=[self.image_ids[i] for i in ix], cand1=[self.cand1[i] for i in ix],
-                       cand2=[self.cand2[i] for i in ix],
-                       references=[self.references[i] for i in ix], votes=[self.votes[i] for i in ix],
-                       categories=[self.categories[i] for i in ix], sources=self.sources[ix])
+        return PairSet(
+            name=self.name,
+            ids=[self.ids[i] for i in ix],
+            image_ids=[self.image_ids[i] for i in ix],
+            cand1=[self.cand1[i] for i in ix],
+            cand2=[self.cand2[i] for i in ix],
+            references=[self.references[i] for i in ix],
+            votes=[self.votes[i] for i in ix],
+            categories=[self.categories[i] for i in ix],
+            sources=self.sources[ix],
+        )
 
     def sample_references(self, seed: int, k: int = PASCAL_NUM_REFS) -> list[list[str]]:
         """``k`` references per pair, the same for both candidates, reproducible from ``seed``.
@@ -197,10 +203,12 @@ def load_pascal50s(data_dir: Path | str | None = None) -> PairSet:
 
     base = Path(data_dir) if data_dir is not None else default_data_dir()
     folder = _require(base / "pascal50s", "PASCAL-50S folder")
-    pairs = loadmat(_require(folder / "pair_pascal.mat", "pair_pascal.mat"), squeeze_me=True,
-                    struct_as_record=False)
-    refmat = loadmat(_require(folder / "pascal50S.mat", "pascal50S.mat"), squeeze_me=True,
-                     struct_as_record=False)
+    pairs = loadmat(
+        _require(folder / "pair_pascal.mat", "pair_pascal.mat"), squeeze_me=True, struct_as_record=False
+    )
+    refmat = loadmat(
+        _require(folder / "pascal50S.mat", "pascal50S.mat"), squeeze_me=True, struct_as_record=False
+    )
     refs_by_image = {str(r.image): [str(s).strip() for s in np.atleast_1d(r.sent)] for r in refmat["refs"]}
     n = len(pairs["new_input"])
     image_ids, cand1, cand2, references, votes = [], [], [], [], []

@@ -51,8 +51,9 @@ def read_score_file(path: Path | str) -> dict[str, dict[str, float]]:
     return out
 
 
-def join_scores(scores: Mapping[str, Mapping[str, float]], ids: Sequence[str],
-                min_coverage: float = 0.5) -> dict[str, np.ndarray]:
+def join_scores(
+    scores: Mapping[str, Mapping[str, float]], ids: Sequence[str], min_coverage: float = 0.5
+) -> dict[str, np.ndarray]:
     """Columns of ``scores`` aligned to ``ids`` (NaN where an id is missing).
 
     Columns covering less than ``min_coverage`` of the ids are dropped: they belong to
@@ -65,8 +66,12 @@ def join_scores(scores: Mapping[str, Mapping[str, float]], ids: Sequence[str],
         covered = np.isfinite(values).mean() if len(ids) else 0.0
         if covered >= min_coverage:
             if covered < 1.0:
-                logger.warning("score column %r covers %.1f%% of %d captions; the rest are skipped",
-                               col, 100 * covered, len(ids))
+                logger.warning(
+                    "score column %r covers %.1f%% of %d captions; the rest are skipped",
+                    col,
+                    100 * covered,
+                    len(ids),
+                )
             out[col] = values
     return out
 
@@ -77,8 +82,9 @@ def pascal_candidate_ids(pairs: PairSet, seed: int | None = None) -> tuple[list[
     return [f"{i}-1{tail}" for i in pairs.ids], [f"{i}-2{tail}" for i in pairs.ids]
 
 
-def join_pascal_scores(scores: Mapping[str, Mapping[str, float]], pairs: PairSet, seed: int
-                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def join_pascal_scores(
+    scores: Mapping[str, Mapping[str, float]], pairs: PairSet, seed: int
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per column, the (cand1, cand2) scores for ``seed``: seed-tagged ids first, else plain ids."""
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for tagged in (seed, None):
@@ -92,11 +98,15 @@ def join_pascal_scores(scores: Mapping[str, Mapping[str, float]], pairs: PairSet
 # ---------------------------------------------------------------- Flickr8k-Expert
 
 
-def flickr_correlations(data: CaptionSet, scores: Mapping[str, np.ndarray],
-                        methods: Sequence[str] = tuple(METHODS), n_boot: int = 0,
-                        boot_methods: Sequence[str] = tuple(METHODS), seed: int = 0,
-                        keep_boot: dict[str, dict[str, np.ndarray]] | None = None,
-                        ) -> dict[str, dict[str, Correlation]]:
+def flickr_correlations(
+    data: CaptionSet,
+    scores: Mapping[str, np.ndarray],
+    methods: Sequence[str] = tuple(METHODS),
+    n_boot: int = 0,
+    boot_methods: Sequence[str] = tuple(METHODS),
+    seed: int = 0,
+    keep_boot: dict[str, dict[str, np.ndarray]] | None = None,
+) -> dict[str, dict[str, Correlation]]:
     """Per metric and method, the correlation with every expert judgment (standard protocol).
 
     The coefficient pools every (caption, expert) row, as the published tables do. The p-value
@@ -113,9 +123,19 @@ def flickr_correlations(data: CaptionSet, scores: Mapping[str, np.ndarray],
         boots = bootstrap_all(x, y, booted, images[caption], n_boot, seed) if booted else {}
         if keep_boot is not None:
             keep_boot[name] = boots
-        out[name] = {m: correlate(x, y, m, groups=images[caption], units=caption,
-                                  n_boot=n_boot if m in boots else 0, seed=seed, boot=boots.get(m))
-                     for m in methods}
+        out[name] = {
+            m: correlate(
+                x,
+                y,
+                m,
+                groups=images[caption],
+                units=caption,
+                n_boot=n_boot if m in boots else 0,
+                seed=seed,
+                boot=boots.get(m),
+            )
+            for m in methods
+        }
     return out
 
 
@@ -152,12 +172,14 @@ def pair_accuracy(pairs: PairSet, score1: np.ndarray, score2: np.ndarray) -> Pai
     for c in CATEGORIES:
         sel = usable & (cats == c)
         per[c] = float(100.0 * right[sel].mean()) if sel.any() else math.nan
-    return PairAccuracy(per_category=per, mean=float(np.nanmean(list(per.values()))),
-                        credit=np.where(usable, right, np.nan))
+    return PairAccuracy(
+        per_category=per, mean=float(np.nanmean(list(per.values()))), credit=np.where(usable, right, np.nan)
+    )
 
 
-def pascal_summary(pairs: PairSet, runs: Sequence[PairAccuracy], n_boot: int = 1000, level: float = 0.95,
-                   seed: int = 0) -> dict:
+def pascal_summary(
+    pairs: PairSet, runs: Sequence[PairAccuracy], n_boot: int = 1000, level: float = 0.95, seed: int = 0
+) -> dict:
     """Mean over seeds, sd over seeds (ddof 1) and a bootstrap interval, per category and overall.
 
     The interval resamples pairs within each category (stratified, so every category keeps its
@@ -177,8 +199,11 @@ def pascal_summary(pairs: PairSet, runs: Sequence[PairAccuracy], n_boot: int = 1
     boots = {}
     for c in CATEGORIES:
         vals = credit[(cats == c) & np.isfinite(credit)]
-        boots[c] = (100.0 * vals[rng.integers(0, vals.size, (n_boot, vals.size))].mean(axis=1)
-                    if vals.size else np.full(n_boot, np.nan))
+        boots[c] = (
+            100.0 * vals[rng.integers(0, vals.size, (n_boot, vals.size))].mean(axis=1)
+            if vals.size
+            else np.full(n_boot, np.nan)
+        )
     boots["mean"] = np.nanmean(np.stack([boots[c] for c in CATEGORIES]), axis=0)
     alpha = (1.0 - level) / 2.0
     out["ci"] = {k: [float(v) for v in np.nanquantile(b, [alpha, 1.0 - alpha])] for k, b in boots.items()}
@@ -191,9 +216,14 @@ def mean_accuracy(runs: Sequence[PairAccuracy]) -> PairAccuracy:
     return PairAccuracy(per_category=per, mean=float(np.mean(list(per.values()))))
 
 
-def pascal_baselines(pairs: PairSet, metrics: Sequence[str], seeds: Sequence[int] = PASCAL_SEEDS,
-                     k: int = PASCAL_NUM_REFS, cache_dir: Path | str | None = None,
-                     use_cache: bool = True) -> dict[str, dict[int, PairAccuracy]]:
+def pascal_baselines(
+    pairs: PairSet,
+    metrics: Sequence[str],
+    seeds: Sequence[int] = PASCAL_SEEDS,
+    k: int = PASCAL_NUM_REFS,
+    cache_dir: Path | str | None = None,
+    use_cache: bool = True,
+) -> dict[str, dict[int, PairAccuracy]]:
     """Per metric and seed, PASCAL-50S accuracy with ``k`` sampled references per image.
 
     Both candidates of a pair are scored in one call with the same references, so CIDEr's

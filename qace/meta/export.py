@@ -26,12 +26,20 @@ def flickr8k_records(data_dir: Path | str | None = None) -> Iterator[dict]:
     """All 5,822 judged captions: ``{"id", "image_id", "caption", "references"}``."""
     data = load_flickr8k_expert(data_dir, standard=False)
     for i in range(len(data)):
-        yield {"id": data.ids[i], "image_id": data.image_ids[i], "caption": data.candidates[i],
-               "references": data.references[i]}
+        yield {
+            "id": data.ids[i],
+            "image_id": data.image_ids[i],
+            "caption": data.candidates[i],
+            "references": data.references[i],
+        }
 
 
-def pascal50s_records(data_dir: Path | str | None = None, seeds: Sequence[int] = (0,),
-                      tag_seed: bool = False, k: int = PASCAL_NUM_REFS) -> Iterator[dict]:
+def pascal50s_records(
+    data_dir: Path | str | None = None,
+    seeds: Sequence[int] = (0,),
+    tag_seed: bool = False,
+    k: int = PASCAL_NUM_REFS,
+) -> Iterator[dict]:
     """Both candidates of every pair with ``k`` references sampled per seed.
 
     ``tag_seed`` appends ``@<seed>`` to ids; it is required when more than one seed is exported,
@@ -61,16 +69,23 @@ def with_images(records: Iterator[dict], images: Path | str) -> Iterator[dict]:
         yield {**rec, "image": str(folder / str(rec["image_id"]))}
 
 
-def export(dataset: str, out: Path | str, data_dir: Path | str | None = None,
-           seeds: Sequence[int] = (0,), tag_seed: bool = False, images: Path | str | None = None) -> int:
+def export(
+    dataset: str,
+    out: Path | str,
+    data_dir: Path | str | None = None,
+    seeds: Sequence[int] = (0,),
+    tag_seed: bool = False,
+    images: Path | str | None = None,
+) -> int:
     """Write ``dataset`` as JSONL to ``out``; returns the number of lines.
 
     ``images``: a folder holding the data set's image files; each record then carries its ``image`` path.
     """
     if dataset not in EXPORTABLE:
         raise ConfigError(f"cannot export {dataset!r}; choose from {EXPORTABLE}")
-    records = (flickr8k_records(data_dir) if dataset == "flickr8k"
-               else pascal50s_records(data_dir, seeds, tag_seed))
+    records = (
+        flickr8k_records(data_dir) if dataset == "flickr8k" else pascal50s_records(data_dir, seeds, tag_seed)
+    )
     if images is not None:
         records = with_images(records, images)
     path = Path(out)

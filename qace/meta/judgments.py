@@ -71,8 +71,11 @@ def _numeric_column(df: Any, col: str, ids: Sequence[str], path: Path | str) -> 
     bad = np.flatnonzero(np.isnan(values) & given)
     if bad.size:
         i = int(bad[0])
-        raise InputError(f"{path}: column {col!r} is not numeric ({raw.iloc[i]!r}; {bad.size} such rows); "
-                         "name a numeric score column", ids[i])
+        raise InputError(
+            f"{path}: column {col!r} is not numeric ({raw.iloc[i]!r}; {bad.size} such rows); "
+            "name a numeric score column",
+            ids[i],
+        )
     return values
 
 
@@ -81,8 +84,10 @@ def check_varies(values: np.ndarray, col: str, what: str, path: Path | str) -> N
     if finite.size == 0:
         raise InputError(f"{path}: {what} column {col!r} is empty in the selected rows")
     if np.all(finite == finite[0]):
-        raise InputError(f"{path}: {what} column {col!r} is constant ({finite[0]:g}) in the selected rows: "
-                         "no correlation is defined")
+        raise InputError(
+            f"{path}: {what} column {col!r} is constant ({finite[0]:g}) in the selected rows: "
+            "no correlation is defined"
+        )
 
 
 @dataclass
@@ -139,8 +144,10 @@ def load_judgments(
     column that is empty or not text is refused, as are items without references.
     """
     if not human_cols and not judge_cols:
-        raise ConfigError("name the human scores: --human-cols C1 C2 (one criterion each) and/or "
-                          "--judge-cols J1 J2 J3 (several judges of one criterion)")
+        raise ConfigError(
+            "name the human scores: --human-cols C1 C2 (one criterion each) and/or "
+            "--judge-cols J1 J2 J3 (several judges of one criterion)"
+        )
     if references_file is not None and not (item_col and ref_item_col and ref_text_col):
         raise ConfigError("--references needs --item-col, --ref-item-col and --ref-text-col")
     if references_file is not None and references_col:
@@ -148,8 +155,13 @@ def load_judgments(
     df = read_table(path)
     wanted = {f"--human-cols {c}": c for c in human_cols} | {f"--judge-cols {c}": c for c in judge_cols}
     wanted |= {f"--metric-cols {c}": c for c in metric_cols}
-    for opt, col in (("--candidate-col", candidate_col), ("--id-col", id_col), ("--item-col", item_col),
-                     ("--system-col", system_col), ("--references-col", references_col)):
+    for opt, col in (
+        ("--candidate-col", candidate_col),
+        ("--id-col", id_col),
+        ("--item-col", item_col),
+        ("--system-col", system_col),
+        ("--references-col", references_col),
+    ):
         if col:
             wanted[opt] = col
     _require_columns(df, path, wanted)
@@ -157,15 +169,18 @@ def load_judgments(
     ids = df[id_col].astype(str).tolist() if id_col else [str(i) for i in range(n)]
     if id_col and len(set(ids)) != n:
         dup = df[id_col][df[id_col].duplicated()].astype(str).iloc[0]
-        raise InputError(f"{path}: ids in {id_col!r} are not unique ({dup!r} repeats); "
-                         "pick a unique --id-col or leave it out to use row numbers")
+        raise InputError(
+            f"{path}: ids in {id_col!r} are not unique ({dup!r} repeats); "
+            "pick a unique --id-col or leave it out to use row numbers"
+        )
     selected = np.ones(n, dtype=bool)
     if where:
         try:
             selected = df.index.isin(df.query(where).index)
         except Exception as exc:  # pandas raises many types for a bad expression
-            raise InputError(f"--where {where!r} failed: {exc}; columns are: "
-                             f"{', '.join(df.columns)}") from exc
+            raise InputError(
+                f"--where {where!r} failed: {exc}; columns are: {', '.join(df.columns)}"
+            ) from exc
         if not selected.any():
             raise InputError(f"--where {where!r} selects no rows of {path}")
     items = df[item_col].astype(str).tolist() if item_col else list(ids)
@@ -186,26 +201,43 @@ def load_judgments(
         text = col.where(col.notna(), "").astype(str).str.strip()
         empty = np.flatnonzero((text == "").to_numpy() & selected)
         if empty.size:
-            raise InputError(f"{path}: candidate column {candidate_col!r} is empty in {empty.size} "
-                             "selected rows; is it the right --candidate-col?", ids[int(empty[0])])
+            raise InputError(
+                f"{path}: candidate column {candidate_col!r} is empty in {empty.size} "
+                "selected rows; is it the right --candidate-col?",
+                ids[int(empty[0])],
+            )
         numeric = np.flatnonzero(text.str.fullmatch(r"[-+0-9.eE]+").to_numpy() & selected)
         if numeric.size == int(selected.sum()):
-            raise InputError(f"{path}: candidate column {candidate_col!r} holds numbers, not captions; "
-                             "is it the right --candidate-col?")
+            raise InputError(
+                f"{path}: candidate column {candidate_col!r} holds numbers, not captions; "
+                "is it the right --candidate-col?"
+            )
         candidates = text.tolist()
     references: list[list[str]] = [[] for _ in range(n)]
     if references_col:
-        references = [_parse_refs(list(v) if isinstance(v, np.ndarray) else v, rid)
-                      for v, rid in zip(df[references_col].where(df[references_col].notna(), None), ids,
-                                        strict=True)]
+        references = [
+            _parse_refs(list(v) if isinstance(v, np.ndarray) else v, rid)
+            for v, rid in zip(df[references_col].where(df[references_col].notna(), None), ids, strict=True)
+        ]
     elif references_file is not None:
         by_item = _references_from_file(references_file, str(ref_item_col), str(ref_text_col))
         missing = sorted({items[i] for i in np.flatnonzero(selected) if items[i] not in by_item})
         if missing:
-            raise InputError(f"{references_file} has no references for {len(missing)} item(s) of {path} "
-                             f"(first: {missing[:3]}); do --item-col and --ref-item-col hold the same ids?")
+            raise InputError(
+                f"{references_file} has no references for {len(missing)} item(s) of {path} "
+                f"(first: {missing[:3]}); do --item-col and --ref-item-col hold the same ids?"
+            )
         references = [list(by_item.get(it, [])) for it in items]
     systems = df[system_col].astype(str).tolist() if system_col else None
-    data = CaptionSet(name=Path(path).stem, ids=ids, image_ids=items, candidates=candidates,
-                      references=references, human=human, judges=columns, systems=systems, metrics=metrics)
+    data = CaptionSet(
+        name=Path(path).stem,
+        ids=ids,
+        image_ids=items,
+        candidates=candidates,
+        references=references,
+        human=human,
+        judges=columns,
+        systems=systems,
+        metrics=metrics,
+    )
     return Judgments(data=data, selected=selected, criteria=criteria, where=where)

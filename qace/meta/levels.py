@@ -66,8 +66,9 @@ def _perm_statistic(x: np.ndarray, ys: np.ndarray, method: str) -> np.ndarray:
     return np.sign(ys[:, i] - ys[:, j]) @ np.sign(x[i] - x[j])
 
 
-def permutation_p(x: np.ndarray, y: np.ndarray, method: str, n_perm: int = 10_000, seed: int = 0
-                  ) -> tuple[float, bool]:
+def permutation_p(
+    x: np.ndarray, y: np.ndarray, method: str, n_perm: int = 10_000, seed: int = 0
+) -> tuple[float, bool]:
     """(two-sided p, exact?) of a permutation test of no association between ``x`` and ``y``.
 
     Exact over all orderings of ``y`` when ``len(y) <= MAX_EXACT_SYSTEMS``, else ``n_perm``
@@ -88,17 +89,28 @@ def permutation_p(x: np.ndarray, y: np.ndarray, method: str, n_perm: int = 10_00
     return float((1 + hits) / (1 + n_perm)), False
 
 
-def _system_means(x: np.ndarray, y: np.ndarray, sys_idx: np.ndarray, n_sys: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def _system_means(
+    x: np.ndarray, y: np.ndarray, sys_idx: np.ndarray, n_sys: int
+) -> tuple[np.ndarray, np.ndarray]:
     counts = np.bincount(sys_idx, minlength=n_sys).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return (np.bincount(sys_idx, weights=x, minlength=n_sys) / counts,
-                np.bincount(sys_idx, weights=y, minlength=n_sys) / counts)
+        return (
+            np.bincount(sys_idx, weights=x, minlength=n_sys) / counts,
+            np.bincount(sys_idx, weights=y, minlength=n_sys) / counts,
+        )
 
 
-def system_level(x: np.ndarray, y: np.ndarray, systems: np.ndarray, method: str,
-                 groups: np.ndarray | None = None, n_boot: int = 0, n_perm: int = 10_000,
-                 level: float = 0.95, seed: int = 0) -> LevelResult:
+def system_level(
+    x: np.ndarray,
+    y: np.ndarray,
+    systems: np.ndarray,
+    method: str,
+    groups: np.ndarray | None = None,
+    n_boot: int = 0,
+    n_perm: int = 10_000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> LevelResult:
     """Correlation of per-system means of ``x`` and ``y`` (rows with either non-finite dropped).
 
     The bootstrap (``n_boot``) resamples items (``groups``) and recomputes the system means.
@@ -108,8 +120,9 @@ def system_level(x: np.ndarray, y: np.ndarray, systems: np.ndarray, method: str,
     ok = np.isfinite(xa) & np.isfinite(ya)
     names, sys_idx = np.unique(s[ok], return_inverse=True)
     if names.size < 3:
-        raise InputError(f"system-level correlation needs at least 3 systems, got {names.size}: "
-                         f"{list(names)}")
+        raise InputError(
+            f"system-level correlation needs at least 3 systems, got {names.size}: {list(names)}"
+        )
     xa, ya = xa[ok], ya[ok]
     mx, my = _system_means(xa, ya, sys_idx, names.size)
     value = coefficient(mx, my, method)[0]
@@ -122,15 +135,35 @@ def system_level(x: np.ndarray, y: np.ndarray, systems: np.ndarray, method: str,
             bx, by = _system_means(xa[rows], ya[rows], sys_idx[rows], names.size)
             vals.append(safe_coefficient(bx, by, method))
         lo, hi = percentile_ci(np.array(vals), level)
-    kind = f"exact permutation over all {math.factorial(names.size)} orderings" if exact else (
-        f"Monte Carlo permutation ({n_perm} orderings)")
+    kind = (
+        f"exact permutation over all {math.factorial(names.size)} orderings"
+        if exact
+        else (f"Monte Carlo permutation ({n_perm} orderings)")
+    )
     note = f"{names.size} systems" + (" (few: read with care)" if names.size < FEW_SYSTEMS else "")
-    return LevelResult(level="system", method=method, value=value, p_value=p, p_method=kind, ci_low=lo,
-                       ci_high=hi, n=int(names.size), n_skipped=0, note=note)
+    return LevelResult(
+        level="system",
+        method=method,
+        value=value,
+        p_value=p,
+        p_method=kind,
+        ci_low=lo,
+        ci_high=hi,
+        n=int(names.size),
+        n_skipped=0,
+        note=note,
+    )
 
 
-def item_grouped(x: np.ndarray, y: np.ndarray, items: np.ndarray, method: str, n_boot: int = 0,
-                 level: float = 0.95, seed: int = 0) -> LevelResult:
+def item_grouped(
+    x: np.ndarray,
+    y: np.ndarray,
+    items: np.ndarray,
+    method: str,
+    n_boot: int = 0,
+    level: float = 0.95,
+    seed: int = 0,
+) -> LevelResult:
     """Mean over items of the within-item coefficient; the CI resamples the per-item values."""
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     it = np.asarray(items)
@@ -141,20 +174,31 @@ def item_grouped(x: np.ndarray, y: np.ndarray, items: np.ndarray, method: str, n
     bounds = np.concatenate([[0], np.cumsum(np.bincount(inv, minlength=names.size))])
     per_item = []
     for k in range(names.size):
-        rows = order[bounds[k]:bounds[k + 1]]
+        rows = order[bounds[k] : bounds[k + 1]]
         if rows.size >= 2:
             per_item.append(safe_coefficient(xa[rows], ya[rows], method))
     values = np.array([v for v in per_item if np.isfinite(v)])
     skipped = names.size - values.size
     if values.size == 0:
-        raise InputError(f"no item has two or more rows with varying metric and human scores "
-                         f"({names.size} items): item-grouped correlation is undefined")
+        raise InputError(
+            f"no item has two or more rows with varying metric and human scores "
+            f"({names.size} items): item-grouped correlation is undefined"
+        )
     lo = hi = float("nan")
     if n_boot > 0:
         rng = np.random.default_rng(seed)
         boots = values[rng.integers(0, values.size, (n_boot, values.size))].mean(axis=1)
         lo, hi = percentile_ci(boots, level)
-    return LevelResult(level="item", method=method, value=float(values.mean()), p_value=float("nan"),
-                       p_method="", ci_low=lo, ci_high=hi, n=int(values.size), n_skipped=int(skipped),
-                       note=f"mean of {values.size} per-item coefficients; {skipped} items skipped "
-                            "(fewer than 2 rows, or constant metric or human scores within the item)")
+    return LevelResult(
+        level="item",
+        method=method,
+        value=float(values.mean()),
+        p_value=float("nan"),
+        p_method="",
+        ci_low=lo,
+        ci_high=hi,
+        n=int(values.size),
+        n_skipped=int(skipped),
+        note=f"mean of {values.size} per-item coefficients; {skipped} items skipped "
+        "(fewer than 2 rows, or constant metric or human scores within the item)",
+    )

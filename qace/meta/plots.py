@@ -50,8 +50,15 @@ def plot_judges(ratings: np.ndarray, names: list[str], report: dict, path: Path)
         np.add.at(table, (np.searchsorted(cats, ratings[ok, i]), np.searchsorted(cats, ratings[ok, j])), 1)
         ax.imshow(table, cmap="Blues", origin="lower")
         for (a, b), v in np.ndenumerate(table):
-            ax.text(b, a, f"{int(v)}", ha="center", va="center",
-                    color="white" if v > table.max() / 2 else "black", fontsize=9)
+            ax.text(
+                b,
+                a,
+                f"{int(v)}",
+                ha="center",
+                va="center",
+                color="white" if v > table.max() / 2 else "black",
+                fontsize=9,
+            )
         ticks = [f"{c:g}" for c in cats]
         ax.set_xticks(range(cats.size), ticks)
         ax.set_yticks(range(cats.size), ticks)
@@ -69,8 +76,9 @@ def plot_judges(ratings: np.ndarray, names: list[str], report: dict, path: Path)
     return path
 
 
-def plot_metric_vs_human(scores: dict[str, np.ndarray], human: np.ndarray, report: dict, path: Path,
-                         seed: int = 0) -> Path:
+def plot_metric_vs_human(
+    scores: dict[str, np.ndarray], human: np.ndarray, report: dict, path: Path, seed: int = 0
+) -> Path:
     """Scatter of each metric against the mean expert score (jittered so the 1-4 grid is visible)."""
     plt = _pyplot()
     names = list(scores)
@@ -87,10 +95,12 @@ def plot_metric_vs_human(scores: dict[str, np.ndarray], human: np.ndarray, repor
         med = [np.nanmedian(scores[name][mean_h == lv]) for lv in levels]
         ax.plot(levels, med, color="tab:red", lw=1.5, label="median")
         tau = metrics.get(name, {}).get("correlations", {}).get("kendall_c", {}).get("value")
-        ax.set_title(f"{DISPLAY.get(name, name)}" + (f" (tau-c {100 * tau:.1f})" if tau is not None else ""),
-                     fontsize=10)
+        ax.set_title(
+            f"{DISPLAY.get(name, name)}" + (f" (tau-c {100 * tau:.1f})" if tau is not None else ""),
+            fontsize=10,
+        )
         ax.set_xlabel("mean expert score")
-    for ax in axes.ravel()[len(names):]:
+    for ax in axes.ravel()[len(names) :]:
         ax.axis("off")
     fig.suptitle("Flickr8k-Expert: metric versus human")
     fig.tight_layout()
@@ -127,32 +137,50 @@ def pascal_figure(report: dict):  # noqa: ANN201 - a matplotlib Figure
         ci = acc[name].get("ci", {})
         sd = acc[name].get("sd", {})
         if ci:
-            err = np.array([[vals[i] - (ci.get(g) or [vals[i], vals[i]])[0],
-                             (ci.get(g) or [vals[i], vals[i]])[1] - vals[i]] for i, g in enumerate(groups)]).T
+            err = np.array(
+                [
+                    [
+                        vals[i] - (ci.get(g) or [vals[i], vals[i]])[0],
+                        (ci.get(g) or [vals[i], vals[i]])[1] - vals[i],
+                    ]
+                    for i, g in enumerate(groups)
+                ]
+            ).T
         else:
             err = np.array([sd.get(g) or 0.0 for g in groups])
-        ax.bar(x + (k - (len(names) - 1) / 2) * width, vals, width, yerr=err, capsize=2,
-               error_kw={"lw": 0.8}, label=DISPLAY.get(name, name))
+        ax.bar(
+            x + (k - (len(names) - 1) / 2) * width,
+            vals,
+            width,
+            yerr=err,
+            capsize=2,
+            error_kw={"lw": 0.8},
+            label=DISPLAY.get(name, name),
+        )
     ax.axhline(50, color="grey", lw=0.8, ls="--")
     ax.set_xticks(x, groups)
     ax.set_ylim(0, 100)
     ax.set_ylabel("accuracy (%)")
     seeds = report.get("pascal50s", {}).get("seeds", [])
     bars = "95% bootstrap CI over pairs" if any(acc[n].get("ci") for n in names) else "sd over seeds"
-    ax.set_title(f"PASCAL-50S: agreement with the majority vote (mean of seeds {seeds}; error bars: {bars})",
-                 fontsize=9)
+    ax.set_title(
+        f"PASCAL-50S: agreement with the majority vote (mean of seeds {seeds}; error bars: {bars})",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
 
-def plot_study_scatter(scores: dict[str, np.ndarray], human: dict[str, np.ndarray], study: dict, path: Path,
-                       seed: int = 0) -> Path:
+def plot_study_scatter(
+    scores: dict[str, np.ndarray], human: dict[str, np.ndarray], study: dict, path: Path, seed: int = 0
+) -> Path:
     """One panel per metric (rows) and criterion (columns): metric against the row's mean human score."""
     plt = _pyplot()
     names, crits = list(scores), list(human)
-    fig, axes = plt.subplots(len(names), len(crits), figsize=(3.4 * len(crits), 2.9 * len(names)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(names), len(crits), figsize=(3.4 * len(crits), 2.9 * len(names)), squeeze=False
+    )
     rng = np.random.default_rng(seed)
     head = study["headline"]
     for i, name in enumerate(names):
@@ -160,8 +188,13 @@ def plot_study_scatter(scores: dict[str, np.ndarray], human: dict[str, np.ndarra
             ax = axes[i, j]
             h = np.nanmean(np.asarray(human[crit], dtype=float).reshape(len(scores[name]), -1), axis=1)
             spread = np.nanstd(h) if np.isfinite(h).any() else 0.0
-            ax.scatter(h + rng.uniform(-0.05, 0.05, h.size) * max(spread, 1e-9), scores[name], s=4, alpha=0.4,
-                       rasterized=True)
+            ax.scatter(
+                h + rng.uniform(-0.05, 0.05, h.size) * max(spread, 1e-9),
+                scores[name],
+                s=4,
+                alpha=0.4,
+                rasterized=True,
+            )
             v = study["segment"].get(crit, {}).get(name, {}).get(head, {}).get("value")
             value = f" ({head} {v:.3f})" if v is not None else ""
             ax.set_title(f"{DISPLAY.get(name, name)} vs {crit}{value}", fontsize=9)
@@ -187,8 +220,16 @@ def plot_forest(study: dict, path: Path) -> Path:
                 e = study["segment"][crit][name][m]
                 lo, hi = e.get("ci_low"), e.get("ci_high")
                 err = None if lo is None or hi is None else [[e["value"] - lo], [hi - e["value"]]]
-                ax.errorbar(e["value"], y, xerr=err, fmt="o", ms=4, color=f"C{k}", capsize=2,
-                            label=m if name == names[0] else None)
+                ax.errorbar(
+                    e["value"],
+                    y,
+                    xerr=err,
+                    fmt="o",
+                    ms=4,
+                    color=f"C{k}",
+                    capsize=2,
+                    label=m if name == names[0] else None,
+                )
                 ylabels.append(f"{DISPLAY.get(name, name)}" if k == 0 else "")
                 y += 1
             y += 0.5
@@ -199,8 +240,14 @@ def plot_forest(study: dict, path: Path) -> Path:
         ax.set_title(f"{crit}: correlation [95% CI]", fontsize=10)
         ax.set_xlabel("coefficient")
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, [DISPLAY_METHOD.get(lb, lb) for lb in labels], fontsize=8, loc="upper center",
-               ncol=len(methods), frameon=False)
+    fig.legend(
+        handles,
+        [DISPLAY_METHOD.get(lb, lb) for lb in labels],
+        fontsize=8,
+        loc="upper center",
+        ncol=len(methods),
+        frameon=False,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -240,11 +287,14 @@ def plot_significance(study: dict, path: Path) -> Path:
     return path
 
 
-def write_study_plots(study: dict, scores: dict[str, np.ndarray], human: dict[str, np.ndarray],
-                      out_dir: Path) -> list[Path]:
+def write_study_plots(
+    study: dict, scores: dict[str, np.ndarray], human: dict[str, np.ndarray], out_dir: Path
+) -> list[Path]:
     """The three ``correlate`` figures into ``out_dir`` (the matrix only with two or more metrics)."""
-    paths = [plot_study_scatter(scores, human, study, out_dir / "scatter.png"),
-             plot_forest(study, out_dir / "forest.png")]
+    paths = [
+        plot_study_scatter(scores, human, study, out_dir / "scatter.png"),
+        plot_forest(study, out_dir / "forest.png"),
+    ]
     if any(study["comparisons"].values()):
         paths.append(plot_significance(study, out_dir / "significance.png"))
     return paths
@@ -254,11 +304,15 @@ def write_plots(report: dict, plot_data: dict, out_dir: Path) -> list[Path]:
     """Every figure the report's data supports, written into ``out_dir``."""
     paths = []
     if plot_data.get("judges") is not None:
-        paths.append(plot_judges(plot_data["judges"], plot_data["judge_names"], report,
-                                 out_dir / "judges.png"))
+        paths.append(
+            plot_judges(plot_data["judges"], plot_data["judge_names"], report, out_dir / "judges.png")
+        )
     if plot_data.get("scores"):
-        paths.append(plot_metric_vs_human(plot_data["scores"], plot_data["human"], report,
-                                          out_dir / "metric_vs_human.png"))
+        paths.append(
+            plot_metric_vs_human(
+                plot_data["scores"], plot_data["human"], report, out_dir / "metric_vs_human.png"
+            )
+        )
     if report.get("pascal50s", {}).get("accuracy"):
         paths.append(plot_pascal(report, out_dir / "pascal50s.png"))
     return paths

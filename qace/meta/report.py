@@ -148,14 +148,17 @@ def _add_column(target: dict, name: str, value: object) -> None:
         target[name] = value
 
 
-def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str],
-                    runs: list[ScorerRun]) -> tuple[dict, dict]:
+def _flickr_section(
+    cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str], runs: list[ScorerRun]
+) -> tuple[dict, dict]:
     data = load_flickr8k_expert(cfg.data_dir, standard=True)
     data = data.subset(np.isin(np.arange(len(data)), spread(len(data), cfg.limit)))
     metrics = _runnable(cfg.metrics, skipped)
     scores = _safe_baselines(
         lambda ms: compute_baselines(data.candidates, data.references, ms, cfg.cache_dir, cfg.use_cache),
-        metrics, skipped)
+        metrics,
+        skipped,
+    )
     for run in runs:
         _add_column(scores, run.name, run.score(data.ids, data.candidates, data.references, data.image_ids))
     for rows in score_rows:
@@ -163,18 +166,22 @@ def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
             _add_column(scores, col, values)
     boots: dict[str, dict[str, np.ndarray]] = {}
     corr = flickr_correlations(data, scores, n_boot=cfg.n_boot, keep_boot=boots)
-    section: dict = {"n_captions": len(data), "n_pairs": int(np.isfinite(data.human).sum()),
-                     "n_images": len(set(data.image_ids)),
-                     "protocol": "standard: 158 own-image candidates dropped; each expert score is a row",
-                     "p_values": "scipy's test on captions (a caption's 3 expert scores averaged), not on "
-                                 "the 16,992 rows, which are not independent",
-                     "intervals": f"95% percentile bootstrap, {cfg.n_boot} resamples of images",
-                     "metrics": {}}
+    section: dict = {
+        "n_captions": len(data),
+        "n_pairs": int(np.isfinite(data.human).sum()),
+        "n_images": len(set(data.image_ids)),
+        "protocol": "standard: 158 own-image candidates dropped; each expert score is a row",
+        "p_values": "scipy's test on captions (a caption's 3 expert scores averaged), not on "
+        "the 16,992 rows, which are not independent",
+        "intervals": f"95% percentile bootstrap, {cfg.n_boot} resamples of images",
+        "metrics": {},
+    }
     for name, by_method in corr.items():
         x = np.repeat(scores[name], data.human.shape[1])
         section["metrics"][name] = {
-            "correlations": {m: {**c.to_dict(), "readings": readings(c.value, "correlation")}
-                             for m, c in by_method.items()},
+            "correlations": {
+                m: {**c.to_dict(), "readings": readings(c.value, "correlation")} for m, c in by_method.items()
+            },
             "gamma": goodman_kruskal_gamma(np.round(x, 6), data.human.reshape(-1)),
         }
     section["comparisons"] = _flickr_comparisons(data, scores, corr, boots)
@@ -188,8 +195,7 @@ def _flickr_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
             pair_corr[key] = {m: correlate(h[:, i], h[:, j], m).value for m in ("kendall_b", "spearman")}
     agree["pairwise_correlation"] = pair_corr
     agree["protocol"] = "all 5,822 judged rows, 3 experts, scale 1-4"
-    plot_data = {"scores": scores, "human": data.human, "judges": judges.human,
-                 "judge_names": judges.judges}
+    plot_data = {"scores": scores, "human": data.human, "judges": judges.human, "judge_names": judges.judges}
     return {"flickr8k_expert": section, "flickr8k_judges": agree}, plot_data
 
 
@@ -204,20 +210,31 @@ def _flickr_comparisons(data: CaptionSet, scores: dict, corr: dict, boots: dict)
         x_rows[n], y, caption = expand_judgments(scores[n], data.human)
     out = []
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             delta = corr[a]["kendall_c"].value - corr[b]["kendall_c"].value
             p = lo = hi = math.nan
             if "kendall_c" in boots.get(a, {}) and "kendall_c" in boots.get(b, {}):
                 p, lo, hi = bootstrap_difference(delta, boots[a]["kendall_c"] - boots[b]["kendall_c"])
             ok = np.isfinite(x_rows[a]) & np.isfinite(x_rows[b])
             williams = williams_on_units(x_rows[a][ok], x_rows[b][ok], y[ok], caption[ok])  # type: ignore[index]
-            out.append({"a": a, "b": b, "method": "kendall_c", "delta": delta, "p_bootstrap": p_out(p),
-                        "ci_low": lo, "ci_high": hi, "p_williams_pearson": p_out(williams)})
+            out.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "method": "kendall_c",
+                    "delta": delta,
+                    "p_bootstrap": p_out(p),
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "p_williams_pearson": p_out(williams),
+                }
+            )
     return out
 
 
-def _pascal_scorer_runs(pairs: PairSet, run: ScorerRun, seeds: tuple[int, ...], k: int
-                        ) -> dict[int, PairAccuracy]:
+def _pascal_scorer_runs(
+    pairs: PairSet, run: ScorerRun, seeds: tuple[int, ...], k: int
+) -> dict[int, PairAccuracy]:
     """Accuracy per seed of one scorer; a reference-free scorer is run once for all seeds."""
     n = len(pairs)
     out: dict[int, PairAccuracy] = {}
@@ -232,8 +249,9 @@ def _pascal_scorer_runs(pairs: PairSet, run: ScorerRun, seeds: tuple[int, ...], 
     return out
 
 
-def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str],
-                    scorer_runs: list[ScorerRun]) -> dict:
+def _pascal_section(
+    cfg: ReportConfig, score_rows: list[dict], skipped: dict[str, str], scorer_runs: list[ScorerRun]
+) -> dict:
     pairs = load_pascal50s(cfg.data_dir)
     pairs = pairs.subset(spread(len(pairs), cfg.limit))
     chosen = cfg.pascal_metrics
@@ -242,7 +260,9 @@ def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
     metrics = _runnable(chosen, skipped)
     runs = _safe_baselines(
         lambda ms: pascal_baselines(pairs, ms, cfg.seeds, cfg.n_refs, cfg.cache_dir, cfg.use_cache),
-        metrics, skipped)
+        metrics,
+        skipped,
+    )
     extra: dict[str, dict] = {}
     for rows in score_rows:
         for seed in cfg.seeds:
@@ -254,15 +274,25 @@ def _pascal_section(cfg: ReportConfig, score_rows: list[dict], skipped: dict[str
         _add_column(runs, run.name, _pascal_scorer_runs(pairs, run, cfg.seeds, cfg.n_refs))
     acc = {}
     for name, by_seed in runs.items():
-        acc[name] = {**pascal_summary(pairs, list(by_seed.values()), n_boot=cfg.n_boot),
-                     "per_seed": {str(s): a.to_dict() for s, a in by_seed.items()}}
+        acc[name] = {
+            **pascal_summary(pairs, list(by_seed.values()), n_boot=cfg.n_boot),
+            "per_seed": {str(s): a.to_dict() for s, a in by_seed.items()},
+        }
     spread_text = f"sd over the {len(cfg.seeds)} seeds; " if len(cfg.seeds) > 1 else "one seed, no sd; "
-    return {"n_pairs": len(pairs), "seeds": list(cfg.seeds), "n_refs": cfg.n_refs,
-            "protocol": (f"{cfg.n_refs} references sampled per image with numpy default_rng(seed), pair by "
-                         "pair, same for both candidates; majority vote; metric ties count 1/2"),
-            "intervals": (spread_text + "95% bootstrap CI resampling pairs within each category "
-                          f"({cfg.n_boot} resamples), pair credit averaged over seeds"),
-            "accuracy": acc}
+    return {
+        "n_pairs": len(pairs),
+        "seeds": list(cfg.seeds),
+        "n_refs": cfg.n_refs,
+        "protocol": (
+            f"{cfg.n_refs} references sampled per image with numpy default_rng(seed), pair by "
+            "pair, same for both candidates; majority vote; metric ties count 1/2"
+        ),
+        "intervals": (
+            spread_text + "95% bootstrap CI resampling pairs within each category "
+            f"({cfg.n_boot} resamples), pair credit averaged over seeds"
+        ),
+        "accuracy": acc,
+    }
 
 
 def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
@@ -272,14 +302,31 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
         raise ConfigError(f"unknown data set(s) {sorted(unknown)}; choose flickr8k and/or pascal50s")
     check_scorers(cfg.scorers, cfg.features)
     score_rows = [read_score_file(p) for p in cfg.score_files]
-    scorer_runs = [ScorerRun(name, models=cfg.models, features=cfg.features, device=cfg.device,
-                             cache_dir=cfg.cache_dir, use_cache=cfg.use_cache) for name in cfg.scorers]
-    report: dict = {"qace_version": __version__, "python": platform.python_version(),
-                    "config": {"data_dir": str(cfg.data_dir) if cfg.data_dir else None,
-                               "metrics": list(cfg.metrics), "score_files": [str(p) for p in cfg.score_files],
-                               "seeds": list(cfg.seeds), "n_boot": cfg.n_boot, "scorers": list(cfg.scorers),
-                               "limit": cfg.limit},
-                    "published": PUBLISHED}
+    scorer_runs = [
+        ScorerRun(
+            name,
+            models=cfg.models,
+            features=cfg.features,
+            device=cfg.device,
+            cache_dir=cfg.cache_dir,
+            use_cache=cfg.use_cache,
+        )
+        for name in cfg.scorers
+    ]
+    report: dict = {
+        "qace_version": __version__,
+        "python": platform.python_version(),
+        "config": {
+            "data_dir": str(cfg.data_dir) if cfg.data_dir else None,
+            "metrics": list(cfg.metrics),
+            "score_files": [str(p) for p in cfg.score_files],
+            "seeds": list(cfg.seeds),
+            "n_boot": cfg.n_boot,
+            "scorers": list(cfg.scorers),
+            "limit": cfg.limit,
+        },
+        "published": PUBLISHED,
+    }
     plot_data: dict = {}
     skipped: dict[str, str] = {}
     if "flickr8k" in cfg.datasets:
@@ -288,11 +335,16 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
     if "pascal50s" in cfg.datasets:
         report["pascal50s"] = _pascal_section(cfg, score_rows, skipped, scorer_runs)
     report["skipped"] = skipped
-    report["notes"] = [f"{r.name} was scored with qace's TINY TEST MODELS: its numbers mean nothing"
-                       for r in scorer_runs if r.uses_test_models]
+    report["notes"] = [
+        f"{r.name} was scored with qace's TINY TEST MODELS: its numbers mean nothing"
+        for r in scorer_runs
+        if r.uses_test_models
+    ]
     if cfg.limit is not None:
-        report["notes"].append(f"--limit {cfg.limit}: only that many captions / pairs of each data set, "
-                               "spread evenly; the numbers are not comparable with the published ones")
+        report["notes"].append(
+            f"--limit {cfg.limit}: only that many captions / pairs of each data set, "
+            "spread evenly; the numbers are not comparable with the published ones"
+        )
     return _clean_json(report), plot_data  # type: ignore[return-value]
 
 
@@ -328,11 +380,19 @@ def _table1(report: dict) -> list[str]:
         intro.append("Flickr8k-Expert: Kendall tau-c x 100 (published value in parentheses).")
     if has_p:
         head += [*CATEGORIES, "Mean"]
-        intro.append("PASCAL-50S: accuracy (%) per category, mean ± sd over seeds "
-                     f"{report['pascal50s'].get('seeds', [])} (published value in parentheses; "
-                     "95% CIs below).")
-    lines = ["## Table 1: correlation with human judgment", "", " ".join(intro), "",
-             "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        intro.append(
+            "PASCAL-50S: accuracy (%) per category, mean ± sd over seeds "
+            f"{report['pascal50s'].get('seeds', [])} (published value in parentheses; "
+            "95% CIs below)."
+        )
+    lines = [
+        "## Table 1: correlation with human judgment",
+        "",
+        " ".join(intro),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---" * len(head) + "|",
+    ]
     for name in _row_names(report):
         cells = [DISPLAY.get(name, name)]
         if has_f:
@@ -356,39 +416,56 @@ def _table1(report: dict) -> list[str]:
 
 
 def _flickr_details(section: dict) -> list[str]:
-    lines = ["## Flickr8k-Expert: every correlation", "",
-             f"{section['n_pairs']} (caption, expert) pairs over {section['n_captions']} captions of "
-             f"{section.get('n_images', '?')} images. p: {section.get('p_values', '')}; "
-             f"CI: {section.get('intervals', '')}.", "",
-             "| Metric | tau-c [95% CI] | p | tau-b [95% CI] | Spearman [95% CI] | Pearson [95% CI] | gamma "
-             "| reading (tau-c) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Flickr8k-Expert: every correlation",
+        "",
+        f"{section['n_pairs']} (caption, expert) pairs over {section['n_captions']} captions of "
+        f"{section.get('n_images', '?')} images. p: {section.get('p_values', '')}; "
+        f"CI: {section.get('intervals', '')}.",
+        "",
+        "| Metric | tau-c [95% CI] | p | tau-b [95% CI] | Spearman [95% CI] | Pearson [95% CI] | gamma "
+        "| reading (tau-c) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
 
     def with_ci(c: dict) -> str:
-        ci = (f" [{_fmt(c['ci_low'], 1, 3)}, {_fmt(c['ci_high'], 1, 3)}]"
-              if c.get("ci_low") is not None else "")
+        ci = (
+            f" [{_fmt(c['ci_low'], 1, 3)}, {_fmt(c['ci_high'], 1, 3)}]" if c.get("ci_low") is not None else ""
+        )
         return f"{_fmt(c['value'], 1, 3)}{ci}"
 
     for name, entry in section["metrics"].items():
         c = entry["correlations"]
-        lines.append(f"| {DISPLAY.get(name, name)} | {with_ci(c['kendall_c'])} | "
-                     f"{format_p(c['kendall_c']['p_value'])} | "
-                     + " | ".join(with_ci(c[m]) for m in ("kendall_b", "spearman", "pearson"))
-                     + f" | {_fmt(entry['gamma'], 1, 3)} | "
-                     f"{reading_text(c['kendall_c']['value'], 'correlation')} |")
+        lines.append(
+            f"| {DISPLAY.get(name, name)} | {with_ci(c['kendall_c'])} | "
+            f"{format_p(c['kendall_c']['p_value'])} | "
+            + " | ".join(with_ci(c[m]) for m in ("kendall_b", "spearman", "pearson"))
+            + f" | {_fmt(entry['gamma'], 1, 3)} | "
+            f"{reading_text(c['kendall_c']['value'], 'correlation')} |"
+        )
     lines.append("")
     comps = section.get("comparisons", [])
     if comps:
-        lines += ["### Is metric A better than metric B? (Flickr8k-Expert)", "",
-                  "delta tau-c = tau-c(A) - tau-c(B) with the paired bootstrap over images (same draws for "
-                  "both metrics); Williams (1959) on Pearson r of the caption means.", "",
-                  "| A | B | delta tau-c [95% CI] | p bootstrap | p Williams (Pearson) |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "### Is metric A better than metric B? (Flickr8k-Expert)",
+            "",
+            "delta tau-c = tau-c(A) - tau-c(B) with the paired bootstrap over images (same draws for "
+            "both metrics); Williams (1959) on Pearson r of the caption means.",
+            "",
+            "| A | B | delta tau-c [95% CI] | p bootstrap | p Williams (Pearson) |",
+            "|---|---|---|---|---|",
+        ]
         for cmp in comps:
-            ci = (f" [{_fmt(cmp['ci_low'], 1, 3)}, {_fmt(cmp['ci_high'], 1, 3)}]"
-                  if cmp.get("ci_low") is not None else "")
-            lines.append(f"| {DISPLAY.get(cmp['a'], cmp['a'])} | {DISPLAY.get(cmp['b'], cmp['b'])} | "
-                         f"{_fmt(cmp['delta'], 1, 3)}{ci} | {format_p(cmp['p_bootstrap'])} | "
-                         f"{format_p(cmp['p_williams_pearson'])} |")
+            ci = (
+                f" [{_fmt(cmp['ci_low'], 1, 3)}, {_fmt(cmp['ci_high'], 1, 3)}]"
+                if cmp.get("ci_low") is not None
+                else ""
+            )
+            lines.append(
+                f"| {DISPLAY.get(cmp['a'], cmp['a'])} | {DISPLAY.get(cmp['b'], cmp['b'])} | "
+                f"{_fmt(cmp['delta'], 1, 3)}{ci} | {format_p(cmp['p_bootstrap'])} | "
+                f"{format_p(cmp['p_williams_pearson'])} |"
+            )
         lines.append("")
     return lines
 
@@ -398,12 +475,19 @@ def _pascal_details(section: dict) -> list[str]:
     if not any(a.get("ci") for a in acc.values()):
         return []
     groups = [*CATEGORIES, "mean"]
-    lines = ["## PASCAL-50S: 95% confidence intervals", "", f"{section.get('intervals', '')}.", "",
-             "| Metric | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+    lines = [
+        "## PASCAL-50S: 95% confidence intervals",
+        "",
+        f"{section.get('intervals', '')}.",
+        "",
+        "| Metric | " + " | ".join(groups) + " |",
+        "|---" * (len(groups) + 1) + "|",
+    ]
     for name, a in acc.items():
         ci = a.get("ci", {})
-        cells = [f"[{ci[g][0]:.1f}, {ci[g][1]:.1f}]" if ci.get(g) and None not in ci[g] else "–"
-                 for g in groups]
+        cells = [
+            f"[{ci[g][0]:.1f}, {ci[g][1]:.1f}]" if ci.get(g) and None not in ci[g] else "–" for g in groups
+        ]
         lines.append(f"| {DISPLAY.get(name, name)} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -426,43 +510,67 @@ def render_markdown(report: dict) -> str:
     for msg in [*report.get("skipped", {}).values(), *report.get("notes", [])]:
         lines.append(f"- {msg}")
     if "flickr8k_expert" in report and "pascal50s" in report:
-        lines.append("- –: not computed for that data set (BERTScore on PASCAL-50S is opt-in: it takes ~4 "
-                     "CPU-minutes per seed; add it with --pascal-metrics).")
-    lines.append("- Readings: agreement figures (kappa, alpha) on Krippendorff (1980, KA) and Landis & "
-                 "Koch (1977, LK); correlations (tau, rho, r, gamma) only on Rosenthal's (1996) "
-                 "effect-size bands.")
+        lines.append(
+            "- –: not computed for that data set (BERTScore on PASCAL-50S is opt-in: it takes ~4 "
+            "CPU-minutes per seed; add it with --pascal-metrics)."
+        )
+    lines.append(
+        "- Readings: agreement figures (kappa, alpha) on Krippendorff (1980, KA) and Landis & "
+        "Koch (1977, LK); correlations (tau, rho, r, gamma) only on Rosenthal's (1996) "
+        "effect-size bands."
+    )
     lines.append("- p-values below 1e-300 are written <1e-300 here and in report.json.")
     return "\n".join(lines) + "\n"
 
 
 def _judges_markdown(judges: dict) -> list[str]:
     fig, pw = judges["figures"], judges["pairwise"]
-    lines = ["## Flickr8k-Expert judges: agreement and covariation", "",
-             f"{judges['n_items']} captions, judges {', '.join(judges['judges'])} "
-             f"({judges['protocol']}).", "",
-             "| Figure | Value | Reading |", "|---|---|---|"]
+    lines = [
+        "## Flickr8k-Expert judges: agreement and covariation",
+        "",
+        f"{judges['n_items']} captions, judges {', '.join(judges['judges'])} ({judges['protocol']}).",
+        "",
+        "| Figure | Value | Reading |",
+        "|---|---|---|",
+    ]
     for k, v in fig.items():
-        lines.append(f"| {k.replace('_', ' ')} | {_fmt(v, 1, 3)} | "
-                     f"{reading_text(v, 'proportion' if k == 'percent_agreement' else 'agreement')} |")
+        lines.append(
+            f"| {k.replace('_', ' ')} | {_fmt(v, 1, 3)} | "
+            f"{reading_text(v, 'proportion' if k == 'percent_agreement' else 'agreement')} |"
+        )
     for k in ("cohen_kappa", "cohen_kappa_linear", "cohen_kappa_quadratic", "gamma"):
         v = pw[k]["mean"]
-        lines.append(f"| {k.replace('_', ' ')} (mean of pairs) | {_fmt(v, 1, 3)} | "
-                     f"{reading_text(v, 'correlation' if k == 'gamma' else 'agreement')} |")
-    lines += ["", "Level agreement (kappa) beside covariation (gamma, tau-b, Spearman), per judge pair:", "",
-              "| Pair | Cohen kappa | linear | quadratic | % agree | gamma | tau-b | Spearman |",
-              "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {k.replace('_', ' ')} (mean of pairs) | {_fmt(v, 1, 3)} | "
+            f"{reading_text(v, 'correlation' if k == 'gamma' else 'agreement')} |"
+        )
+    lines += [
+        "",
+        "Level agreement (kappa) beside covariation (gamma, tau-b, Spearman), per judge pair:",
+        "",
+        "| Pair | Cohen kappa | linear | quadratic | % agree | gamma | tau-b | Spearman |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     pc = judges["pairwise_correlation"]
     for pair in pc:
         kappas = ("cohen_kappa", "cohen_kappa_linear", "cohen_kappa_quadratic")
         cells = [_fmt(pw[k][pair], 1, 3) for k in kappas]
-        cells += [_fmt(pw["percent_agreement"][pair], 100), _fmt(pw["gamma"][pair], 1, 3),
-                  _fmt(pc[pair]["kendall_b"], 1, 3), _fmt(pc[pair]["spearman"], 1, 3)]
+        cells += [
+            _fmt(pw["percent_agreement"][pair], 100),
+            _fmt(pw["gamma"][pair], 1, 3),
+            _fmt(pc[pair]["kendall_b"], 1, 3),
+            _fmt(pc[pair]["spearman"], 1, 3),
+        ]
         lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     pub = PUBLISHED["flickr8k_judges"]
-    lines += ["", f"Published (all 5,822 rows): Fleiss' kappa {pub['fleiss_kappa']}, "
-              f"mean gamma {pub['gamma_mean']}. Our mean gamma is "
-              f"{_fmt(pw['gamma']['mean'], 1, 3)}; averaging pair gammas truncated to two decimals "
-              f"gives {_truncated_mean(pw['gamma']):.3f}, which rounds to the published 0.98.", ""]
+    lines += [
+        "",
+        f"Published (all 5,822 rows): Fleiss' kappa {pub['fleiss_kappa']}, "
+        f"mean gamma {pub['gamma_mean']}. Our mean gamma is "
+        f"{_fmt(pw['gamma']['mean'], 1, 3)}; averaging pair gammas truncated to two decimals "
+        f"gives {_truncated_mean(pw['gamma']):.3f}, which rounds to the published 0.98.",
+        "",
+    ]
     return lines
 
 

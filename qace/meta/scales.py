@@ -16,11 +16,16 @@ from qace.errors import ConfigError
 
 #: (lower bound, label) from the top down; a value takes the first label whose bound it reaches.
 #: Landis-Koch bands are printed as 0.00-0.20, 0.21-0.40, ...: read as "above 0.20" etc.
-LANDIS_KOCH = ((0.80, "almost perfect"), (0.60, "substantial"), (0.40, "moderate"), (0.20, "fair"),
-               (0.0, "slight"), (-math.inf, "poor"))
+LANDIS_KOCH = (
+    (0.80, "almost perfect"),
+    (0.60, "substantial"),
+    (0.40, "moderate"),
+    (0.20, "fair"),
+    (0.0, "slight"),
+    (-math.inf, "poor"),
+)
 KRIPPENDORFF = ((0.800, "reliable"), (0.667, "tentative conclusions only"), (-math.inf, "unreliable"))
-ROSENTHAL = ((0.70, "very large"), (0.50, "large"), (0.30, "medium"), (0.10, "small"),
-             (0.0, "very small"))
+ROSENTHAL = ((0.70, "very large"), (0.50, "large"), (0.30, "medium"), (0.10, "small"), (0.0, "very small"))
 
 #: Figure kinds: chance-corrected agreement, correlation/association, raw proportion.
 KINDS = ("agreement", "correlation", "proportion")

@@ -44,16 +44,26 @@ def check_scorers(names: Sequence[str], features: str | Path | None) -> None:
     if unknown:
         raise ConfigError(f"unknown scorer(s) {unknown}; choose from {known}")
     if "qace-img" in names and features is None:
-        raise ConfigError("qace-img needs the region features of the benchmark images: pass --features "
-                          "(a folder of per-image .npz files or an HDF5 store keyed by image id)")
+        raise ConfigError(
+            "qace-img needs the region features of the benchmark images: pass --features "
+            "(a folder of per-image .npz files or an HDF5 store keyed by image id)"
+        )
 
 
 class ScorerRun:
     """One registered metric, built lazily through its registry entry, with a disk cache of its
     per-caption scores."""
 
-    def __init__(self, name: str, *, models: str | Path | None = None, features: str | Path | None = None,
-                 device: str = "cpu", cache_dir: Path | str | None = None, use_cache: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        models: str | Path | None = None,
+        features: str | Path | None = None,
+        device: str = "cpu",
+        cache_dir: Path | str | None = None,
+        use_cache: bool = True,
+    ) -> None:
         check_scorers([name], features)
         self.name = name
         self.entry = scorers.get(name)
@@ -81,8 +91,13 @@ class ScorerRun:
     def uses_test_models(self) -> bool:
         return bool(self._scorer is not None and self._scorer.uses_test_models)
 
-    def score(self, ids: Sequence[str], candidates: Sequence[str], references: Sequence[Sequence[str]],
-              image_ids: Sequence[str]) -> np.ndarray:
+    def score(
+        self,
+        ids: Sequence[str],
+        candidates: Sequence[str],
+        references: Sequence[Sequence[str]],
+        image_ids: Sequence[str],
+    ) -> np.ndarray:
         """Per-caption score (the metric's score column), NaN where the scorer refused a caption."""
         from qace.data.records import Record, RecordError
 
@@ -94,17 +109,29 @@ class ScorerRun:
         if path is not None and path.exists():
             return np.load(path)
         logger.info("%s: scoring %d captions", self.name, len(candidates))
-        records = [Record(str(i), c, None if images is None else str(images[n]),
-                          None if refs is None else tuple(refs[n]))
-                   for n, (i, c) in enumerate(zip(ids, candidates, strict=True))]
+        records = [
+            Record(
+                str(i),
+                c,
+                None if images is None else str(images[n]),
+                None if refs is None else tuple(refs[n]),
+            )
+            for n, (i, c) in enumerate(zip(ids, candidates, strict=True))
+        ]
         rows = list(self.scorer.score_records(records))
         failed = [r for r in rows if isinstance(r, RecordError)]
         if failed:
-            logger.warning("%s could not score %d captions (first: %s: %s)", self.name, len(failed),
-                           failed[0].id, failed[0].reason)
+            logger.warning(
+                "%s could not score %d captions (first: %s: %s)",
+                self.name,
+                len(failed),
+                failed[0].id,
+                failed[0].reason,
+            )
         key_col = self.scorer.score_key
-        values = np.array([np.nan if isinstance(r, RecordError) else r.get(key_col, np.nan) for r in rows],
-                          dtype=float)
+        values = np.array(
+            [np.nan if isinstance(r, RecordError) else r.get(key_col, np.nan) for r in rows], dtype=float
+        )
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             np.save(path, values)

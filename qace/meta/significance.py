@@ -82,8 +82,9 @@ def williams_test(r12: float, r13: float, r23: float, n: int, two_sided: bool = 
     return float(t), float(p)
 
 
-def _paired_inputs(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, groups: np.ndarray | None
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _paired_inputs(
+    xa: np.ndarray, xb: np.ndarray, y: np.ndarray, groups: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     a, b, h = (np.asarray(v, dtype=float).ravel() for v in (xa, xb, y))
     if not a.shape == b.shape == h.shape:
         raise InputError(f"paired tests need equal lengths, got {a.size}, {b.size}, {h.size}")
@@ -92,14 +93,22 @@ def _paired_inputs(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, groups: np.nda
         raise InputError(f"groups has {g.size} entries for {a.size} scores")
     ok = np.isfinite(a) & np.isfinite(b) & np.isfinite(h)
     if ok.sum() < 4:
-        raise InputError("need at least 4 rows where both metrics and the humans are defined, "
-                         f"got {ok.sum()}")
+        raise InputError(
+            f"need at least 4 rows where both metrics and the humans are defined, got {ok.sum()}"
+        )
     return a[ok], b[ok], h[ok], g[ok]
 
 
-def paired_bootstrap(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, method: str,
-                     groups: np.ndarray | None = None, n_boot: int = 1000, level: float = 0.95,
-                     seed: int = 0) -> tuple[float, float, float, float]:
+def paired_bootstrap(
+    xa: np.ndarray,
+    xb: np.ndarray,
+    y: np.ndarray,
+    method: str,
+    groups: np.ndarray | None = None,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float, float]:
     """(delta, p, ci_low, ci_high) of ``r(a, y) - r(b, y)`` over item resamples (same draws for both).
 
     p is two-sided, from the bootstrap distribution shifted to the null (Efron & Tibshirani
@@ -107,8 +116,12 @@ def paired_bootstrap(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, method: str,
     """
     a, b, h, g = _paired_inputs(xa, xb, y, groups)
     delta = coefficient(a, h, method)[0] - coefficient(b, h, method)[0]
-    d = np.array([safe_coefficient(a[r], h[r], method) - safe_coefficient(b[r], h[r], method)
-                  for r in resample_rows(g, n_boot, seed)])
+    d = np.array(
+        [
+            safe_coefficient(a[r], h[r], method) - safe_coefficient(b[r], h[r], method)
+            for r in resample_rows(g, n_boot, seed)
+        ]
+    )
     return (delta, *bootstrap_difference(delta, d, level))
 
 
@@ -130,9 +143,15 @@ def _standardise(v: np.ndarray) -> np.ndarray:
     return (v - v.mean()) / (sd if sd > 0 else 1.0)
 
 
-def paired_permutation(xa: np.ndarray, xb: np.ndarray, y: np.ndarray, method: str,
-                       groups: np.ndarray | None = None, n_perm: int = 1000, seed: int = 0
-                       ) -> tuple[float, float]:
+def paired_permutation(
+    xa: np.ndarray,
+    xb: np.ndarray,
+    y: np.ndarray,
+    method: str,
+    groups: np.ndarray | None = None,
+    n_perm: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float]:
     """(delta, p) of a permutation test that swaps the two metrics' scores item by item.
 
     Scores are z-standardised first so the swapped values are on one scale (rank methods are
@@ -162,13 +181,25 @@ def williams_on_units(a: np.ndarray, b: np.ndarray, h: np.ndarray, units: np.nda
         ua, uh = unit_means(a, h, units)
         ub, _ = unit_means(b, h, units)
         a, b, h = ua, ub, uh
-    return williams_test(coefficient(a, h, "pearson")[0], coefficient(b, h, "pearson")[0],
-                         coefficient(a, b, "pearson")[0], a.size)[1]
+    return williams_test(
+        coefficient(a, h, "pearson")[0],
+        coefficient(b, h, "pearson")[0],
+        coefficient(a, b, "pearson")[0],
+        a.size,
+    )[1]
 
 
-def compare_metrics(scores: dict[str, np.ndarray], y: np.ndarray, method: str,
-                    groups: np.ndarray | None = None, n_boot: int = 1000, n_perm: int = 0, seed: int = 0,
-                    names: Sequence[str] | None = None, units: np.ndarray | None = None) -> list[Comparison]:
+def compare_metrics(
+    scores: dict[str, np.ndarray],
+    y: np.ndarray,
+    method: str,
+    groups: np.ndarray | None = None,
+    n_boot: int = 1000,
+    n_perm: int = 0,
+    seed: int = 0,
+    names: Sequence[str] | None = None,
+    units: np.ndarray | None = None,
+) -> list[Comparison]:
     """Every pair (a, b), a before b in ``names``: bootstrap, permutation and Williams tests.
 
     Resampling and swapping go by ``groups`` (items). Williams' test is a test for Pearson's r:
@@ -184,12 +215,25 @@ def compare_metrics(scores: dict[str, np.ndarray], y: np.ndarray, method: str,
     masks = {n: np.isfinite(np.asarray(scores[n], dtype=float)) & np.isfinite(y_arr) for n in order}
     # Metrics defined on the same rows share one bootstrap each: same draws, so differences are paired.
     shared = n_boot > 0 and all(np.array_equal(masks[n], masks[order[0]]) for n in order)
-    boots = ({n: bootstrap_all(np.asarray(scores[n], dtype=float)[masks[n]], y_arr[masks[n]], [method],
-                               g_all[masks[n]], n_boot, seed)[method] for n in order} if shared else {})
+    boots = (
+        {
+            n: bootstrap_all(
+                np.asarray(scores[n], dtype=float)[masks[n]],
+                y_arr[masks[n]],
+                [method],
+                g_all[masks[n]],
+                n_boot,
+                seed,
+            )[method]
+            for n in order
+        }
+        if shared
+        else {}
+    )
     out = []
     nan = float("nan")
     for i, na in enumerate(order):
-        for nb in order[i + 1:]:
+        for nb in order[i + 1 :]:
             ok = masks[na] & masks[nb]
             u = u_all[ok]
             a, b, h, g = _paired_inputs(scores[na], scores[nb], y, groups)
@@ -201,7 +245,21 @@ def compare_metrics(scores: dict[str, np.ndarray], y: np.ndarray, method: str,
                 delta, pb, lo, hi = paired_bootstrap(a, b, h, method, g, n_boot, seed=seed)
             pp = paired_permutation(a, b, h, method, g, n_perm, seed)[1] if n_perm else nan
             pw = williams_on_units(a, b, h, u) if method == "pearson" else nan
-            out.append(Comparison(a=na, b=nb, method=method, delta=delta, p_bootstrap=pb, ci_low=lo,
-                                  ci_high=hi, p_permutation=pp, p_williams=pw, n=int(a.size),
-                                  n_items=int(np.unique(g).size), n_boot=n_boot, n_perm=n_perm))
+            out.append(
+                Comparison(
+                    a=na,
+                    b=nb,
+                    method=method,
+                    delta=delta,
+                    p_bootstrap=pb,
+                    ci_low=lo,
+                    ci_high=hi,
+                    p_permutation=pp,
+                    p_williams=pw,
+                    n=int(a.size),
+                    n_items=int(np.unique(g).size),
+                    n_boot=n_boot,
+                    n_perm=n_perm,
+                )
+            )
     return out

@@ -63,10 +63,22 @@ def correlate_study(
     if bad:
         raise ConfigError(f"unknown level(s) {bad}; choose from {list(LEVELS)}")
     item_idx = np.unique(np.asarray(items), return_inverse=True)[1]
-    out: dict = {"n_rows": len(items), "n_items": int(item_idx.max() + 1) if len(items) else 0,
-                 "metrics": list(scores), "criteria": list(human), "methods": list(methods),
-                 "headline": headline, "n_boot": n_boot, "n_perm": n_perm, "seed": seed,
-                 "segment": {}, "item": {}, "system": {}, "comparisons": {}, "skipped_levels": {}}
+    out: dict = {
+        "n_rows": len(items),
+        "n_items": int(item_idx.max() + 1) if len(items) else 0,
+        "metrics": list(scores),
+        "criteria": list(human),
+        "methods": list(methods),
+        "headline": headline,
+        "n_boot": n_boot,
+        "n_perm": n_perm,
+        "seed": seed,
+        "segment": {},
+        "item": {},
+        "system": {},
+        "comparisons": {},
+        "skipped_levels": {},
+    }
     if "item" in levels and (np.bincount(item_idx).max() if len(items) else 0) < 2:
         levels = [lv for lv in levels if lv != "item"]
         out["skipped_levels"]["item"] = "every item has a single row: no within-item correlation"
@@ -76,27 +88,46 @@ def correlate_study(
         rows, y = judgment_rows(h)
         g = item_idx[rows]
         out["segment"][crit] = {
-            name: {m: correlate(np.asarray(v, float)[rows], y, m, groups=g, units=rows, n_boot=n_boot,
-                                seed=seed).to_dict() for m in methods}
-            for name, v in scores.items()}
+            name: {
+                m: correlate(
+                    np.asarray(v, float)[rows], y, m, groups=g, units=rows, n_boot=n_boot, seed=seed
+                ).to_dict()
+                for m in methods
+            }
+            for name, v in scores.items()
+        }
         if "item" in levels:
-            out["item"][crit] = {name: {m: item_grouped(np.asarray(v, float)[rows], y, g, m, n_boot=n_boot,
-                                                        seed=seed).to_dict() for m in methods}
-                                 for name, v in scores.items()}
+            out["item"][crit] = {
+                name: {
+                    m: item_grouped(np.asarray(v, float)[rows], y, g, m, n_boot=n_boot, seed=seed).to_dict()
+                    for m in methods
+                }
+                for name, v in scores.items()
+            }
         if "system" in levels and systems is not None:
             mean_h = np.nanmean(np.where(np.isfinite(h), h, np.nan).reshape(len(items), -1), axis=1)
             sys_arr = np.asarray(systems)
             out["system"][crit] = {
-                name: {m: system_level(np.asarray(v, float), mean_h, sys_arr, m, groups=item_idx,
-                                       n_boot=n_boot, seed=seed).to_dict() for m in methods}
-                for name, v in scores.items()}
+                name: {
+                    m: system_level(
+                        np.asarray(v, float), mean_h, sys_arr, m, groups=item_idx, n_boot=n_boot, seed=seed
+                    ).to_dict()
+                    for m in methods
+                }
+                for name, v in scores.items()
+            }
         if len(scores) > 1:
             expanded = {name: np.asarray(v, float)[rows] for name, v in scores.items()}
             tested = [headline] + (["pearson"] if headline != "pearson" else [])
             out["comparisons"][crit] = {
-                m: [c.to_dict() for c in compare_metrics(expanded, y, m, g, n_boot=n_boot, n_perm=n_perm,
-                                                          seed=seed, units=rows)]
-                for m in tested}
+                m: [
+                    c.to_dict()
+                    for c in compare_metrics(
+                        expanded, y, m, g, n_boot=n_boot, n_perm=n_perm, seed=seed, units=rows
+                    )
+                ]
+                for m in tested
+            }
     return out
 
 
@@ -109,19 +140,29 @@ def _ci(entry: dict) -> str:
     return "" if lo is None or hi is None else f" [{lo:.3f}, {hi:.3f}]"
 
 
-def render_markdown(study: dict, title: str = "Correlation with human judgment",
-                    notes: Sequence[str] = ()) -> str:
+def render_markdown(
+    study: dict, title: str = "Correlation with human judgment", notes: Sequence[str] = ()
+) -> str:
     """The study as Markdown: one table per level with a column per criterion, then the tests."""
     crits, metrics, head = study["criteria"], study["metrics"], study["headline"]
-    lines = [f"# {title}", "",
-             f"{study['n_rows']} rows, {study['n_items']} items"
-             + (f", {study['n_systems']} systems" if "n_systems" in study else "")
-             + f"; criteria: {', '.join(crits)}; {study['n_boot']} bootstrap resamples by item, "
-             f"{study['n_perm']} permutations.", ""]
-    lines += [f"## Segment level: {DISPLAY[head]} [95% CI], p", "",
-              "p: scipy's test on the rows as independent units (a row's several judgments are averaged "
-              "first); CI: percentile bootstrap resampling items.", "",
-              "| Metric | " + " | ".join(crits) + " |", "|---" * (len(crits) + 1) + "|"]
+    lines = [
+        f"# {title}",
+        "",
+        f"{study['n_rows']} rows, {study['n_items']} items"
+        + (f", {study['n_systems']} systems" if "n_systems" in study else "")
+        + f"; criteria: {', '.join(crits)}; {study['n_boot']} bootstrap resamples by item, "
+        f"{study['n_perm']} permutations.",
+        "",
+    ]
+    lines += [
+        f"## Segment level: {DISPLAY[head]} [95% CI], p",
+        "",
+        "p: scipy's test on the rows as independent units (a row's several judgments are averaged "
+        "first); CI: percentile bootstrap resampling items.",
+        "",
+        "| Metric | " + " | ".join(crits) + " |",
+        "|---" * (len(crits) + 1) + "|",
+    ]
     for name in metrics:
         cells = []
         for c in crits:
@@ -131,22 +172,35 @@ def render_markdown(study: dict, title: str = "Correlation with human judgment",
     lines.append("")
     others = [m for m in study["methods"] if m != head]
     if others:
-        lines += ["### Every coefficient (segment level)", "",
-                  "| Metric | Criterion | " + " | ".join(DISPLAY[m] + " [95% CI]" for m in study["methods"])
-                  + " | reading |", "|---" * (len(study["methods"]) + 3) + "|"]
+        lines += [
+            "### Every coefficient (segment level)",
+            "",
+            "| Metric | Criterion | "
+            + " | ".join(DISPLAY[m] + " [95% CI]" for m in study["methods"])
+            + " | reading |",
+            "|---" * (len(study["methods"]) + 3) + "|",
+        ]
         for name in metrics:
             for c in crits:
                 seg = study["segment"][c][name]
-                lines.append(f"| {METRIC_DISPLAY.get(name, name)} | {c} | "
-                             + " | ".join(f"{_num(seg[m]['value'])}{_ci(seg[m])}" for m in study["methods"])
-                             + f" | {reading_text(seg[head]['value'], 'correlation')} |")
+                lines.append(
+                    f"| {METRIC_DISPLAY.get(name, name)} | {c} | "
+                    + " | ".join(f"{_num(seg[m]['value'])}{_ci(seg[m])}" for m in study["methods"])
+                    + f" | {reading_text(seg[head]['value'], 'correlation')} |"
+                )
         lines.append("")
-    for level, what in (("system", "System level: correlation of per-system means"),
-                        ("item", "Item-grouped: mean of within-item correlations")):
+    for level, what in (
+        ("system", "System level: correlation of per-system means"),
+        ("item", "Item-grouped: mean of within-item correlations"),
+    ):
         if not study[level]:
             continue
-        lines += [f"## {what} ({DISPLAY[head]})", "",
-                  "| Metric | " + " | ".join(crits) + " |", "|---" * (len(crits) + 1) + "|"]
+        lines += [
+            f"## {what} ({DISPLAY[head]})",
+            "",
+            "| Metric | " + " | ".join(crits) + " |",
+            "|---" * (len(crits) + 1) + "|",
+        ]
         for name in metrics:
             cells = []
             for c in crits:
@@ -158,23 +212,33 @@ def render_markdown(study: dict, title: str = "Correlation with human judgment",
         how = f"; p: {first['p_method']}" if first.get("p_method") else ""
         lines += ["", f"{first['note']}{how}.", ""]
     if study["comparisons"]:
-        lines += ["## Is metric A better than metric B? (segment level)", "",
-                  "delta = r(A) - r(B) with a 95% paired-bootstrap CI; p: paired bootstrap, paired "
-                  "permutation (both resampling items) and, for Pearson r, Williams' test (1959).", "",
-                  "| Criterion | Coefficient | A | B | delta [95% CI] | p bootstrap | p permutation "
-                  "| p Williams |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Is metric A better than metric B? (segment level)",
+            "",
+            "delta = r(A) - r(B) with a 95% paired-bootstrap CI; p: paired bootstrap, paired "
+            "permutation (both resampling items) and, for Pearson r, Williams' test (1959).",
+            "",
+            "| Criterion | Coefficient | A | B | delta [95% CI] | p bootstrap | p permutation | p Williams |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for c, by_method in study["comparisons"].items():
             for m, comps in by_method.items():
                 for cmp in comps:
                     a, b = (METRIC_DISPLAY.get(cmp[k], cmp[k]) for k in ("a", "b"))
-                    lines.append(f"| {c} | {DISPLAY[m]} | {a} | {b} | {_num(cmp['delta'])}{_ci(cmp)} | "
-                                 f"{format_p(cmp['p_bootstrap'])} | {format_p(cmp['p_permutation'])} | "
-                                 f"{format_p(cmp['p_williams'])} |")
+                    lines.append(
+                        f"| {c} | {DISPLAY[m]} | {a} | {b} | {_num(cmp['delta'])}{_ci(cmp)} | "
+                        f"{format_p(cmp['p_bootstrap'])} | {format_p(cmp['p_permutation'])} | "
+                        f"{format_p(cmp['p_williams'])} |"
+                    )
         lines.append("")
     skipped = [f"{lv} level skipped: {why}" for lv, why in study.get("skipped_levels", {}).items()]
-    lines += ["## Notes", "", *[f"- {n}" for n in [*notes, *skipped]],
-              "- Readings: correlation strength on Rosenthal's (1996) effect-size bands for r; "
-              "agreement scales (Krippendorff, Landis-Koch) are not applied to correlations.",
-              "- p-values below 1e-300 are written <1e-300 here and in the JSON.", ""]
+    lines += [
+        "## Notes",
+        "",
+        *[f"- {n}" for n in [*notes, *skipped]],
+        "- Readings: correlation strength on Rosenthal's (1996) effect-size bands for r; "
+        "agreement scales (Krippendorff, Landis-Koch) are not applied to correlations.",
+        "- p-values below 1e-300 are written <1e-300 here and in the JSON.",
+        "",
+    ]
     return "\n".join(lines)

@@ -78,8 +78,7 @@ def load_system(path: Path, name: str | None = None) -> System:
     entry = next((metrics[k] for k in metrics if k in rows[0]), None)
     if entry is None:
         raise InputError(
-            f"{path}: rows have none of the score columns {', '.join(metrics)}; "
-            "give the output of qace score"
+            f"{path}: rows have none of the score columns {', '.join(metrics)}; give the output of qace score"
         )
     by_id: dict[str, dict[str, Any]] = {}
     for row in rows:

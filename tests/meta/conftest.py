@@ -15,8 +15,10 @@ def shared_data() -> Path:
     path = default_data_dir()
     missing = [d for d in ("flickr8k_expert", "pascal50s") if not (path / d).is_dir()]
     if missing:
-        pytest.skip(f"shared data not found ({', '.join(missing)} missing under {path}); "
-                    f"set ${DATA_ENV} or check out ../shared/data to run the published-figure tests")
+        pytest.skip(
+            f"shared data not found ({', '.join(missing)} missing under {path}); "
+            f"set ${DATA_ENV} or check out ../shared/data to run the published-figure tests"
+        )
     return path
 
 

@@ -21,19 +21,31 @@ from qace.meta.agreement import (
 from qace.meta.scales import landis_koch, reading_text, readings, rosenthal_1996
 
 # Fleiss (1971) as used in the Wikipedia article: 10 subjects, 14 raters, 5 categories, kappa 0.210.
-FLEISS_TABLE = np.array([
-    [0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
-    [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7],
-])
+FLEISS_TABLE = np.array(
+    [
+        [0, 0, 0, 0, 14],
+        [0, 2, 6, 4, 2],
+        [0, 0, 3, 5, 6],
+        [0, 3, 9, 2, 0],
+        [2, 2, 8, 1, 1],
+        [7, 7, 0, 0, 0],
+        [3, 2, 6, 3, 0],
+        [2, 5, 3, 2, 2],
+        [6, 5, 2, 1, 0],
+        [0, 2, 2, 3, 7],
+    ]
+)
 
 # Krippendorff (2011) "Computing Krippendorff's alpha-reliability": 4 coders x 12 units, gaps.
 NA = np.nan
-KRIPP = np.array([
-    [1, 2, 3, 3, 2, 1, 4, 1, 2, NA, NA, NA],
-    [1, 2, 3, 3, 2, 2, 4, 1, 2, 5, NA, 3],
-    [NA, 3, 3, 3, 2, 3, 4, 2, 2, 5, 1, NA],
-    [1, 2, 3, 3, 2, 4, 4, 1, 2, 5, 1, NA],
-]).T  # (units, coders)
+KRIPP = np.array(
+    [
+        [1, 2, 3, 3, 2, 1, 4, 1, 2, NA, NA, NA],
+        [1, 2, 3, 3, 2, 2, 4, 1, 2, 5, NA, 3],
+        [NA, 3, 3, 3, 2, 3, 4, 2, 2, 5, 1, NA],
+        [1, 2, 3, 3, 2, 4, 4, 1, 2, 5, 1, NA],
+    ]
+).T  # (units, coders)
 
 
 def _ratings_from_counts(table: np.ndarray) -> np.ndarray:

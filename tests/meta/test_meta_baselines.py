@@ -12,8 +12,10 @@ from qace.meta import baselines
 from qace.meta.baselines import compute_baselines
 
 CANDS = ["a dog runs on the grass .", "two people ride bikes down a street"]
-REFS = [["a dog is running across the grass", "a brown dog runs"],
-        ["people riding bicycles on a road", "two cyclists on a street", "bikers in a city"]]
+REFS = [
+    ["a dog is running across the grass", "a brown dog runs"],
+    ["people riding bicycles on a road", "two cyclists on a street", "bikers in a city"],
+]
 
 
 def test_coco_metrics_match_pycocoevalcap(tmp_path: Path, java: None) -> None:
@@ -39,8 +41,9 @@ def test_cache_is_used(tmp_path: Path, java: None, monkeypatch: pytest.MonkeyPat
         raise AssertionError("recomputed despite the cache")
 
     monkeypatch.setattr(baselines, "_tokenize", boom)
-    np.testing.assert_array_equal(compute_baselines(CANDS, REFS, ["bleu1"], cache_dir=tmp_path)["bleu1"],
-                                  first["bleu1"])
+    np.testing.assert_array_equal(
+        compute_baselines(CANDS, REFS, ["bleu1"], cache_dir=tmp_path)["bleu1"], first["bleu1"]
+    )
     # different references -> different key -> recompute
     with pytest.raises(AssertionError, match="recomputed"):
         compute_baselines(CANDS, [REFS[0], REFS[0]], ["bleu1"], cache_dir=tmp_path)

@@ -22,12 +22,17 @@ def _toy_scores(export: Path, out: Path) -> None:
             rec = json.loads(line)
             words = set(rec["caption"].lower().split())
             overlap = max(len(words & set(r.lower().split())) for r in rec["references"])
-            dst.write(json.dumps({"id": rec["id"], "toy_overlap": overlap / max(1, len(words)),
-                                  "caption": rec["caption"]}) + "\n")
+            dst.write(
+                json.dumps(
+                    {"id": rec["id"], "toy_overlap": overlap / max(1, len(words)), "caption": rec["caption"]}
+                )
+                + "\n"
+            )
 
 
-def test_report_end_to_end(shared_data: Path, java: None, tmp_path: Path,
-                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_end_to_end(
+    shared_data: Path, java: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     flickr, pascal, scores = tmp_path / "flickr.jsonl", tmp_path / "pascal.jsonl", tmp_path / "scores.jsonl"
     assert main(["export", "flickr8k", str(flickr), "--data-dir", str(shared_data)]) == 0
     assert main(["export", "pascal50s", str(pascal), "--seed", "0", "--data-dir", str(shared_data)]) == 0
@@ -39,8 +44,25 @@ def test_report_end_to_end(shared_data: Path, java: None, tmp_path: Path,
     _toy_scores(pascal, scores)
 
     out = tmp_path / "report"
-    code = main(["report", "--data-dir", str(shared_data), "--out", str(out), "--metrics", "bleu4", "cider",
-                 "spice", "--seeds", "0", "--bootstrap", "20", "--scores", str(scores)])
+    code = main(
+        [
+            "report",
+            "--data-dir",
+            str(shared_data),
+            "--out",
+            str(out),
+            "--metrics",
+            "bleu4",
+            "cider",
+            "spice",
+            "--seeds",
+            "0",
+            "--bootstrap",
+            "20",
+            "--scores",
+            str(scores),
+        ]
+    )
     assert code == 0
     for name in ("report.json", "report.md", "judges.png", "metric_vs_human.png", "pascal50s.png"):
         assert (out / name).stat().st_size > 0, name
@@ -69,15 +91,51 @@ def test_agreement_and_correlate_on_user_file(tmp_path: Path, capsys: pytest.Cap
         lines.append(f"r{i},img{i % 7},caption {i},ref {i},{a},{b},{c},{t + rng.normal():.3f}")
     path.write_text("\n".join(lines) + "\n")
     out_json, out_png = tmp_path / "agree.json", tmp_path / "agree.png"
-    assert main(["agreement", str(path), "--judges", "a", "b", "c", "--json", str(out_json),
-                 "--plot", str(out_png)]) == 0
+    assert (
+        main(
+            [
+                "agreement",
+                str(path),
+                "--judges",
+                "a",
+                "b",
+                "c",
+                "--json",
+                str(out_json),
+                "--plot",
+                str(out_png),
+            ]
+        )
+        == 0
+    )
     agree = json.loads(out_json.read_text())
     assert set(agree["figures"]) >= {"fleiss_kappa", "krippendorff_alpha_ordinal", "percent_agreement"}
     assert out_png.stat().st_size > 0
     corr_json = tmp_path / "corr.json"
-    assert main(["correlate", str(path), "--human", "a", "b", "c", "--metric-cols", "mymetric",
-                 "--bootstrap", "50", "--permutations", "0", "--no-plots", "--out", str(tmp_path / "corr"),
-                 "--json", str(corr_json)]) == 0
+    assert (
+        main(
+            [
+                "correlate",
+                str(path),
+                "--human",
+                "a",
+                "b",
+                "c",
+                "--metric-cols",
+                "mymetric",
+                "--bootstrap",
+                "50",
+                "--permutations",
+                "0",
+                "--no-plots",
+                "--out",
+                str(tmp_path / "corr"),
+                "--json",
+                str(corr_json),
+            ]
+        )
+        == 0
+    )
     corr = json.loads(corr_json.read_text())
     assert corr["segment"]["human"]["mymetric"]["kendall_c"]["value"] > 0.3
     printed = capsys.readouterr().out
@@ -86,8 +144,13 @@ def test_agreement_and_correlate_on_user_file(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_python_dash_m_entry_point() -> None:
-    proc = subprocess.run([sys.executable, "-m", "qace.meta", "--help"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "qace.meta", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0
     assert all(cmd in proc.stdout for cmd in ("report", "agreement", "correlate", "export"))
 

@@ -93,9 +93,11 @@ def test_fast_coefficients_equal_scipy(xy: tuple[np.ndarray, np.ndarray]) -> Non
 
     x, y = xy
     rng = np.random.default_rng(8)
-    cases = [(np.round(x, 1), y),  # ties in both; y has 5 levels (counted by level pairs)
-             (x, np.round(x + rng.normal(size=x.size), 1)),  # many levels on both sides: scipy's S
-             (y, x)]  # the few-level variable first
+    cases = [
+        (np.round(x, 1), y),  # ties in both; y has 5 levels (counted by level pairs)
+        (x, np.round(x + rng.normal(size=x.size), 1)),  # many levels on both sides: scipy's S
+        (y, x),
+    ]  # the few-level variable first
     for a, b in cases:
         got = fast_coefficients(a, b, list(METHODS))
         assert got["kendall_c"] == pytest.approx(stats.kendalltau(a, b, variant="c")[0], abs=1e-12)

@@ -22,25 +22,52 @@ from qace.meta.evaluate import (
 def _pairs(n: int = 8) -> PairSet:
     cats = ["HC", "HI", "HM", "MM"] * (n // 4)
     votes = [np.array([1, 1, -1]) if i % 2 == 0 else np.array([-1, -1, 1, -1]) for i in range(n)]
-    return PairSet(name="toy", ids=[str(i) for i in range(n)], image_ids=[f"im{i}" for i in range(n)],
-                   cand1=[f"a{i}" for i in range(n)], cand2=[f"b{i}" for i in range(n)],
-                   references=[[f"r{i}-{k}" for k in range(10)] for i in range(n)], votes=votes,
-                   categories=cats, sources=np.zeros((n, 2), dtype=int))
+    return PairSet(
+        name="toy",
+        ids=[str(i) for i in range(n)],
+        image_ids=[f"im{i}" for i in range(n)],
+        cand1=[f"a{i}" for i in range(n)],
+        cand2=[f"b{i}" for i in range(n)],
+        references=[[f"r{i}-{k}" for k in range(10)] for i in range(n)],
+        votes=votes,
+        categories=cats,
+        sources=np.zeros((n, 2), dtype=int),
+    )
 
 
 def test_generic_jsonl_and_csv(tmp_path: Path) -> None:
-    rows = [{"id": "a", "item": "img1", "system": "s1", "candidate": "a dog", "references": ["a dog runs"],
-             "h1": 3, "h2": 4, "bleu": 0.5},
-            {"id": "b", "item": "img1", "system": "s2", "candidate": "a cat", "references": ["a dog runs"],
-             "h1": 1, "h2": None, "bleu": 0.1}]
+    rows = [
+        {
+            "id": "a",
+            "item": "img1",
+            "system": "s1",
+            "candidate": "a dog",
+            "references": ["a dog runs"],
+            "h1": 3,
+            "h2": 4,
+            "bleu": 0.5,
+        },
+        {
+            "id": "b",
+            "item": "img1",
+            "system": "s2",
+            "candidate": "a cat",
+            "references": ["a dog runs"],
+            "h1": 1,
+            "h2": None,
+            "bleu": 0.1,
+        },
+    ]
     jl = tmp_path / "x.jsonl"
     jl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     data = load_generic(jl, ["h1", "h2"])
     assert data.ids == ["a", "b"] and data.systems == ["s1", "s2"] and list(data.metrics) == ["bleu"]
     assert np.isnan(data.human[1, 1]) and data.human[0].tolist() == [3, 4]
     csv = tmp_path / "x.csv"
-    csv.write_text("item,candidate,references,h1,h2,m\nimg1,a dog,a dog runs ||| one dog,3,4,0.5\n"
-                   'img2,a cat,"[""a cat sits""]",2,,0.2\n')
+    csv.write_text(
+        "item,candidate,references,h1,h2,m\nimg1,a dog,a dog runs ||| one dog,3,4,0.5\n"
+        'img2,a cat,"[""a cat sits""]",2,,0.2\n'
+    )
     data = load_generic(csv, ["h1", "h2"])
     assert data.references == [["a dog runs", "one dog"], ["a cat sits"]]
     assert data.ids == ["0", "1"] and data.systems is None
@@ -61,9 +88,12 @@ def test_generic_errors(tmp_path: Path) -> None:
 
 def test_score_file_join(tmp_path: Path) -> None:
     path = tmp_path / "scores.jsonl"
-    lines = [{"id": "0", "qace": 0.5, "qace_f1": 0.4, "caption": "x", "ok": True},
-             {"id": "1", "qace": 0.7, "qace_f1": None},
-             {"id": "3-1", "qace": 0.9}, {"id": "3-2", "qace": 0.1}]
+    lines = [
+        {"id": "0", "qace": 0.5, "qace_f1": 0.4, "caption": "x", "ok": True},
+        {"id": "1", "qace": 0.7, "qace_f1": None},
+        {"id": "3-1", "qace": 0.9},
+        {"id": "3-2", "qace": 0.1},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
     rows = read_score_file(path)
     assert rows["0"] == {"qace": 0.5, "qace_f1": 0.4}
@@ -162,16 +192,36 @@ def test_pascal_plot_has_error_bars_and_starts_at_zero() -> None:
 def test_table1_has_no_empty_columns_for_one_data_set() -> None:
     from qace.meta.report import render_markdown
 
-    corr = {"kendall_c": {"value": 0.4, "ci_low": 0.3, "ci_high": 0.5, "p_value": "<1e-300"},
-            "kendall_b": {"value": 0.4}, "spearman": {"value": 0.5}, "pearson": {"value": 0.5}}
-    flickr_only = {"flickr8k_expert": {"n_pairs": 3, "n_captions": 1, "protocol": "x",
-                                       "metrics": {"cider": {"correlations": corr, "gamma": 0.5}}}}
+    corr = {
+        "kendall_c": {"value": 0.4, "ci_low": 0.3, "ci_high": 0.5, "p_value": "<1e-300"},
+        "kendall_b": {"value": 0.4},
+        "spearman": {"value": 0.5},
+        "pearson": {"value": 0.5},
+    }
+    flickr_only = {
+        "flickr8k_expert": {
+            "n_pairs": 3,
+            "n_captions": 1,
+            "protocol": "x",
+            "metrics": {"cider": {"correlations": corr, "gamma": 0.5}},
+        }
+    }
     md = render_markdown(flickr_only)
     assert "| Metric | Flickr8k-Expert tau-c |\n" in md and "| CIDEr | 40.0 (43.9) |\n" in md
     assert "HC" not in md and "<1e-300" in md
-    pascal_only = {"pascal50s": {"seeds": [0, 1], "protocol": "y", "accuracy": {"cider": {
-        "mean": {"HC": 50.0, "HI": 90.0, "HM": 80.0, "MM": 60.0, "mean": 70.0},
-        "sd": {"HC": 1.0, "HI": 0.5, "HM": 0.25, "MM": 2.0, "mean": 0.5}, "n_seeds": 2}}}}
+    pascal_only = {
+        "pascal50s": {
+            "seeds": [0, 1],
+            "protocol": "y",
+            "accuracy": {
+                "cider": {
+                    "mean": {"HC": 50.0, "HI": 90.0, "HM": 80.0, "MM": 60.0, "mean": 70.0},
+                    "sd": {"HC": 1.0, "HI": 0.5, "HM": 0.25, "MM": 2.0, "mean": 0.5},
+                    "n_seeds": 2,
+                }
+            },
+        }
+    }
     md = render_markdown(pascal_only)
     assert "| Metric | HC | HI | HM | MM | Mean |" in md and "Flickr8k-Expert tau-c" not in md
     assert "| CIDEr | 50.0 ± 1.0 (53.0) |" in md

@@ -11,15 +11,35 @@ from qace.meta.cli import main
 
 
 def _args(shared_data: Path, tmp_path: Path, *extra: str) -> list[str]:
-    return ["report", "--data-dir", str(shared_data), "--metrics", "--seeds", "0", "1", "--bootstrap", "10",
-            "--no-plots", "--out", str(tmp_path / "report"), "--cache-dir", str(tmp_path / "cache"), *extra]
+    return [
+        "report",
+        "--data-dir",
+        str(shared_data),
+        "--metrics",
+        "--seeds",
+        "0",
+        "1",
+        "--bootstrap",
+        "10",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "report"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        *extra,
+    ]
 
 
-def test_report_with_scorers_adds_cached_rows(shared_data: Path, test_models_dir: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
-    args = _args(shared_data, tmp_path, "--with-scorers", "qace-ref", "--models", str(test_models_dir),
-                 "--limit", "16")
+def test_report_with_scorers_adds_cached_rows(
+    shared_data: Path,
+    test_models_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = _args(
+        shared_data, tmp_path, "--with-scorers", "qace-ref", "--models", str(test_models_dir), "--limit", "16"
+    )
     assert main(args) == 0
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     flickr = report["flickr8k_expert"]
@@ -45,8 +65,9 @@ def test_report_with_scorers_adds_cached_rows(shared_data: Path, test_models_dir
     capsys.readouterr()
 
 
-def test_with_scorers_is_checked_before_any_model_loads(shared_data: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_with_scorers_is_checked_before_any_model_loads(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(_args(shared_data, tmp_path, "--with-scorers", "qace-img", "--models", "/nonexistent")) == 2
     assert "qace-img needs the region features" in capsys.readouterr().err
     assert main(_args(shared_data, tmp_path, "--limit", "0")) == 2
