@@ -62,6 +62,8 @@ from qace.kernels import bertscore
 SETTINGS = {"batch_rows": 2048, "batch_tokens": 131072, "chunk_size": 2048, "spacy_workers": 0}
 """The GPU speed defaults (`qace.config.speed_defaults`); spaCy runs once, before the passes."""
 
+META = torch.device("meta")
+
 
 class InstantRunner:
     """A runner that answers every batch at once with the workload's forced outputs (module docstring)."""
@@ -83,9 +85,6 @@ class InstantRunner:
         if self.features is None:
             self.features = DeviceFeatureCache(META, torch.bfloat16, 8192)
         return self.features.rows(image_ids, load)
-
-
-META = torch.device("meta")
 
 
 def _match_on_meta(

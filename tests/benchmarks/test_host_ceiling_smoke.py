@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 
 from benchmarks import host_ceiling
+from benchmarks.throughput import DATA
+from benchmarks.workload import pascal_workload
+from qace.kernels import bertscore
 
 
 def test_report_and_rates(tiny_models: Path, tmp_path: Path) -> None:
@@ -22,15 +25,10 @@ def test_report_and_rates(tiny_models: Path, tmp_path: Path) -> None:
 
 
 def test_instant_runners_score_every_caption_with_questions(tiny_models: Path) -> None:
-    from benchmarks.throughput import DATA
-    from benchmarks.workload import pascal_workload
-
     records = pascal_workload(DATA, 12)
     for variant in ("img", "ref"):
         with host_ceiling.matching_on_meta():
             rows = list(host_ceiling.instant_scorer(tiny_models, variant).score_records(records))
         assert [r["id"] for r in rows] == [r.id for r in records]
         assert all(r["n_questions"] > 0 and 0 <= r["qace"] <= 1 for r in rows), rows
-    from qace.kernels import bertscore
-
     assert bertscore._greedy_f1 is not host_ceiling._match_on_meta  # the patch ends with the block
