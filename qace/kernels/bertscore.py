@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from qace.precision import torch_dtype
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BertScoreMatcher", "default_model_dir"]
+__all__ = ["BertScoreMatcher", "BertScorePlanner", "MatchPlan", "default_model_dir"]
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 # bert-score's English defaults (bert_score.utils.model2layers); other models use their last layer.
@@ -116,6 +117,98 @@ def _resolve_device(device: str) -> torch.device:
     return dev
 
 
+@dataclass(frozen=True)
+class BlockPlan:
+    """One block of pairs, planned on the host: its distinct non-empty answers' token ids (CSR), and
+    which pairs still need the encoder. Plain numpy, so it crosses processes cheaply."""
+
+    lo: int
+    hi: int
+    ids: np.ndarray
+    """Token ids of every distinct answer, concatenated; answer k is ``ids[offsets[k]:offsets[k + 1]]``."""
+    offsets: np.ndarray
+    weight: np.ndarray
+    """1.0 per content token, 0.0 for the special tokens (CLS, SEP), aligned with ``ids``."""
+    ci: np.ndarray
+    ri: np.ndarray
+    todo: np.ndarray
+    """Pairs (block positions) whose both sides have a content token: only these are matched."""
+    values: np.ndarray
+    """Each pair's score where no matching is needed (1.0 both empty, 0.0 one empty); todo's are filled."""
+
+
+@dataclass(frozen=True)
+class MatchPlan:
+    """`BertScorePlanner.plan`'s output: the blocks of a call, for `BertScoreMatcher.match`."""
+
+    n_pairs: int
+    blocks: list[BlockPlan]
+
+
+@dataclass(frozen=True)
+class BertScorePlanner:
+    """The host half of BERTScore: checks the pairs, strips, de-duplicates and tokenises the answers
+    of each block (cut at ``max_length`` tokens as bert-score does), and finds the pairs to match."""
+
+    tokenizer: Any
+    max_length: int
+    unweighted: frozenset[int]
+
+    def plan(self, cands: Sequence[str], refs: Sequence[str]) -> MatchPlan:
+        if isinstance(cands, str) or isinstance(refs, str):
+            raise InputError("BertScoreMatcher.score: pass sequences of answers, not a single string")
+        if len(cands) != len(refs):
+            raise InputError(f"BertScoreMatcher.score: {len(cands)} candidates but {len(refs)} references")
+        for side, seq in (("cands", cands), ("refs", refs)):
+            for i, s in enumerate(seq):
+                if not isinstance(s, str):
+                    raise InputError(
+                        f"BertScoreMatcher.score: {side}[{i}] is {type(s).__name__}, expected str"
+                    )
+        blocks = []
+        for lo in range(0, len(cands), _PAIR_BLOCK):
+            hi = min(lo + _PAIR_BLOCK, len(cands))
+            blocks.append(
+                self._block(lo, hi, [s.strip() for s in cands[lo:hi]], [s.strip() for s in refs[lo:hi]])
+            )
+        return MatchPlan(len(cands), blocks)
+
+    def _block(self, lo: int, hi: int, cands: list[str], refs: list[str]) -> BlockPlan:
+        index: dict[str, int] = {}
+        for s in (*cands, *refs):
+            if s and s not in index:
+                index[s] = len(index)
+        ids = self._token_ids(list(index))
+        sizes = np.array([len(x) for x in ids], dtype=np.int64)
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        flat = np.fromiter((t for x in ids for t in x), dtype=np.int64, count=int(offsets[-1]))
+        weight = (~np.isin(flat, sorted(self.unweighted))).astype(np.float64)
+        content = np.bincount(np.repeat(np.arange(len(index)), sizes), weights=weight, minlength=len(index))
+        ci = np.array([index.get(s, -1) for s in cands], dtype=np.int64)
+        ri = np.array([index.get(s, -1) for s in refs], dtype=np.int64)
+        # Answers with no content token (empty, or only characters the tokenizer drops) are "empty".
+        content = np.append(content, 0.0)  # index -1 (empty string) reads this zero
+        c_has = content[ci] > 0
+        r_has = content[ri] > 0
+        values = np.where(c_has == r_has, 1.0, 0.0)
+        todo = np.flatnonzero(c_has & r_has)
+        # Similar lengths together keep the padded similarity blocks small.
+        todo = todo[np.argsort(np.maximum(sizes[ci[todo]], sizes[ri[todo]]), kind="stable")]
+        return BlockPlan(lo, hi, flat, offsets, weight, ci, ri, todo, values)
+
+    def _token_ids(self, sentences: list[str]) -> list[list[int]]:
+        ids = token_ids(self.tokenizer, sentences)
+        long = [k for k, x in enumerate(ids) if len(x) > self.max_length]
+        if long:  # rare: let the tokenizer cut them, as bert-score does
+            cut = self.tokenizer(
+                [sentences[k] for k in long], truncation=True, max_length=self.max_length
+            )["input_ids"]
+            for k, x in zip(long, cut, strict=True):
+                ids[k] = list(x)
+        return ids
+
+
 class BertScoreMatcher:
     """Reusable BERTScore-F1 scorer: loads the encoder once, embeds each distinct answer once per call.
 
@@ -166,7 +259,6 @@ class BertScoreMatcher:
         self._truncated = _truncate_layers(encoder, layer)
         self._encoder = encoder.to(self.device, dtype).eval()
         tok = self._tokenizer
-        self._unweighted = {i for i in (tok.cls_token_id, tok.sep_token_id) if i is not None}  # type: ignore[attr-defined]
         self._pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0  # type: ignore[attr-defined]
         logger.info(
             "BERTScore encoder %s (layer %d of %d) on %s", self.name_or_path, layer, n_layers, self.device
@@ -179,78 +271,45 @@ class BertScoreMatcher:
         half = "" if self.precision == "fp32" else f"_{self.precision}"
         return f"{self.short_name}_L{self.layer}{half}"
 
+    @property
+    def planner(self) -> BertScorePlanner:
+        """The host half of `score` (tokenising and de-duplicating), which needs no encoder: host
+        processes plan, the process that owns the device runs `match` (`qace.engine.core`)."""
+        tok = self._tokenizer
+        unweighted = frozenset(i for i in (tok.cls_token_id, tok.sep_token_id) if i is not None)  # type: ignore[attr-defined]
+        return BertScorePlanner(tok, self.max_length, unweighted)
+
     def score(self, cands: Sequence[str], refs: Sequence[str]) -> np.ndarray:
         """BERTScore F1 of each pair ``(cands[i], refs[i])`` as float64; empties follow the spec rule."""
-        if isinstance(cands, str) or isinstance(refs, str):
-            raise InputError("BertScoreMatcher.score: pass sequences of answers, not a single string")
-        if len(cands) != len(refs):
-            raise InputError(f"BertScoreMatcher.score: {len(cands)} candidates but {len(refs)} references")
-        for side, seq in (("cands", cands), ("refs", refs)):
-            for i, s in enumerate(seq):
-                if not isinstance(s, str):
-                    raise InputError(
-                        f"BertScoreMatcher.score: {side}[{i}] is {type(s).__name__}, expected str"
-                    )
-        out = np.empty(len(cands), dtype=np.float64)
-        for lo in range(0, len(cands), _PAIR_BLOCK):
-            hi = min(lo + _PAIR_BLOCK, len(cands))
-            out[lo:hi] = self._score_block(
-                [s.strip() for s in cands[lo:hi]], [s.strip() for s in refs[lo:hi]]
-            )
+        return self.match(self.planner.plan(cands, refs))
+
+    def match(self, plan: MatchPlan) -> np.ndarray:
+        """The device half of `score`: embed each block's distinct answers, then match its pairs."""
+        out = np.empty(plan.n_pairs, dtype=np.float64)
+        for block in plan.blocks:
+            out[block.lo : block.hi] = self._match_block(block)
         return out
 
-    def _score_block(self, cands: list[str], refs: list[str]) -> np.ndarray:
-        """Embed the distinct non-empty answers of one block, then match every pair."""
-        out = np.empty(len(cands), dtype=np.float64)
-        index: dict[str, int] = {}
-        for s in (*cands, *refs):
-            if s and s not in index:
-                index[s] = len(index)
-        emb, weight, offsets = self._embed(list(index))
-        sizes = np.diff(offsets)
-        content = np.bincount(np.repeat(np.arange(len(index)), sizes), weights=weight, minlength=len(index))
-        ci = np.array([index.get(s, -1) for s in cands], dtype=np.int64)
-        ri = np.array([index.get(s, -1) for s in refs], dtype=np.int64)
-        # Answers with no content token (empty, or only characters the tokenizer drops) are "empty".
-        content = np.append(content, 0.0)  # index -1 (empty string) reads this zero
-        c_has = content[ci] > 0
-        r_has = content[ri] > 0
-        out[:] = np.where(c_has == r_has, 1.0, 0.0)
-        todo = np.flatnonzero(c_has & r_has)
-        if todo.size:
-            # Similar lengths together keep the padded similarity blocks small.
-            todo = todo[np.argsort(np.maximum(sizes[ci[todo]], sizes[ri[todo]]), kind="stable")]
-            for lo in range(0, todo.size, _MATCH_CHUNK):
-                sel = todo[lo : lo + _MATCH_CHUNK]
-                out[sel] = _greedy_f1(emb, weight, offsets, ci[sel], ri[sel])
+    def _match_block(self, block: BlockPlan) -> np.ndarray:
+        out = block.values.copy()
+        if block.todo.size:
+            emb = self._embed(block)
+            for lo in range(0, block.todo.size, _MATCH_CHUNK):
+                sel = block.todo[lo : lo + _MATCH_CHUNK]
+                out[sel] = _greedy_f1(emb, block.weight, block.offsets, block.ci[sel], block.ri[sel])
         return out
 
     @torch.inference_mode()
-    def _embed(self, sentences: list[str]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """Unit-norm token vectors of every sentence, flattened (CSR) with 0/1 weights per token.
-
-        Sentences are sorted longest-first so each batch pads to nearly its own length; results are
-        put back in input order.
-        """
-        tok = self._tokenizer
-        ids = token_ids(tok, sentences)
-        long = [k for k, x in enumerate(ids) if len(x) > self.max_length]
-        if long:  # rare: let the tokenizer cut them, as bert-score does
-            cut = tok(  # type: ignore[operator]
-                [sentences[k] for k in long], truncation=True, max_length=self.max_length
-            )["input_ids"]
-            for k, x in zip(long, cut, strict=True):
-                ids[k] = list(x)
-        lengths = np.array([len(x) for x in ids], dtype=np.int64)
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+    def _embed(self, block: BlockPlan) -> torch.Tensor:
+        """Unit-norm token vectors of the block's distinct answers, flattened in `BlockPlan.offsets`
+        order (CSR). Answers are run longest-first so each batch pads to nearly its own length."""
+        ids, lengths, offsets = block.ids, np.diff(block.offsets), block.offsets
         width = int(self._encoder.config.hidden_size)
         flat = torch.empty((int(offsets[-1]), width), dtype=torch.float32, device=self.device)
-        weight = np.array([t not in self._unweighted for x in ids for t in x], dtype=np.float64)
         order = np.argsort(-lengths, kind="stable")
         for lo in range(0, len(order), self.batch_size):
             batch = order[lo : lo + self.batch_size]
-            input_ids, mask = pad_batch([ids[k] for k in batch], self._pad_id)
+            input_ids, mask = pad_batch([ids[offsets[k] : offsets[k + 1]] for k in batch], self._pad_id)
             hidden = self._hidden(to_device(input_ids, self.device), to_device(mask, self.device)).float()
             hidden = hidden / hidden.norm(dim=-1, keepdim=True)
             # token j of sentence k goes to offsets[k] + j; row-major mask order lists exactly those tokens
@@ -259,7 +318,7 @@ class BertScoreMatcher:
             dest = np.repeat(offsets[batch] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
             real = to_device(np.flatnonzero(mask), self.device)
             flat[to_device(dest, self.device)] = hidden.flatten(0, 1)[real]
-        return flat, weight, offsets
+        return flat
 
     def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Hidden states of the chosen layer (the last one left, when the stack was truncated); any

@@ -273,9 +273,13 @@ def test_roberta_large_defaults_to_layer_17(tmp_path: Path, tiny_roberta: Path) 
 def test_long_answers_are_cut_like_the_tokenizer_cuts_them(matcher: BertScoreMatcher) -> None:
     """Answers over ``max_length`` tokens are cut by the tokenizer (CLS + first tokens + SEP)."""
     long = " ".join(["frisbee", "umbrella", "giraffe"] * 60)
-    flat, _, offsets = matcher._embed([long, "a man"])
-    assert list(np.diff(offsets)) == [matcher.max_length, 4]
+    (block,) = matcher.planner.plan([long], ["a man"]).blocks
+    assert list(np.diff(block.offsets)) == [matcher.max_length, 4]
     cut = matcher._tokenizer(long, truncation=True, max_length=matcher.max_length)["input_ids"]
     assert len(cut) == matcher.max_length
-    alone, _, _ = matcher._embed([matcher._tokenizer.decode(cut[1:-1])])
-    np.testing.assert_allclose(flat[: matcher.max_length].cpu().numpy(), alone.cpu().numpy(), atol=1e-5)
+    (alone,) = matcher.planner.plan([matcher._tokenizer.decode(cut[1:-1])], ["a man"]).blocks
+    np.testing.assert_allclose(
+        matcher._embed(block)[: matcher.max_length].cpu().numpy(),
+        matcher._embed(alone)[: matcher.max_length].cpu().numpy(),
+        atol=1e-5,
+    )
