@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qace.config import QACEConfig, build_signature, speed_defaults
 from qace.data.records import Record, RecordError, caption_problem, require
@@ -21,6 +22,10 @@ from qace.engine.gc_pause import collector_paused
 from qace.errors import ConfigError, FeatureError
 from qace.metric.pipeline import score_chunk
 from qace.scoring import FileScorer, list_ids
+
+if TYPE_CHECKING:
+    from qace.engine.core import DeviceCore
+    from qace.engine.host_pool import HostPool
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +105,49 @@ class QACE(FileScorer):
             vqa=fingerprints.get("vqa"),
             bertscore=self.matcher.signature,
         )
+        self.core: DeviceCore | None = None
+        """With ``host_workers``: the engine core feeding the device (`qace.engine.core`)."""
+        self.host: HostPool | None = None
+        """With ``host_workers``: the processes doing each chunk's host work (`qace.metric.host`)."""
+        if self.config.host_workers > 0:
+            self._start_host_processes()
+
+    def _start_host_processes(self) -> None:
+        """The engine core (a thread of this process, serving the models and BERTScore's encoder) and
+        ``host_workers`` host processes that send it their chunks' device work."""
+        from qace.engine.core import DeviceCore
+        from qace.engine.host_pool import HostPool
+        from qace.metric.host import BERTSCORE, HostSetup
+
+        m = self.models
+        runners = {"qg": m.qg, "tqa": m.tqa, **({"vqa": m.vqa} if m.vqa is not None else {})}
+        self.core = DeviceCore(
+            runners,
+            functions={BERTSCORE: self.matcher.match},
+            features=self.features.get if self.features is not None else None,
+            lock=m.device_lock,
+        )
+        self.core.start()
+        setup = HostSetup(
+            self.config,
+            m.qg_tokenizer,
+            m.tqa_tokenizer,
+            m.tqa_unanswerable,
+            m.vqa_tokenizer,
+            m.vqa_unanswerable,
+            self.matcher.planner,
+            self.signature,
+        )
+        self.host = HostPool(self.config.host_workers, "qace.metric.host:setup", setup, self.core.attach)
+
+    def close(self) -> None:
+        """Stop the host processes, the engine core and spaCy's processes (idempotent); a process's end
+        does the same."""
+        if self.host is not None:
+            self.host.close()
+        if self.core is not None:
+            self.core.stop()
+        self.candidates.close()
 
     def warm_up(self, max_rows: int | None = None, max_length: int = 96) -> int:
         """Capture now the CUDA graphs of every batch shape the decoders can meet, for batches of up to
@@ -131,6 +179,8 @@ class QACE(FileScorer):
             visual = batch_shapes(visual_lengths, c.max_batch_tokens, rows)
             jobs.append((m.vqa, visual, m.vqa_unanswerable))
         jobs = [job for job in jobs if hasattr(job[0], "warm_up")]
+        if self.host is not None:
+            self.host.wait_ready()
         # one distinct caption per worker, so that the pool starts every process
         self.candidates([f"a warm-up caption number {i}" for i in range(max(1, c.spacy_workers))])
         token_f1(["a warm-up answer"], ["a warm-up reference"])
@@ -210,9 +260,50 @@ class QACE(FileScorer):
             iterator = itertools.chain(head, iterator)
         with ThreadPoolExecutor(1, thread_name_prefix="qace-prefetch") as prefetch:
             upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
-            while (prepared := upcoming.result()) is not None:
-                upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
-                yield from self._finish(prepared)
+            if self.host is None:
+                while (prepared := upcoming.result()) is not None:
+                    upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
+                    yield from self._finish(prepared)
+                return
+            # host processes: chunks in flight, one more than there are processes, so none waits for
+            # its next chunk; results in input order
+            depth = self.host.size + 1
+            inflight: deque[tuple[_Prepared, Future[list[dict[str, Any]]]]] = deque()
+            exhausted = False
+            while True:
+                while not exhausted and len(inflight) < depth:
+                    prepared = upcoming.result()
+                    if prepared is None:
+                        exhausted = True
+                        break
+                    upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
+                    inflight.append((prepared, self._dispatch(prepared)))
+                if not inflight:
+                    return
+                prepared, rows = inflight.popleft()
+                yield from _merge(prepared.results, rows.result())
+
+    def _dispatch(self, prepared: _Prepared) -> Future[list[dict[str, Any]]]:
+        """A chunk's rows from a host process, sent there once its candidates are extracted."""
+        from qace.metric.host import ScoreChunk
+
+        assert self.host is not None
+        host = self.host
+        rows: Future[list[dict[str, Any]]] = Future()
+
+        def send(candidates: Future[list[list[str]]]) -> None:
+            try:
+                if not prepared.valid:
+                    rows.set_result([])
+                    return
+                task = host.submit(ScoreChunk(prepared.valid, candidates.result()))
+            except BaseException as exc:  # noqa: BLE001 - raised where the rows are read
+                rows.set_exception(exc)
+                return
+            task.add_done_callback(lambda done: _copy_outcome(done, rows))
+
+        prepared.candidates.add_done_callback(send)
+        return rows
 
     def _prepare_next(self, iterator: Iterator[Record | RecordError], size: int) -> _Prepared | None:
         """The next ``size`` records of ``iterator``, prepared; None once it is exhausted."""
@@ -236,19 +327,17 @@ class QACE(FileScorer):
         with timer("candidates"):  # only the wait: extraction started in the prefetch thread
             candidates = prepared.candidates.result()
         with collector_paused():
-            rows = iter(
-                score_chunk(
-                    prepared.valid,
-                    candidates,
-                    self.models,
-                    self.config,
-                    self.matcher,
-                    features=self.features,
-                    signature=self.signature,
-                    timer=timer,
-                )
+            rows = score_chunk(
+                prepared.valid,
+                candidates,
+                self.models,
+                self.config,
+                self.matcher,
+                features=self.features,
+                signature=self.signature,
+                timer=timer,
             )
-        return [next(rows) if r is None else r for r in prepared.results]
+        return _merge(prepared.results, rows)
 
     def _check(self, record: Record) -> RecordError | None:
         """Why ``record`` cannot be scored by this variant, as an error naming it; else None."""
@@ -264,6 +353,22 @@ class QACE(FileScorer):
             except FeatureError as exc:
                 reason = exc.reason
         return None if reason is None else RecordError(record.id, reason, record.line)
+
+
+def _merge(
+    results: list[dict[str, Any] | RecordError | None], rows: list[dict[str, Any]]
+) -> list[dict[str, Any] | RecordError]:
+    """A chunk's results in input order: its records' errors, and its rows where they were scored."""
+    scored = iter(rows)
+    return [next(scored) if r is None else r for r in results]
+
+
+def _copy_outcome(source: Future[Any], target: Future[Any]) -> None:
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
 
 
 def bertscore_precision(config: QACEConfig) -> str:

@@ -47,6 +47,10 @@ class QACEConfig:
     spacy_workers: int = 0
     """Worker processes parsing captions ahead of the GPU stages; 0 parses in this process (speed only;
     `QACE` on a GPU picks `speed_defaults` for this and the three below unless they are given)."""
+    host_workers: int = 0
+    """Host processes doing each chunk's host work (prompts, tokenising, decoding, comparisons, rows)
+    while this process only feeds the device (`qace.engine.core`); 0 does everything in this process,
+    the faster design on the CPU (speed only; on a GPU `speed_defaults` picks `auto_host_workers`)."""
     max_input_tokens: int = 512
     """Longer QG/TQA inputs are truncated to this many tokens and flagged ``truncated_input``."""
     max_caption_chars: int = 100_000
@@ -85,8 +89,9 @@ class QACEConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.spacy_workers < 0:
-            raise ConfigError(f"spacy_workers must be 0 or more, got {self.spacy_workers}")
+        for name in ("spacy_workers", "host_workers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
 
     def with_(self, **changes: object) -> QACEConfig:
         """A copy with some fields changed (configs are never mutated after construction)."""
@@ -98,6 +103,7 @@ SPEED_OPTIONS = {
     "max_batch_rows": "batch_rows",
     "chunk_size": "chunk_size",
     "spacy_workers": "spacy_workers",
+    "host_workers": "host_workers",
 }
 """The settings `speed_defaults` fills in for a GPU (none changes a score), and their command-line names."""
 
@@ -138,17 +144,32 @@ def speed_defaults(device: str, backend: str = "torch", variant: str = "ref") ->
     if rows is not None and backend == "onnx" and variant == "img":
         rows //= ONNX_IMG_ROWS_DIVISOR
     batches = {} if rows is None else {"max_batch_rows": rows, "max_batch_tokens": 64 * rows}
-    return {**batches, "chunk_size": 2048, "spacy_workers": auto_spacy_workers()}
+    hosts = auto_host_workers() if backend == "torch" else 0
+    return {
+        **batches,
+        "chunk_size": 2048,
+        "spacy_workers": auto_spacy_workers(hosts=hosts),
+        "host_workers": hosts,
+    }
 
 
-def auto_spacy_workers(engines: int = 1) -> int:
-    """spaCy processes for one of ``engines`` GPU engines on this host: its share of the usable cores,
-    less two for the engine's own threads, at most 14."""
+def _cores() -> int:
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(0, min(14, cores // max(1, engines) - 2))
+        return os.cpu_count() or 1
+
+
+def auto_host_workers(engines: int = 1) -> int:
+    """Host processes for one of ``engines`` GPU engines on this host: a quarter of its share of the
+    usable cores, 1 to 4 (three chunks' host work in flight keep an H100 fed: docs/performance.md)."""
+    return max(1, min(4, _cores() // max(1, engines) // 4))
+
+
+def auto_spacy_workers(engines: int = 1, hosts: int = 0) -> int:
+    """spaCy processes for one of ``engines`` GPU engines on this host: its share of the usable cores,
+    less two for the engine's own threads and ``hosts`` for its host processes, at most 14."""
+    return max(0, min(14, _cores() // max(1, engines) - 2 - hosts))
 
 
 def build_signature(config: QACEConfig, *, qg: str, qa: str, vqa: str | None, bertscore: str) -> str:

@@ -90,7 +90,14 @@ def add_qace_options(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spacy-workers",
         type=int,
-        help="processes parsing captions ahead of the models (CPU 0; GPU: the cores less two, at most 14)",
+        help="processes parsing captions ahead of the models (CPU 0; GPU: the cores less two and the "
+        "host processes, at most 14)",
+    )
+    p.add_argument(
+        "--host-workers",
+        type=int,
+        help="processes doing each chunk's host work while this process only feeds the GPU (CPU 0: all "
+        "in one process; PyTorch on a GPU: a quarter of the cores, 1 to 4); 0 is the single-process design",
     )
 
 

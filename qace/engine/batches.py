@@ -18,13 +18,24 @@ class TextBatch:
 
 
 @dataclass(frozen=True)
+class ImageRows:
+    """Region features named, not carried: row ``i`` of a batch is image ``image_ids[rows[i]]``. A host
+    process builds batches this way and the process that owns the device gathers the features there
+    (`qace.engine.engine.gather_features`), so no region feature crosses processes."""
+
+    image_ids: tuple[str, ...]
+    rows: np.ndarray
+
+
+@dataclass(frozen=True)
 class VisualBatch:
     """Visual-T5 inputs: 64 question slots plus 36 region features per row (spec section 4)."""
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
     features: Any
-    """(B, 36, 2054) float32 numpy array, or rows gathered on the runner's device from its feature cache."""
+    """(B, 36, 2054) float32 numpy array, rows gathered on the runner's device from its feature cache, or
+    `ImageRows` naming them (a batch built away from the device)."""
 
 
 @dataclass(frozen=True)

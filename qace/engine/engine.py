@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm.auto import tqdm
 
-from qace.engine.batches import Generated, TextBatch, VisualBatch
+from qace.engine.batches import Generated, ImageRows, TextBatch, VisualBatch
 from qace.engine.pinned_upload import to_device
 from qace.engine.prompt_ids import PromptIds, prompt_ids
 from qace.engine.scheduler import Deduped, dedupe, pad_batch, plan_batches
@@ -224,7 +224,7 @@ def visual_stage(
     tokenizer: Any,
     questions: Sequence[str],
     image_ids: Sequence[str],
-    features: Callable[[str], np.ndarray],
+    features: Callable[[str], np.ndarray] | None,
     *,
     encode_questions: Callable[[Sequence[str]], tuple[Any, Any, Sequence[bool]]],
     limits: BatchLimits,
@@ -277,13 +277,23 @@ def visual_stage(
 
 def _visual_batches(
     runner: Runner,
-    features: Callable[[str], np.ndarray],
+    features: Callable[[str], np.ndarray] | None,
     images: Deduped[str],
     input_ids: np.ndarray,
     mask: np.ndarray,
 ) -> Callable[[np.ndarray], VisualBatch]:
     """Builds a batch of (question, image) rows: region features gathered on the runner's device from
-    its hot-image slab, or (a runner without one, e.g. ONNX Runtime) from one host table per chunk."""
+    its hot-image slab, or (a runner without one, e.g. ONNX Runtime) from one host table per chunk, or,
+    for a runner in another process (``gathers_features``), named by `ImageRows` for it to gather."""
+    if getattr(runner, "gathers_features", False):
+
+        def named(index: np.ndarray) -> VisualBatch:
+            used, rows = np.unique(images.inverse[index], return_inverse=True)
+            refs = ImageRows(tuple(images.unique[i] for i in used.tolist()), rows.astype(np.int64))
+            return VisualBatch(input_ids[index], mask[index], refs)
+
+        return named
+    assert features is not None, "a runner that does not gather features itself needs a feature loader"
     resident = getattr(runner, "feature_rows", lambda *_: None)(images.unique, features)
     if resident is not None:
         slab, slots = resident
@@ -301,3 +311,14 @@ def _visual_batches(
         return VisualBatch(input_ids[index], mask[index], table[images.inverse[index]])
 
     return from_host
+
+
+def gather_features(runner: Runner, features: Callable[[str], np.ndarray], batch: VisualBatch) -> VisualBatch:
+    """``batch`` with its `ImageRows` replaced by the features themselves, gathered as `_visual_batches`
+    gathers a chunk's (the runner's device-resident slab, else a host table)."""
+    refs = batch.features
+    if not isinstance(refs, ImageRows):
+        return batch
+    images = Deduped(list(refs.image_ids), refs.rows)
+    make = _visual_batches(runner, features, images, batch.input_ids, batch.attention_mask)
+    return make(np.arange(len(refs.rows)))

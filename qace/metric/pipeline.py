@@ -128,7 +128,7 @@ def score_chunk(
                 models.vqa_tokenizer,
                 [q for _, q in visual_pairs],
                 [item.record.image_id or "" for item, _ in visual_pairs],
-                features.get,
+                features.get if features is not None else None,
                 encode_questions=partial(visual_question_inputs, models.vqa_tokenizer, compose=True),
                 limits=limits,
                 unanswerable_id=models.vqa_unanswerable,

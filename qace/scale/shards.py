@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qace.config import auto_spacy_workers
+from qace.config import auto_host_workers, auto_spacy_workers
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
 from qace.scorers import load_callable as load_factory
@@ -309,13 +309,16 @@ def shard_settings(
 ) -> dict[str, Any]:
     """Every shard's scorer settings: no progress bars, and on GPUs the scorers' CPU worker pools (the
     ``cpu_pool`` setting; `QACE`'s spaCy pool without a factory) share the host's cores (on its own, each
-    GPU engine would take them all: `qace.config.speed_defaults`)."""
+    GPU engine would take them all: `qace.config.speed_defaults`), and so do QACE's host processes."""
     if "device" in scorer_kwargs:
         raise ConfigError("pass devices=[...] instead of a device in scorer_kwargs")
     kwargs = {"progress": False, **scorer_kwargs}
     pool = "spacy_workers" if scorer_factory is None else cpu_pool
     if pool is not None and any(d.startswith("cuda") for d in devices):
-        kwargs.setdefault(pool, auto_spacy_workers(len(devices)))
+        hosts = 0
+        if pool == "spacy_workers":  # QACE: its host processes share the cores too
+            hosts = kwargs.setdefault("host_workers", auto_host_workers(len(devices)))
+        kwargs.setdefault(pool, auto_spacy_workers(len(devices), hosts=hosts))
     return kwargs
 
 

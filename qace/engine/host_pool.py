@@ -1,0 +1,312 @@
+"""Host processes: the host work of whole chunks, away from the process that owns the device.
+
+`HostPool` starts ``n`` processes (spawned, with no GPU visible to them), each with a pipe for tasks
+and a pipe to the engine core (`qace.engine.core`), and hands each task to an idle one. What a process
+does is named, not imported here (the engine knows no metric): ``setup`` is a ``"module:function"``
+called once in each process with ``(argument, core_client)`` that returns the task function.
+
+Failure handling: a process that dies (killed, out of memory) fails the task it held and every later
+one with `HostWorkerError`, naming the process, its exit status and what to do; the pool then stops
+the others. Each process dies with its parent (Linux: the parent-death signal; elsewhere it ends at
+the first pipe read after the parent is gone), ignores Ctrl-C (its parent stops it), and `close`
+ends every process, so none outlives the pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class HostWorkerError(RuntimeError):
+    """A host process died or failed to start; the run cannot go on without it."""
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: Any
+    tasks: Connection
+    ready: bool = False
+    busy: Future[Any] | None = None
+
+
+def resolve(ref: str) -> Callable[..., Any]:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux's PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(
+    parent_pid: int, tasks: Connection, core: Connection, setup_ref: str, argument: Any
+) -> None:
+    """A host process: set up, say ready, then run tasks until the pipe closes."""
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from qace.engine.core import CoreClient
+
+    try:
+        run = resolve(setup_ref)(argument, CoreClient(core))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        tasks.send(("failed", traceback.format_exc()))
+        return
+    tasks.send(("ready", None))
+    while True:
+        try:
+            task = tasks.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            return
+        if task is None:
+            return
+        try:
+            reply = ("ok", run(task))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the task
+            reply = ("error", _portable(exc))
+        try:
+            tasks.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it pickles, else a RuntimeError with its text (the traceback stays in the message)."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+
+
+class HostPool:
+    """``n`` host processes running tasks with the function ``setup_ref`` builds from ``argument``;
+    each process's pipe to the engine core is handed to ``attach`` (`DeviceCore.attach`).
+
+    `submit` returns a future of the task's result; tasks queue while every process is busy. Start-up
+    (imports, the setup call) runs in the background from construction; `wait_ready` waits for it.
+    """
+
+    def __init__(
+        self, n: int, setup_ref: str, argument: Any, attach: Callable[[Connection], None]
+    ) -> None:
+        if n < 1:
+            raise ValueError(f"a host pool needs at least one process, got {n}")
+        ctx = get_context("spawn")
+        self._lock = threading.RLock()  # futures' callbacks may submit again
+        self._queue: deque[tuple[Any, Future[Any]]] = deque()
+        self._workers: list[_Worker] = []
+        self._broken: HostWorkerError | None = None
+        self._closed = False
+        self._all_ready = threading.Event()
+        hidden = {"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+        saved = {k: os.environ.get(k) for k in hidden}
+        os.environ.update(hidden)  # the spawned processes inherit it: none touches the GPU
+        try:
+            for index in range(n):
+                task_parent, task_child = ctx.Pipe()
+                core_parent, core_child = ctx.Pipe()
+                process = ctx.Process(
+                    target=_worker_main,
+                    args=(os.getpid(), task_child, core_child, setup_ref, argument),
+                    name=f"qace-host-{index}",
+                    daemon=True,
+                )
+                process.start()
+                task_child.close()
+                core_child.close()
+                attach(core_parent)
+                self._workers.append(_Worker(index, process, task_parent))
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        self._wake_r, self._wake_w = ctx.Pipe(duplex=False)
+        self._collector = threading.Thread(target=self._collect, name="qace-host-collector", daemon=True)
+        self._collector.start()
+        self._finalizer = weakref.finalize(self, HostPool._stop_processes, list(self._workers))
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers]
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until every process has set up (raises `HostWorkerError` if one failed)."""
+        self._all_ready.wait(timeout)
+        if self._broken is not None:
+            raise self._broken
+
+    def submit(self, task: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            if self._closed:
+                raise HostWorkerError("the host pool is closed")
+            self._queue.append((task, future))
+            self._dispatch()
+        return future
+
+    def run_everywhere(self, task: Any) -> list[Any]:
+        """Run ``task`` once in every process, each once it is idle (benchmarks empty the processes'
+        caches between passes this way); their results, in process order."""
+        self.wait_ready()
+        results = []
+        for worker in self._workers:
+            future: Future[Any] = Future()
+            while True:
+                with self._lock:
+                    if self._broken is not None:
+                        raise self._broken
+                    if worker.busy is None:
+                        worker.busy = future
+                        worker.tasks.send(task)
+                        break
+                threading.Event().wait(0.01)
+            results.append(future.result())
+        return results
+
+    def _dispatch(self) -> None:
+        """Hand queued tasks to idle, ready processes (holding the lock)."""
+        for worker in self._workers:
+            if not self._queue:
+                return
+            if worker.ready and worker.busy is None:
+                task, future = self._queue.popleft()
+                worker.busy = future
+                try:
+                    worker.tasks.send(task)
+                except (BrokenPipeError, OSError):
+                    pass  # the collector sees the process end and fails the future
+                self._wake_w.send_bytes(b"+")
+
+    def _collect(self) -> None:
+        """Read results and readiness from every process; a process that ends breaks the pool."""
+        while True:
+            with self._lock:
+                live = [w for w in self._workers if w.tasks is not None]
+                if self._closed or self._broken is not None:
+                    return
+            try:
+                ready = wait([self._wake_r, *(w.tasks for w in live)])
+            except (OSError, ValueError):  # closed meanwhile
+                return
+            for conn in ready:
+                if conn is self._wake_r:
+                    self._wake_r.recv_bytes()
+                    continue
+                worker = next(w for w in live if w.tasks is conn)
+                try:
+                    kind, value = conn.recv()
+                except (EOFError, OSError):
+                    self._break(worker)
+                    return
+                with self._lock:
+                    if kind == "ready":
+                        worker.ready = True
+                        if all(w.ready for w in self._workers):
+                            self._all_ready.set()
+                    elif kind == "failed":
+                        self._broken = HostWorkerError(
+                            f"host process {worker.index} (pid {worker.process.pid}) failed to start:\n{value}"
+                        )
+                        self._fail_all(self._broken)
+                        return
+                    else:
+                        future, worker.busy = worker.busy, None
+                        if future is not None:
+                            if kind == "ok":
+                                future.set_result(value)
+                            else:
+                                future.set_exception(value)
+                    self._dispatch()
+
+    def _break(self, worker: _Worker) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            worker.process.join(timeout=5)
+            code = worker.process.exitcode
+            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited ({code})"
+            self._broken = HostWorkerError(
+                f"host process {worker.index} (pid {worker.process.pid}) {how}"
+                + (" while scoring a chunk" if worker.busy is not None else "")
+                + "; the run stopped. Output committed so far is kept: run the same command with "
+                "--resume to continue (a process killed for memory: fewer --host-workers or a smaller "
+                "--chunk-size)"
+            )
+            self._fail_all(self._broken)
+        self.close()
+
+    def _fail_all(self, error: HostWorkerError) -> None:
+        """Fail every pending future with ``error`` (holding the lock)."""
+        self._all_ready.set()
+        for worker in self._workers:
+            if worker.busy is not None and not worker.busy.done():
+                worker.busy.set_exception(error)
+            worker.busy = None
+        while self._queue:
+            _, future = self._queue.popleft()
+            future.set_exception(error)
+
+    def close(self) -> None:
+        """Stop every process (idempotent); pending tasks fail."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._fail_all(self._broken or HostWorkerError("the host pool was closed"))
+        try:
+            self._wake_w.send_bytes(b"x")
+        except OSError:
+            pass
+        self._finalizer()
+
+    @staticmethod
+    def _stop_processes(workers: list[_Worker]) -> None:
+        for worker in workers:
+            try:
+                worker.tasks.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for worker in workers:
+            worker.process.join(timeout=2)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=5)
+            worker.tasks.close()
