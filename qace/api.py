@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,7 +20,7 @@ from qace.config import QACEConfig, build_signature, speed_defaults
 from qace.data.records import Record, RecordError, caption_problem, require
 from qace.engine import instrument
 from qace.engine.gc_pause import collector_paused
-from qace.errors import ConfigError, FeatureError
+from qace.errors import ConfigError, FeatureError, HostWorkerError
 from qace.metric.pipeline import score_chunk
 from qace.scoring import FileScorer, list_ids
 
@@ -139,14 +140,14 @@ class QACE(FileScorer):
             self.signature,
         )
         self.host = HostPool(self.config.host_workers, "qace.metric.host:setup", setup, self.core.attach)
+        self._shutdown = weakref.finalize(self, _shut_down, self.core, self.host)
 
     def close(self) -> None:
-        """Stop the host processes, the engine core and spaCy's processes (idempotent); a process's end
-        does the same."""
+        """Stop the engine core, the host processes and spaCy's processes (idempotent). A scorer that
+        is garbage-collected, or alive when the interpreter exits, is closed the same way, so the core
+        never runs device work while the process tears down."""
         if self.host is not None:
-            self.host.close()
-        if self.core is not None:
-            self.core.stop()
+            self._shutdown()
         self.candidates.close()
 
     def warm_up(self, max_rows: int | None = None, max_length: int = 96) -> int:
@@ -270,18 +271,24 @@ class QACE(FileScorer):
             depth = self.host.size + 1
             inflight: deque[tuple[_Prepared, Future[list[dict[str, Any]]]]] = deque()
             exhausted = False
-            while True:
-                while not exhausted and len(inflight) < depth:
-                    prepared = upcoming.result()
-                    if prepared is None:
-                        exhausted = True
-                        break
-                    upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
-                    inflight.append((prepared, self._dispatch(prepared)))
-                if not inflight:
-                    return
-                prepared, rows = inflight.popleft()
-                yield from _merge(prepared.results, rows.result())
+            try:
+                while True:
+                    while not exhausted and len(inflight) < depth:
+                        prepared = upcoming.result()
+                        if prepared is None:
+                            exhausted = True
+                            break
+                        upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
+                        inflight.append((prepared, self._dispatch(prepared)))
+                    if not inflight:
+                        return
+                    prepared, rows = inflight.popleft()
+                    yield from _merge(prepared.results, rows.result())
+            except (HostWorkerError, KeyboardInterrupt):
+                # a lost host process, or the user stopping the run: the chunks in flight cannot be
+                # taken back, so the scorer closes (a new one scores again)
+                self.close()
+                raise
 
     def _dispatch(self, prepared: _Prepared) -> Future[list[dict[str, Any]]]:
         """A chunk's rows from a host process, sent there once its candidates are extracted."""
@@ -353,6 +360,13 @@ class QACE(FileScorer):
             except FeatureError as exc:
                 reason = exc.reason
         return None if reason is None else RecordError(record.id, reason, record.line)
+
+
+def _shut_down(core: DeviceCore, host: HostPool) -> None:
+    """Stop the engine core first (it finishes the batch it runs and takes no more), then the host
+    processes."""
+    core.stop()
+    host.close()
 
 
 def _merge(

@@ -35,6 +35,11 @@ class BackendUnavailableError(QACEError):
     """An optional backend (ONNX Runtime, CUDA, Ray, ...) is not installed or not usable here."""
 
 
+class HostWorkerError(QACEError):
+    """A host process of the engine (`qace.engine.host_pool`) died or failed to start: the run stopped,
+    and the message says how to continue it."""
+
+
 class ExportValidationError(QACEError):
     """An exported graph disagrees with the PyTorch model beyond the tolerance."""
 

@@ -7,9 +7,8 @@ called once in each process with ``(argument, core_client)`` that returns the ta
 
 Failure handling: a process that dies (killed, out of memory) fails the task it held and every later
 one with `HostWorkerError`, naming the process, its exit status and what to do; the pool then stops
-the others. Each process dies with its parent (Linux: the parent-death signal; elsewhere it ends at
-the first pipe read after the parent is gone), ignores Ctrl-C (its parent stops it), and `close`
-ends every process, so none outlives the pool.
+the others. Each process ends within a fraction of a second of its parent's death (kill -9 included),
+ignores Ctrl-C (its parent stops it), and `close` ends every process, so none outlives the pool.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections import deque
@@ -30,11 +30,9 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from qace.errors import HostWorkerError
+
 log = logging.getLogger(__name__)
-
-
-class HostWorkerError(RuntimeError):
-    """A host process died or failed to start; the run cannot go on without it."""
 
 
 @dataclass
@@ -51,26 +49,23 @@ def resolve(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to kill this process when its parent dies (Linux's PR_SET_PDEATHSIG)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+def _die_with_parent(parent_pid: int) -> None:
+    """End this process once its parent is gone (a watchdog thread; the kernel's parent-death signal
+    would follow the parent's creating thread, not the process)."""
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="qace-parent-watch", daemon=True).start()
 
 
 def _worker_main(
     parent_pid: int, tasks: Connection, core: Connection, setup_ref: str, argument: Any
 ) -> None:
     """A host process: set up, say ready, then run tasks until the pipe closes."""
-    _die_with_parent()
-    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
-        os._exit(1)
+    _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from qace.engine.core import CoreClient
 

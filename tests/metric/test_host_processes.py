@@ -1,0 +1,206 @@
+"""The engine core with host processes (`host_workers`): the same rows as one process, and no run lost
+or process left behind when a process dies or the user stops it.
+
+The tests force host processes on the CPU (the default there is 0, the single-process design), with
+small chunks so that several are in flight at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qace.api import QACE
+from qace.data.features import RandomFeatureStore
+from qace.errors import HostWorkerError
+from qace.engine.core import CoreError
+
+CAPTIONS = [
+    "a dog runs on the grass with a red ball",
+    "two men are riding horses on the ground",
+    "a woman holds an umbrella in the rain",
+    "a cat sleeps on a wooden bench near the window",
+    "three children play football in a park",
+    "a red bus drives down a busy street",
+]
+REFERENCES = [["a brown dog running in a field", "people riding horses on a beach"]]
+
+
+def _records(n: int) -> list[dict]:
+    return [
+        {
+            "id": f"r{i}",
+            "image_id": f"img{i % 7}",
+            "caption": f"{CAPTIONS[i % len(CAPTIONS)]} number {i}",
+            "references": REFERENCES[0],
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("variant", ["ref", "img"])
+def test_rows_equal_the_single_process_design(test_models_dir: Path, variant: str) -> None:
+    features = RandomFeatureStore() if variant == "img" else None
+    kw = dict(models=test_models_dir, variant=variant, features=features, progress=False, explain=True)
+    captions = [r["caption"] for r in _records(30)] + ["", "  "]  # two bad records among them
+    refs = [REFERENCES[0]] * len(captions)
+    images = [f"img{i % 7}" for i in range(len(captions))]
+    inputs = dict(references=refs) if variant == "ref" else dict(image_ids=images)
+    single = QACE(host_workers=0, chunk_size=4, **kw)
+    alone = single.score(captions, **inputs)
+    head = {k: v[:6] for k, v in inputs.items()}
+    split = QACE(host_workers=2, chunk_size=4, **kw)
+    try:
+        assert split.host is not None and split.host.size == 2
+        rows = split.score(captions, **inputs)
+        assert rows == alone
+        assert sum("error" in r for r in rows) == 2
+        # a failing batch in the core fails its call with the core's message; the next call is served
+        tqa = split.core.runners["tqa"]
+
+        class Broken:
+            def generate(self, *args: object, **kwargs: object) -> None:
+                raise RuntimeError("device fault for the test")
+
+        split.core.runners["tqa"] = Broken()
+        with pytest.raises(CoreError, match="device fault for the test"):
+            split.score(captions[:6], **head)
+        split.core.runners["tqa"] = tqa
+        assert split.score(captions[:6], **head) == single.score(captions[:6], **head)
+    finally:
+        split.close()
+
+
+# -- processes that die, and Ctrl-C (the command line, in a process of its own) ------------------------
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of ``pid``'s host processes (spawned children, not multiprocessing's resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_gone(pids: list[int], seconds: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def _command(inp: Path, out: Path, models: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "qace.cli", "score", str(inp), "-o", str(out), "--models", str(models),
+        "--device", "cpu", "--chunk-size", "4", "--host-workers", "2", "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+def _start(command: list[str]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _after_first_commit(proc: subprocess.Popen[str], out: Path, seconds: float = 240.0) -> list[int]:
+    """Wait until the run has committed a chunk and its host processes are up; their pids."""
+    deadline = time.monotonic() + seconds
+    partial = out.parent / (out.name + ".partial")
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        hosts = _children(proc.pid)
+        manifest = partial / "manifest.json"
+        committed = manifest.exists() and json.loads(manifest.read_text()).get("chunks")
+        if committed and len(hosts) == 2:
+            return hosts
+        time.sleep(0.05)
+    raise AssertionError("the run committed no chunk in time")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, test_models_dir: Path) -> dict[str, Path]:
+    """An input of 160 records and its uninterrupted output by the single-process design (a command
+    line of its own, as the runs it is compared with: torch's thread count moves fp32 rounding)."""
+    work = tmp_path_factory.mktemp("host-runs")
+    inp = work / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in _records(160)))
+    whole = work / "whole.jsonl"
+    command = _command(inp, whole, test_models_dir)
+    command[command.index("--host-workers") + 1] = "0"
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return {"input": inp, "whole": whole, "models": test_models_dir}
+
+
+def test_a_killed_host_process_stops_the_run_clearly_and_resume_is_byte_identical(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out.jsonl"
+    proc = _start(_command(runs["input"], out, runs["models"]))
+    hosts = _after_first_commit(proc, out)
+    os.kill(hosts[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert f"host process 0 (pid {hosts[0]}) was killed by signal 9" in err
+    assert "--resume" in err and "Traceback" not in err
+    assert not out.exists()
+    assert _wait_gone(hosts) == []
+    done = subprocess.run(_command(runs["input"], out, runs["models"], "--resume"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == runs["whole"].read_bytes()
+
+
+def test_a_killed_device_process_leaves_no_host_process_and_resume_is_byte_identical(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out.jsonl"
+    proc = _start(_command(runs["input"], out, runs["models"]))
+    hosts = _after_first_commit(proc, out)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _wait_gone(hosts) == []
+    done = subprocess.run(_command(runs["input"], out, runs["models"], "--resume"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == runs["whole"].read_bytes()
+
+
+def test_ctrl_c_stops_the_run_and_every_host_process(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    proc = _start(_command(runs["input"], out, runs["models"]))
+    hosts = _after_first_commit(proc, out)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert not out.exists()
+    assert _wait_gone(hosts) == [], err
+    assert _children(proc.pid) == []
+
+
+def test_host_pool_refuses_after_close(test_models_dir: Path) -> None:
+    scorer = QACE(models=test_models_dir, variant="ref", progress=False, host_workers=1)
+    scorer.close()
+    with pytest.raises(HostWorkerError, match="closed"):
+        scorer.score(["a dog runs"], references=[["a dog"]])
