@@ -108,3 +108,12 @@ def test_the_metric_table_names_every_registered_metric() -> None:
     text = README.read_text(encoding="utf-8")
     table = text[text.index("## Metrics") :].split("\n## ")[0]
     assert [name for name in scorers.names() if f"| `{name}`" not in table] == []
+
+
+def test_every_link_into_the_repository_resolves() -> None:
+    """Links to files of the repository (not to the web or to the shared folder beside a checkout)."""
+    text = README.read_text(encoding="utf-8")
+    links = [target.split("#")[0] for target in re.findall(r"\]\(([^)]+)\)", text)]
+    local = [target for target in links if target and not target.startswith(("http://", "https://", "../"))]
+    assert "docs/performance.md" in local
+    assert [target for target in local if not (ROOT / target).exists()] == []

@@ -1,6 +1,6 @@
 """The bottom-up-attention detector, structurally: random weights of the real architecture at a tiny size.
 
-Nothing here checks agreement with the real weights (none exist on this machine); see the README.
+Nothing here checks agreement with the real weights (none exist on this machine); see docs/features.md.
 """
 
 from __future__ import annotations
