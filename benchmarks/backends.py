@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import commit, gpu_name, versions
+from benchmarks.run_info import record
 from benchmarks.workload import (
     device_speed_settings,
     flickr_workload,
@@ -193,11 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(out).write_text(json.dumps({"result": result, "scores": scores.tolist(), "decoding": decoding}))
         return 0
     report: dict[str, Any] = {
-        "command": "python -m benchmarks.backends " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        **commit(),
-        "gpu": gpu_name(),
         # the versions that decide the numbers: torch (and its CUDA), onnxruntime and its providers
-        "versions": versions("torch", "cuda", "onnxruntime", "providers", "python"),
+        **record("benchmarks.backends", argv, packages=("onnxruntime", "providers")),
         "device": args.device,
         "precision": args.precision,
         "workload": workload,

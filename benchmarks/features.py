@@ -37,9 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import shlex
-import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -49,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import commit, gpu_name, versions
+from benchmarks.run_info import gpu_name, record
 from qace.data.features import HDF5Store
 from qace.features import ops
 from qace.features.detector import BottomUpDetector, DetectorConfig, resize_for_detector
@@ -245,9 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     loop_ips = len(loop_items) / loop_s
     speedup = batched_ips / loop_ips
     result = {
-        "command": "python -m benchmarks.features " + shlex.join(sys.argv[1:] if argv is None else argv),
-        **commit(),
-        "device": gpu_name(args.device) or platform.processor(),
+        **record("benchmarks.features", argv, device=args.device, packages=("torchvision",)),
         "ops_backend": ops.BACKEND,
         "weights": "random (nothing compared with the real detector)",
         "detector": asdict(config),
@@ -284,7 +279,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **TARGETS,
             "met": bool(batched_ips >= TARGETS["images_per_s"] and speedup >= TARGETS["speedup"]),
         },
-        "versions": versions("qace", "torch", "torchvision", "python"),
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -26,15 +26,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import shlex
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run_info import commit, versions
+from benchmarks import run_info
 from benchmarks.workload import pascal_workload, write_jsonl
 from qace.data.fingerprint import InputCheck, input_mark
 from qace.data.output import ResultWriter
@@ -187,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         sum(per_record[k] for k in ("read", "mark", "check", "add", "commit")), 2
     )
     report = {
-        "command": "python -m benchmarks.file_path " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        **commit(),
-        **versions("python", "pyarrow", "qace"),
+        **run_info.record("benchmarks.file_path", argv, device="cpu", packages=("pyarrow",)),
         "records": args.records,
         "explain": args.explain,
         "chunk_size": CHUNK,

@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run_info import commit, gpu_name, versions
+from benchmarks.run_info import gpu_name, record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,19 +88,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pytest wrote no report (exit status {status}); nothing recorded", file=sys.stderr)
             return status or 1
         summary = summarise(junit)
-    record = {
-        **commit(),
+    result = {
+        **record("benchmarks.gpu_suite", argv),
         "device": gpu or "cpu (no CUDA device: every gpu test skips)",
         "gpus_visible": torch.cuda.device_count(),
-        **versions("torch", "cuda", "python"),
-        "command": shlex.join(["python", "-m", "pytest", "-m", "gpu", "-q", *args.pytest_args]),
+        "pytest_command": shlex.join(["python", "-m", "pytest", "-m", "gpu", "-q", *args.pytest_args]),
         "exit_status": status,
         "seconds": seconds,
         **summary,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record, indent=2))
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
     return status
 
 

@@ -31,10 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -46,7 +42,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from benchmarks.run_info import commit, versions
+from benchmarks.run_info import record
 from benchmarks.throughput import DATA
 from benchmarks.workload import (
     build_tiny_models,
@@ -152,11 +148,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results.append({"variant": variant, **result})
         print(f"{variant}: {result['captions_per_s']:.0f} captions/s (host ceiling)", flush=True)
     report = {
-        "command": "python -m benchmarks.host_ceiling "
-        + shlex.join(argv if argv is not None else sys.argv[1:]),
-        **commit(),
-        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor()},
-        **versions("python", "torch", "transformers", "tokenizers", "numpy", "qace"),
+        **record(
+            "benchmarks.host_ceiling", argv, device="cpu", packages=("transformers", "tokenizers", "numpy")
+        ),
         "workload": {
             "name": "PASCAL-50S distinct human captions, 5 other captions of the image as references",
             "captions": len(records),

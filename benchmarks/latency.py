@@ -32,7 +32,6 @@ import argparse
 import json
 import logging
 import secrets
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import gpu_name, versions
+from benchmarks.run_info import record
 from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
@@ -361,13 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     records = flickr_workload(Path(args.data_dir))
     models_dir = workload_models(args, records, "qace-latency-")
     report: dict[str, Any] = {
-        "command": "python -m benchmarks.latency " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "gpu": gpu_name(args.device),
+        **record("benchmarks.latency", argv, device=args.device, packages=("transformers",)),
         "device": args.device,
         "precision": args.precision,
-        **versions("torch", "transformers", "python", "qace"),
         "tiny": args.tiny,
-        **versions("cuda"),
         "workload": (
             "tiny random T5s (a smoke run: the numbers mean nothing)"
             if args.tiny

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.run_info import gpu_name
+from benchmarks.run_info import record
 
 
 def _child(size: int, args: argparse.Namespace) -> dict:
@@ -107,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     report = {
-        "command": "python -m benchmarks.memory " + shlex.join(raw),
+        **record("benchmarks.memory", raw),
         "variant": args.variant,
-        "gpu": gpu_name(),
         "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

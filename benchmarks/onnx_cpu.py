@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -30,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import commit, versions
+from benchmarks.run_info import record
 from benchmarks.workload import RANDOM_T5, T5_SMALL, batch_tokens, flickr_workload
 from qace.engine import instrument
 from qace.engine.batches import TextBatch
@@ -188,13 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         speed_results = speed(args, tokenizer, Path(work))
     torch.set_num_threads(1)  # the tiny test models run fastest on one thread
     report = {
-        "command": "python -m benchmarks.onnx_cpu " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        **commit(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
+        **record("benchmarks.onnx_cpu", argv, device="cpu", packages=("onnxruntime",)),
         "threads": args.threads,
         "note": "2-core machine shared with other jobs: timings are noisy",
-        "versions": versions("qace", "torch", "onnxruntime", "python"),
         "speed": speed_results,
         "quality": quality(args, models_dir),
     }

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -33,7 +31,7 @@ import torch
 from onnx import TensorProto, helper
 
 from benchmarks.onnx_cpu import REPO, _batches, _random_t5
-from benchmarks.run_info import versions
+from benchmarks.run_info import record
 from benchmarks.workload import flickr_workload
 from qace.engine.batches import TextBatch, cut_at_eos
 from qace.engine.onnx_runner import OnnxRunner, make_session
@@ -220,11 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = sum(len(b.input_ids) for b in batches)
     base = statistics.median(times["qace_loop"])
     report = {
-        "command": "python -m benchmarks.ort_generation "
-        + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "cpu": platform.processor() or platform.machine(),
+        **record("benchmarks.ort_generation", argv, device="cpu", packages=("onnxruntime",)),
         "threads": args.threads,
-        **versions("onnxruntime"),
         "model": "T5-small shape, random weights, fp32",
         "rows": rows,
         "batches": len(batches),

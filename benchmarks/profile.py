@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from benchmarks.latency import DEFAULT_DATA, context_columns, draw, make_scorer
-from benchmarks.run_info import gpu_name
+from benchmarks.run_info import record
 from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(2):
         call(-1 - i)
     report = {
-        "command": "python -m benchmarks.profile " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "gpu": gpu_name(args.device),
+        **record("benchmarks.profile", argv, device=args.device, packages=("transformers",)),
         "variant": args.variant,
         "batch": args.batch,
         "calls": args.calls,

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import gpu_name, versions
+from benchmarks.run_info import record
 from qace.engine.instrument import cuda_sync
 from qace.judges.regen import RegenScore
 from qace.judges.regen_loading import ImageEncoder, Preprocess
@@ -216,15 +214,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sequential_rate = m / sequential_s
     scores = [row["regen"] for row in batched]
     diffs = [abs(a["regen"] - b["regen"]) for a, b in zip(batched[:m], sequential, strict=True)]
-    gpu = gpu_name(device)
     return {
         "benchmark": "regen",
-        "command": "python -m benchmarks.regen "
-        + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
+        **record("benchmarks.regen", args.argv, device=device, packages=("diffusers", "transformers")),
         "tiny": args.tiny,
         "device": device,
-        "gpu": gpu,
-        "cpu": platform.processor() or platform.machine(),
         "precision": args.precision,
         "steps": args.steps,
         "size": args.size,
@@ -247,7 +241,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "signature": signature,
         "note": "random weights: the scores mean nothing; timing includes original read + embedding, "
         "generation, generated-image embedding and cosine",
-        **versions("torch", "diffusers", "transformers", "qace", "python"),
     }
 
 

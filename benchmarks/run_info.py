@@ -1,7 +1,13 @@
-"""Run metadata that every benchmark record carries: the commit, the GPU's name and the library versions.
+"""Run metadata that every benchmark record carries: the command, the commit, the GPU and CPU, and the
+library versions. Every benchmark opens its JSON record with `record` (no benchmark builds these fields
+itself; ``tests/benchmarks/test_run_info.py`` checks that).
 
 Contract:
 
+- ``record(module, argv, device=..., packages=...)`` gives ``{"command", "commit", "dirty", "gpu",
+  "cpu", "versions"}``: the command that reruns the benchmark (``python -m <module> <argv>``), `commit`,
+  `gpu_name` of ``device`` (None on the CPU), the CPU (``name`` and ``count``), and `versions` of
+  python, torch, cuda and qace followed by ``packages``.
 - ``commit()`` gives ``{"commit": ..., "dirty": ...}``: the checkout's HEAD and whether tracked files
   differ from it, each None outside git. A copy of the tree whose git metadata is not its own (a GPU
   host's copy) names its commit in the ``QACE_COMMIT`` environment variable; then that is the commit and
@@ -13,7 +19,6 @@ Contract:
   comma-joined), or any importable package (its ``__version__``, e.g. ``torch``, ``transformers``,
   ``qace``). A package that is absent or fails to import reads None.
 
-Each benchmark picks the names its record has always held, so the keys of its JSON do not change.
 Nothing here imports torch or another heavy library until a function asks for it.
 """
 
@@ -22,10 +27,31 @@ from __future__ import annotations
 import importlib
 import os
 import platform
+import shlex
 import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+BASE_VERSIONS = ("python", "torch", "cuda", "qace")
+"""The versions every record names; a benchmark adds the packages that decide its numbers."""
+
+
+def record(
+    module: str, argv: Sequence[str] | None, *, device: str | None = None, packages: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The run-metadata block a benchmark's JSON record opens with (see the module docstring); ``argv``
+    None reads ``sys.argv[1:]``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return {
+        "command": shlex.join(["python", "-m", module, *args]),
+        **commit(),
+        "gpu": gpu_name(device),
+        "cpu": {"name": platform.processor() or platform.machine(), "count": os.cpu_count()},
+        "versions": versions(*BASE_VERSIONS, *(name for name in packages if name not in BASE_VERSIONS)),
+    }
 
 
 def commit() -> dict[str, str | bool | None]:

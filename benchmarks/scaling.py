@@ -27,7 +27,6 @@ import argparse
 import json
 import logging
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import numpy as np
 import torch
 
 from benchmarks.latency import DEFAULT_DATA
-from benchmarks.run_info import gpu_name, versions
+from benchmarks.run_info import record
 from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
@@ -308,11 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     warmup = [asdict(r) for r in records[: args.warmup]]
     cuda = args.device == "cuda"
     report: dict[str, Any] = {
-        "command": "python -m benchmarks.scaling " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "gpu": gpu_name() if cuda else None,
+        **record("benchmarks.scaling", argv, device=args.device, packages=("transformers",)),
         "gpus_visible": torch.cuda.device_count() if cuda else 0,
         "precision": args.precision,
-        **versions("torch", "cuda", "transformers", "python", "qace"),
         "tiny": args.tiny,
         "workload": (
             "tiny random T5s (a smoke run: the numbers mean nothing)"

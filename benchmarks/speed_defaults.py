@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.latency import DEFAULT_DATA, context_columns, draw, summarize
-from benchmarks.run_info import gpu_name, versions
+from benchmarks.run_info import record
 from benchmarks.workload import (
     add_engine_arguments,
     device_speed_settings,
@@ -101,12 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     for reward in rewards.values():
         reward.scorer.candidates.close()
     report = {
-        "command": "python -m benchmarks.speed_defaults "
-        + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "gpu": gpu_name(args.device),
+        **record("benchmarks.speed_defaults", argv, device=args.device),
         "device": args.device,
         "precision": args.precision,
-        **versions("torch", "python", "qace"),
         "tiny": args.tiny,
         "workload": "the latency benchmark's (benchmarks/latency.py), fresh batches per iteration",
         "settings": settings,

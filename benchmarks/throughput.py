@@ -55,7 +55,7 @@ import torch
 
 from benchmarks import hf_batched
 from benchmarks.gpu_suite import gpu_tag
-from benchmarks.run_info import commit, gpu_name, versions
+from benchmarks.run_info import gpu_name, record
 from benchmarks.workload import (
     add_engine_arguments,
     build_models,
@@ -446,20 +446,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"benchmarks/results/throughput_distinct_{gpu_tag(gpu)}.json")
     report = json.loads(out.read_text()) if out.is_file() else {"results": []}
     runs = report.setdefault("runs", [])
-    command = "python -m benchmarks.throughput " + shlex.join(argv if argv is not None else sys.argv[1:])
-    runs.append({
-        "command": command,
-        **commit(),
-        "gpu": gpu,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })  # fmt: skip
+    meta = record("benchmarks.throughput", argv, device=args.device, packages=("transformers",))
+    runs.append({**meta, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     report.update(
         {
-            "command": runs[-1]["command"],
-            "commit": runs[-1]["commit"],
-            "gpu": gpu,
+            **meta,
             "precision": args.precision,
-            **versions("torch", "cuda", "transformers", "python", "qace"),
             "tiny": args.tiny,
             "settings": {
                 "batch_rows": args.batch_rows,

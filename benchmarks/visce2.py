@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import shlex
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import gpu_name, versions
+from benchmarks.run_info import record
 from qace.engine import instrument
 from qace.engine.instrument import cuda_sync
 from qace.judges.images import load_image
@@ -240,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     loop_cps = loop_n / loop_s
     result = {
         "benchmark": "visce2",
-        "device": gpu_name(device) or platform.processor() or "cpu",
+        **record("benchmarks.visce2", argv, device=device, packages=("transformers",)),
+        "device": device,
         "precision": precision,
         "tiny": tiny,
         "model": shapes,
@@ -270,8 +268,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "speedup": round(engine_cps / loop_cps, 2),
         "scores_identical_on_loop_captions": f"{same}/{loop_n}",
         "signature": scorer.signature,
-        "versions": versions("qace", "torch", "transformers", "python"),
-        "command": "python -m benchmarks.visce2 " + shlex.join(sys.argv[1:] if argv is None else argv),
     }
     text = json.dumps(result, indent=2)
     print(text)

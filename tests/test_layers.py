@@ -79,3 +79,80 @@ def _reachable(start: str, edges: dict[str, set[str]]) -> set[str]:
 
 def test_no_layers_import_each_other() -> None:
     assert layer_cycles() == []
+
+
+ROOT_NAMES_INSIDE = {"__version__"}
+"""What a module inside the package may take from the root package itself (``from qace import
+__version__``): the root (`qace/__init__.py`) is the front door, whose exports reach the top API, so it is
+left out of the module graph and modules may read only this constant from it."""
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    """``qace/families/t5/decoder.py`` -> ``qace.families.t5.decoder``; a package's ``__init__`` is
+    the package."""
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_edges(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at module level, in functions or for type checking
+    only): ``from a.b import c`` imports ``a.b.c`` when that is a module, else ``a.b``. Taking from the
+    root package anything but `ROOT_NAMES_INSIDE` fails here."""
+    paths = {module_name(path, package): path for path in package.rglob("*.py")}
+    root = package.name
+    edges: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names if alias.name in paths)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if full in paths:
+                        found.add(full)
+                    elif node.module == root and module != root:
+                        assert alias.name in ROOT_NAMES_INSIDE, f"{module} imports {alias.name} from {root}"
+                    elif node.module in paths:
+                        found.add(node.module)
+        edges[module] = found - {module, root}
+    return edges
+
+
+def module_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of modules that import each other, directly or around a loop (strongly connected), sorted."""
+    reach = {start: _reachable(start, edges) for start in edges}
+    groups = {frozenset({a} | {b for b in reach[a] if a in reach.get(b, ())}) for a in edges}
+    return sorted(sorted(g) for g in groups if len(g) > 1)
+
+
+def test_no_modules_import_each_other() -> None:
+    """No import circle anywhere in the package, between modules of one layer included (the T5 decoder
+    imports its graphed decoding, which names what it needs of a decoder as a protocol)."""
+    assert module_cycles(module_edges()) == []
+
+
+def test_the_module_check_finds_a_circle_through_a_lazy_import(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("__version__ = '1'\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "a.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("def f():\n    from pkg.sub.a import x\n")
+    (package / "c.py").write_text("from pkg import __version__\nimport pkg.sub.a\n")
+    edges = module_edges(package)
+    assert edges["pkg.c"] == {"pkg.sub.a"}
+    assert module_cycles(edges) == [["pkg.sub.a", "pkg.sub.b"]]
+
+
+MAX_LINES = 600
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    """A module over 600 lines holds more than one idea: split it."""
+    long = {
+        str(path.relative_to(PACKAGE.parent)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long == {}

@@ -17,7 +17,8 @@ pulling in torch (BERTScore loads lazily):
 - :mod:`qace.meta.study`: everything ``qace meta correlate`` computes and writes.
 - :mod:`qace.meta.scorers`: QACE itself as a report row (``--with-scorers``), cached.
 - :mod:`qace.meta.baselines`: BLEU/ROUGE-L/METEOR/CIDEr (pycocoevalcap) and BERTScore, cached.
-- :mod:`qace.meta.evaluate`, :mod:`qace.meta.report`, :mod:`qace.meta.plots`: protocols and outputs.
+- :mod:`qace.meta.evaluate`, :mod:`qace.meta.report` (with :mod:`qace.meta.report_markdown` and
+  :mod:`qace.meta.published`), :mod:`qace.meta.plots`: protocols and outputs.
 """
 
 from qace.meta.agreement import (

@@ -26,7 +26,7 @@ def test_tiny_features_benchmark_writes_its_report(tmp_path: Path) -> None:
     assert 0 < batched["start_s"] < batched["seconds"]
     assert batched["steady_images_per_s"] >= batched["images_per_s"] and report["speedup_steady"] > 0
     assert report["weights"].startswith("random") and report["ops_backend"] in ("torchvision", "torch")
-    assert set(report["versions"]) == {"qace", "torch", "torchvision", "python"}
+    assert set(report["versions"]) == {"python", "torch", "cuda", "qace", "torchvision"}
     stages = ["upload", "backbone", "rpn", "roi_pool", "res5", "select", "host", "total"]
     assert list(report["stage_ms"]) == stages and all(v >= 0 for v in report["stage_ms"].values())
     parts = report["pipeline_parts"]

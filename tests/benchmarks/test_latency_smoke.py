@@ -31,7 +31,7 @@ def report(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 def test_report_metadata(report: dict[str, Any]) -> None:
     assert report["command"].startswith("python -m benchmarks.latency --tiny")
     assert (report["device"], report["precision"], report["gpu"]) == ("cpu", "fp32", None)
-    assert report["torch"] and report["transformers"] and report["tiny"] is True
+    assert report["versions"]["torch"] and report["versions"]["transformers"] and report["tiny"] is True
     assert report["target_met"] is None  # no 256-caption cell in a tiny run
     for variant, prefix in (("img", "QACE-Img|"), ("ref", "QACE-Ref|")):
         assert report["variants"][variant]["signature"].startswith(prefix)

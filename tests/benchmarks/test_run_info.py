@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks.run_info import commit, gpu_name, versions
+from benchmarks.run_info import commit, gpu_name, record, versions
 from qace import __version__
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def test_commit_honours_qace_commit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,3 +43,32 @@ def test_gpu_name_is_none_off_cuda() -> None:
     assert gpu_name("cpu") is None
     if not torch.cuda.is_available():
         assert gpu_name() is None and gpu_name("cuda") is None
+
+
+def test_record_opens_a_benchmark_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QACE_COMMIT", "abc1234")
+    info = record("benchmarks.x", ["--out", "a b.json"], device="cpu", packages=("numpy", "torch"))
+    assert list(info) == ["command", "commit", "dirty", "gpu", "cpu", "versions"]
+    assert info["command"] == "python -m benchmarks.x --out 'a b.json'"
+    assert (info["commit"], info["dirty"], info["gpu"]) == ("abc1234", None, None)
+    assert info["cpu"]["count"] == os.cpu_count() and info["cpu"]["name"]
+    assert list(info["versions"]) == ["python", "torch", "cuda", "qace", "numpy"]  # torch named once
+
+
+def test_every_benchmark_takes_its_run_metadata_from_record() -> None:
+    """One helper: no benchmark reads the commit or versions itself or writes its own command line."""
+    own = {
+        f"{path.name}: {needle}"
+        for path in sorted(BENCHMARKS.glob("*.py"))
+        if path.name != "run_info.py"
+        for needle in (
+            r"commit\(\)",
+            r"versions\(",
+            r'"python -m benchmarks\.\w+ "\s*\+',
+            r"platform\.processor",
+        )
+        if re.search(needle, path.read_text(encoding="utf-8"))
+    }
+    assert own == set()
+    writers = [p.name for p in BENCHMARKS.glob("*.py") if "--out" in p.read_text(encoding="utf-8")]
+    assert writers and all("record(" in (BENCHMARKS / name).read_text() for name in writers), writers

@@ -1,6 +1,6 @@
 """The bottom-up-attention detector, structurally: random weights of the real architecture at a tiny size.
 
-Nothing here checks agreement with the real weights (none exist on this machine); see the README.
+Nothing here checks agreement with the real weights (none exist on this machine); see docs/features.md.
 """
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ import pytest
 import torch
 
 from qace.errors import ConfigError
-from qace.features import detector as detector_module
 from qace.features import half_roi_pool, ops
 from qace.features.detector import (
-    RPN,
     BottomUpDetector,
     Detection,
     DetectorConfig,
     ImageError,
-    apply_deltas,
-    clip_boxes,
     resize_for_detector,
-    select_regions,
 )
+from qace.features.detector import proposals as proposal_module
+from qace.features.detector.backbone import Bottleneck, Conv2d
+from qace.features.detector.heads import select_regions
+from qace.features.detector.preprocess import Staging, upload_batch
+from qace.features.detector.proposals import RPN, apply_deltas, clip_boxes
 from qace.testing.detector import make_test_detector
 
 Image = pytest.importorskip("PIL.Image")
@@ -154,7 +154,7 @@ def test_batched_rpn_equals_one_image_at_a_time(
 ) -> None:
     """Images of different valid sizes in one batch, objectness with or without ties, NMS first on a
     prefix of the ranking that is too short (1 x post_nms_topk: all rows fall back) or long enough."""
-    monkeypatch.setattr(detector_module, "_PREFIX", prefix)
+    monkeypatch.setattr(proposal_module, "_PREFIX", prefix)
     torch.manual_seed(5)
     rpn = RPN(replace(DetectorConfig.tiny(), pre_nms_topk=300, post_nms_topk=30)).eval()
     if tied:
@@ -186,18 +186,19 @@ def test_pooled_regions_are_cast_once_to_the_autocast_dtype(detector: BottomUpDe
 
 
 def _uploads(device: str, staging: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches of decreasing then increasing size through ``_upload``, each batch on the host afterwards."""
+    """Batches of decreasing then increasing size through ``upload_batch``, each batch on the host
+    afterwards."""
     rng = np.random.default_rng(7)
     shapes = [[(40, 60), (52, 30)], [(20, 24)], [(64, 80), (10, 90), (70, 12)], [(33, 47)]]
     batches = [[rng.integers(0, 255, (*hw, 3), dtype=np.uint8) for hw in shape] for shape in shapes]
-    out = [detector_module._upload(images, torch.device(device), staging) for images in batches]
+    out = [upload_batch(images, torch.device(device), staging) for images in batches]
     return [(batch.cpu(), sizes.cpu()) for batch, sizes in out]
 
 
 def test_upload_reuses_its_host_buffer_with_the_same_batches() -> None:
     """The staging buffer is kept from batch to batch, grown when needed, and its stale padding does
     not reach the batch: each batch equals one sent through a fresh buffer."""
-    staging = detector_module._Staging()
+    staging = Staging()
     shared = _uploads("cpu", staging)
     fresh = _uploads("cpu", None)
     for (batch, sizes), (alone, alone_sizes) in zip(shared, fresh, strict=True):
@@ -208,7 +209,7 @@ def test_upload_reuses_its_host_buffer_with_the_same_batches() -> None:
 
 @pytest.mark.gpu
 def test_upload_through_a_pinned_buffer_on_cuda() -> None:
-    staging = detector_module._Staging()
+    staging = Staging()
     shared = _uploads("cuda", staging)
     assert staging.buffer is not None and staging.buffer.is_pinned()
     for (batch, sizes), (alone, alone_sizes) in zip(shared, _uploads("cpu", None), strict=True):
@@ -243,8 +244,8 @@ def test_detector_on_cuda(detector: BottomUpDetector) -> None:
     assert torch.equal(pooled, ops.roi_pool(res4.bfloat16().float(), rois, 2, 1 / 16).bfloat16())
 
 
-def _convs(model: BottomUpDetector) -> list[detector_module.Conv2d]:
-    return [m for m in model.modules() if isinstance(m, detector_module.Conv2d)]
+def _convs(model: BottomUpDetector) -> list[Conv2d]:
+    return [m for m in model.modules() if isinstance(m, Conv2d)]
 
 
 def test_folded_batch_norms_compute_what_the_convolutions_and_norms_did(detector: BottomUpDetector) -> None:
@@ -257,7 +258,7 @@ def test_folded_batch_norms_compute_what_the_convolutions_and_norms_did(detector
     assert any(not torch.allclose(c.norm.running_var, torch.ones(1)) for c in _convs(model) if c.norm)
     folds = dict(model.folds(torch.float32))
     assert set(folds) == set(_convs(model))
-    blocks = [m for m in model.modules() if isinstance(m, detector_module.Bottleneck)]
+    blocks = [m for m in model.modules() if isinstance(m, Bottleneck)]
     shortcuts = [block.shortcut for block in blocks if block.shortcut is not None]
     assert len(shortcuts) == 4 and all(folds[s][1] is None for s in shortcuts)
     for conv, fold in folds.items():

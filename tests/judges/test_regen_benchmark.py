@@ -34,7 +34,7 @@ def test_report_has_both_rates_and_the_settings(report: dict[str, Any]) -> None:
     assert report["ratio"] == pytest.approx(rates["batched"] / rates["sequential"], rel=1e-2)
     assert report["target_ratio"] == 3.0 and report["target_met"] is None  # a tiny run is not a number
     assert report["signature"].startswith("Regen|gen:tiny-random|enc:tiny-random|steps:2|size:32|")
-    assert report["torch"] and report["diffusers"] and report["transformers"]
+    assert all(report["versions"][name] for name in ("torch", "diffusers", "transformers"))
 
 
 def test_batching_does_not_change_the_scores(report: dict[str, Any]) -> None:

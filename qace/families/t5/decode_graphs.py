@@ -33,13 +33,49 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from qace.families.t5.decoder import StaticT5Decoder
+
+class StepDecoder(Protocol):
+    """What graphed decoding needs of a decoder: its shapes, caches, biases and one position-free step.
+    `qace.families.t5.decoder.StaticT5Decoder` is one; this module never imports it (the decoder
+    imports this one), so the two do not import each other."""
+
+    layers: list[Any]
+    heads: int
+    d_kv: int
+    start_id: int
+    eos_id: int
+    row_steps: int
+
+    def cross_views(self, buffer: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def cross_cache(
+        self, hidden: torch.Tensor, out: torch.Tensor | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    @staticmethod
+    def cross_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
+
+    def self_bias(self, steps: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor: ...
+
+    @staticmethod
+    def answerability(logits: torch.Tensor, unanswerable_id: int) -> torch.Tensor: ...
+
+    def step(
+        self,
+        token: torch.Tensor,
+        pos: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        cross: list[tuple[torch.Tensor, torch.Tensor]],
+        cross_bias: torch.Tensor,
+        self_bias: torch.Tensor,
+    ) -> torch.Tensor: ...
+
 
 LENGTH_STEP = 16
 """Encoder lengths are padded up to a multiple of this for the graph's shape."""
@@ -69,7 +105,7 @@ def windows(steps: int) -> list[int]:
 class _Storage:
     """Flat buffers for the largest bucket so far; `view` gives contiguous tensors of a smaller shape."""
 
-    def __init__(self, dec: StaticT5Decoder, rows: int, tokens: int, steps: int, like: torch.Tensor) -> None:
+    def __init__(self, dec: StepDecoder, rows: int, tokens: int, steps: int, like: torch.Tensor) -> None:
         self.rows, self.tokens, self.steps = rows, tokens, steps
         n_layers, hd, device = len(dec.layers), dec.heads * dec.d_kv, like.device
         self.self_kv = like.new_zeros(2, n_layers, rows * hd * steps)
@@ -93,7 +129,7 @@ class _View:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     cross_kv: torch.Tensor
-    """``(rows, length, 2 * layers * heads * d_kv)``: what `StaticT5Decoder.cross_cache` fills."""
+    """``(rows, length, 2 * layers * heads * d_kv)``: what `StepDecoder.cross_cache` fills."""
     cross: list[tuple[torch.Tensor, torch.Tensor]]
     cross_bias: torch.Tensor
     token: torch.Tensor
@@ -109,7 +145,7 @@ class _View:
     """QA models: step 0 (the first window's step) that also writes the answerability of its logits."""
 
 
-def _view(store: _Storage, dec: StaticT5Decoder, rows: int, length: int) -> _View:
+def _view(store: _Storage, dec: StepDecoder, rows: int, length: int) -> _View:
     steps = store.steps
     kv_shape = (rows, dec.heads, steps, dec.d_kv)
     n_kv = rows * dec.heads * steps * dec.d_kv
@@ -131,9 +167,9 @@ def _view(store: _Storage, dec: StaticT5Decoder, rows: int, length: int) -> _Vie
 
 
 class GraphedDecoding:
-    """Greedy decoding of a `StaticT5Decoder` with its step replayed from CUDA graphs."""
+    """Greedy decoding of a `StepDecoder` (a `StaticT5Decoder`) with its step replayed from CUDA graphs."""
 
-    def __init__(self, decoder: StaticT5Decoder) -> None:
+    def __init__(self, decoder: StepDecoder) -> None:
         self.dec = decoder
         self._store: _Storage | None = None
         self._views: dict[tuple[int, int, bool, int | None], _View] = {}

@@ -22,17 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from qace.engine.greedy import TorchArrays, greedy_decode
 from qace.families.t5.decode_attention import attend
+from qace.families.t5.decode_graphs import GraphedDecoding
 from qace.families.t5.ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
-
-if TYPE_CHECKING:
-    from qace.families.t5.decode_graphs import GraphedDecoding
 
 
 @dataclass
@@ -188,8 +186,6 @@ class StaticT5Decoder:
     def graphed(self) -> GraphedDecoding:
         """This decoder's CUDA-graph decoding (`qace.families.t5.decode_graphs`), made on first use."""
         if self._graphs is None:
-            from qace.families.t5.decode_graphs import GraphedDecoding
-
             self._graphs = GraphedDecoding(self)
         return self._graphs
 
