@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from qace.cli import main
-from qace.data.features import HDF5_LAYOUT, HDF5Store
+from qace.data.features import HDF5_LAYOUT, HDF5Store, RandomFeatureStore
 from qace.errors import ConfigError, InputError
 from qace.features import extract as extract_module
 from qace.features.extract import (
@@ -79,12 +79,19 @@ def test_extract_folder_reports_bad_images_and_resumes(detector_dir: Path, tmp_p
     assert "holds features of" in capsys.readouterr().err
 
 
+def _regions(features: np.ndarray) -> np.ndarray:
+    """(36, 2054) float32: ``features`` with well-formed boxes (those of a random store's image)."""
+    boxes = RandomFeatureStore(0).get("boxes")[:, 2048:]
+    return np.concatenate([features, boxes], axis=1).astype(np.float32)
+
+
 def test_region_writer_writes_a_batch_at_once_and_lists_the_images_it_refuses(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    good = [rng.standard_normal((36, 2054)).astype(np.float32) for _ in range(3)]
+    good = [_regions(rng.standard_normal((36, 2048))) for _ in range(3)]
     nan = good[0].copy()
     nan[0, 0] = np.nan
-    huge = good[0] * 1e6  # finite in float32, overflows the store's float16
+    huge = good[0].copy()
+    huge[:, :2048] *= 1e6  # finite in float32, overflows the store's float16
     writer = RegionWriter(tmp_path / "f.h5", "d")
     errors = writer.add([("a", good[0]), ("nan", nan), ("b", good[1]), ("huge", huge)])
     assert [e["image_id"] for e in errors] == ["nan", "huge"]
@@ -108,7 +115,7 @@ def test_region_writer_stores_chunks_hdf5_reads_through_its_own_filters(tmp_path
     import h5py
 
     rng = np.random.default_rng(1)
-    rows = [np.abs(rng.standard_normal((36, 2054))).astype(np.float32) for _ in range(5)]
+    rows = [_regions(np.abs(rng.standard_normal((36, 2048)))) for _ in range(5)]
     rows[2][:, :100] = 0.0  # compressible stretches
     for dtype in (np.float16, np.float32):
         writer = RegionWriter(tmp_path / f"{dtype.__name__}.h5", "d", dtype=dtype)
