@@ -47,7 +47,7 @@ def norm_boxes(image_id: str, boxes: np.ndarray, width: float, height: float, wh
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise FeatureError(f"image {image_id!r} in {where}: boxes have shape {boxes.shape}, expected (N, 4)")
     if not (np.isfinite(width) and np.isfinite(height) and width > 0 and height > 0):
-        raise FeatureError(f"image {image_id!r} in {where}: image size {width}x{height} is not positive")
+        raise FeatureError(f"image {image_id!r} in {where}: image size {width:g}x{height:g} is not positive")
     out, swapped = (_normalised(boxes, w, h) for w, h in ((width, height), (height, width)))
     fits = boxes_fit(out)
     if not fits.all() and boxes_fit(swapped).all():

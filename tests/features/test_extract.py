@@ -189,6 +189,7 @@ def test_folder_of_images_and_captions_score_with_qace_img_in_one_command(
         {"id": "c", "image": "images/kitchen.png", "caption": "a kitchen with a red kettle"},
         {"id": "d", "image_id": "kitchen", "image": "images/kitchen.png", "caption": "an empty kitchen"},
         {"id": "e", "image": "images/broken.jpg", "caption": "an image that cannot be read"},
+        {"id": "f", "image_id": 7, "image": "images/dog.png", "caption": "a dog under an integer id"},
     ]
     (data / "images" / "broken.jpg").write_bytes(b"not an image")
     source = data / "captions.jsonl"
@@ -199,16 +200,20 @@ def test_folder_of_images_and_captions_score_with_qace_img_in_one_command(
     args += ["--detector", str(detector_dir), "--detector-workers", "0", "--no-progress"]
     assert main(args) == 0
     printed = capsys.readouterr()
-    assert "scored 4 captions (1 errors" in printed.out
-    assert "extracted 3 images" in printed.err and "1 could not be used" in printed.err
+    assert "scored 5 captions (1 errors" in printed.out
+    assert "extracted 4 images" in printed.err and "1 could not be used" in printed.err
     rows = [json.loads(line) for line in out.open()]
-    assert [r["id"] for r in rows] == ["a", "b", "c", "d"]
+    assert [r["id"] for r in rows] == ["a", "b", "c", "d", "f"]
     assert all(isinstance(r["qace"], float) and 0 <= r["qace"] <= 1 for r in rows)
+    assert [r["image_id"] for r in rows] == ["beach", "dog", "kitchen", "kitchen", 7]  # #37.8: 7 stays an int
     (error,) = [json.loads(line) for line in (tmp_path / "run" / "scores.errors.jsonl").open()]
-    assert error["id"] == "e" and "broken" in error["reason"]
+    assert error["id"] == "e" and "its extraction failed (unreadable image" in error["reason"]  # #37.8
     cache = tmp_path / "run" / "scores.features.h5"
     with HDF5Store(cache) as store:
-        assert sorted(store.ids()) == ["beach", "dog", "kitchen"]
+        assert sorted(store.ids()) == ["7", "beach", "dog", "kitchen"]
+        assert f"|feat:{store.identity}|" in rows[0]["signature"] and store.identity.startswith(
+            "det-"
+        )  # #37.7
 
 
 def _mixed_folder(folder: Path) -> list[ImageItem]:
