@@ -78,3 +78,15 @@ def test_corpus_is_seeded_and_holds_every_kind(tmp_path) -> None:
     for fmt, garbage in [("img", "text-features"), ("img-vlt5", "array-h"), ("img-tsv", "text-width")]:
         kinds = {r.kind for r in make_corpus(tmp_path / fmt, fmt, seed=3).records}
         assert {f"features: {k}" for k in ("box-left", "box-upside-down", "edge", "²", garbage)} <= kinds
+
+
+def test_the_list_api_gives_a_lone_surrogate_its_own_error_row(test_models_dir) -> None:
+    """#37.1: `QACE.score` on lists: a lone surrogate in a caption or a reference is that row's error."""
+    from qace.api import QACE
+
+    scorer = QACE(models=test_models_dir, progress=False)
+    refs = [["a dog runs"], ["a dog runs", "a \ud800 dog"], ["a dog runs"]]
+    rows = scorer.score(["a dog \udfff runs", "a dog runs", "a dog runs on grass"], references=refs)
+    assert "caption holds a lone surrogate (\\udfff" in rows[0]["error"]
+    assert "a reference holds a lone surrogate (\\ud800" in rows[1]["error"]
+    assert "error" not in rows[2] and isinstance(rows[2]["qace"], float)

@@ -362,3 +362,19 @@ def test_uploading_ahead_on_cuda_stores_what_the_cpu_does(detector_dir: Path, tm
         assert ids == want_ids and errors == want_errors and len(ids) == 8
         for key in ids:
             np.testing.assert_allclose(regions[key], want_regions[key], rtol=1e-2, atol=1e-3)
+
+
+def test_a_store_records_its_detectors_weight_hash_and_settings(detector_dir: Path) -> None:
+    """#37.7: an extracted store records the detector's identity (weights, settings, precision), not only
+    its path; the same weights loaded twice give one identity."""
+    import torch
+
+    from qace.features.extract import detector_identity
+
+    detector = load_detector(str(detector_dir), "cpu")
+    same = detector_identity(load_detector(str(detector_dir), "cpu"), "fp32")
+    assert detector_identity(detector, "fp32") == same and same.startswith("weights:sha256-")
+    assert detector_identity(detector, "bf16") != same
+    with torch.no_grad():
+        next(detector.parameters()).add_(1.0)
+    assert detector_identity(detector, "fp32").split("|")[0] != same.split("|")[0]
