@@ -252,7 +252,7 @@ class NpzDirStore:
         if not self.directory.is_dir():
             raise ConfigError(f"feature directory {str(self.directory)!r} does not exist")
         self.signature = f"npz-dir:{self.directory}"
-        stems = sorted(p.stem for p in self.directory.glob("*.npz") if p.stem and p.is_file())
+        stems = sorted(p.stem for p in self.directory.glob("*.npz") if p.stem)
         self._ids = IdIndex(stems, self.signature)
         self.identity = content_identity("npz", stems, self.get)
 
