@@ -41,7 +41,8 @@ CAPTIONS = (
 )
 REFERENCES = ["a girl runs along the sand", "a young girl on the beach"]
 ODD_IDS = ("²", "①", "9" * 5000, "000000184613")
-"""Record ids that are valid but odd: digits that are no ASCII number, a number ``int()`` refuses."""
+"""Record ids that are valid but odd: digits that are no ASCII number, a number ``int()`` refuses, a
+zero-padded number."""
 
 
 def _lone(rng: random.Random) -> str:
