@@ -85,8 +85,7 @@ class QACE(FileScorer):
         if self.config.variant == "img" and features is not None:  # a bad path fails before the models load
             from qace.features.stores import open_feature_store
 
-            store = open_feature_store(features) if isinstance(features, str | Path) else features
-            self.features = FeatureCache(store)
+            self.features = FeatureCache(open_feature_store(features))
         self.models, fingerprints, self.uses_test_models = build_models(
             self.config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa
         )
@@ -105,6 +104,7 @@ class QACE(FileScorer):
             qa=fingerprints["tqa"],
             vqa=fingerprints.get("vqa"),
             bertscore=self.matcher.signature,
+            features=None if self.features is None else self.features.store.identity,
         )
         self.core: DeviceCore | None = None
         """With ``host_workers``: the engine core feeding the device (`qace.engine.core`)."""

@@ -172,9 +172,21 @@ def auto_spacy_workers(engines: int = 1, hosts: int = 0) -> int:
     return max(0, min(14, _cores() // max(1, engines) - 2 - hosts))
 
 
-def build_signature(config: QACEConfig, *, qg: str, qa: str, vqa: str | None, bertscore: str) -> str:
-    """sacrebleu-style ``key:value`` signature naming everything that changes the numbers."""
-    models = [("qg", qg), ("qa", qa)] + ([("vqa", vqa)] if config.variant == "img" else [])
+def build_signature(
+    config: QACEConfig,
+    *,
+    qg: str,
+    qa: str,
+    vqa: str | None,
+    bertscore: str,
+    features: str | None = None,
+) -> str:
+    """sacrebleu-style ``key:value`` signature naming everything that changes the numbers; QACE-Img's
+    names its region features too (``feat``: the store's ``identity``, `qace.data.features.FeatureStore`;
+    ``none`` without a store)."""
+    models = [("qg", qg), ("qa", qa)]
+    if config.variant == "img":
+        models += [("vqa", vqa), ("feat", features or "none")]
     return str(
         Signature.of_scorer(
             VARIANT_NAMES[config.variant],

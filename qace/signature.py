@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from qace import __version__
 from qace.errors import ConfigError
 
-MODEL_KEYS = frozenset({"qg", "qa", "vqa", "bs", "vlm", "gen", "enc"})
-"""Fields that identify a model (a hub id or a content hash); `Signature.short` leaves them out."""
+MODEL_KEYS = frozenset({"qg", "qa", "vqa", "feat", "bs", "vlm", "gen", "enc"})
+"""Fields that identify a model or QACE-Img's region features (a hub id or a content hash);
+`Signature.short` leaves them out."""
 
 
 @dataclass(frozen=True)

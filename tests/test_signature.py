@@ -15,7 +15,9 @@ from qace.signature import Signature
 def test_the_wire_format_is_spec_section_8s() -> None:
     """Metric first, then key:value fields in order, joined by '|' (earlier outputs must still match)."""
     sig = build_signature(QACEConfig(variant="img"), qg="q1", qa="a1", vqa="v1", bertscore="bs_L6")
-    assert sig.startswith("QACE-Img|qg:q1|qa:a1|vqa:v1|bs:bs_L6|prec:fp32|be:torch|maxin:512|version:")
+    assert sig.startswith(
+        "QACE-Img|qg:q1|qa:a1|vqa:v1|feat:none|bs:bs_L6|prec:fp32|be:torch|maxin:512|version:"
+    )
     assert sig.endswith("|spec:2")
     ref = build_signature(QACEConfig(variant="ref"), qg="q1", qa="a1", vqa="v1", bertscore="bs_L6")
     assert "vqa:" not in ref and ref.startswith("QACE-Ref|qg:q1|qa:a1|bs:bs_L6|")
@@ -34,6 +36,18 @@ def test_every_scorers_signature_parses_back_to_itself(text: str) -> None:
     assert str(parsed) == text
     assert parse_signature(text) == parsed.as_dict()
     assert parse_signature(text)["metric"] == text.split("|")[0]
+
+
+def test_qace_img_signature_names_its_features() -> None:
+    """#37.7: the store's identity is a field of QACE-Img's signature, left out of the short form."""
+    config = QACEConfig(variant="img")
+    npz, random = (
+        build_signature(config, qg="q", qa="a", vqa="v", bertscore="b", features=identity)
+        for identity in ("npz-0123456789ab", "random:0")
+    )
+    assert "|vqa:v|feat:npz-0123456789ab|bs:b|" in npz and "|feat:random:0|" in random
+    assert parse_signature(random)["feat"] == "random:0"
+    assert Signature.parse(npz).short() == Signature.parse(random).short()
 
 
 def test_short_form_drops_the_model_fields_and_keeps_the_rest_in_order() -> None:

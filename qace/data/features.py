@@ -3,11 +3,16 @@
 The release stores one ``.npz`` per image with ``features`` (36, 2048) and ``norm_bb`` (36, 6)
 (both fp16); the model input is their concatenation in stored box order (region order matters:
 the relative position bias spans all 102 encoder positions). Every store validates what it
-returns: a missing image, a wrong shape or NaN/Inf raises `FeatureError` naming the image and the
-store, and so does a file that cannot be read (a damaged HDF5 chunk, a truncated, bad-CRC or
-badly compressed ``.npz``, a file that is no ``.npz``), so one bad file costs its captions only, never
-the run. Nothing is silently fixed, because a zero-filled or clipped feature would quietly change
-scores.
+returns (`validate`): a missing image, a wrong shape, values that are no numbers or NaN/Inf raise
+`FeatureError` naming the image and the store, and so does a file that cannot be read (a damaged HDF5
+chunk, a truncated, bad-CRC or badly compressed ``.npz``, a file that is no ``.npz``), so one bad file
+costs its captions only, never the run. Nothing is silently fixed, because a zero-filled or clipped
+feature would quietly change scores, with one exception, VL-T5's: the box rule (`checked_boxes`)
+clamps a box number that lies at most `BOX_TOLERANCE` outside ``[0, 1]`` (float rounding) and refuses
+one further out, in every store.
+
+Every store matches image ids by one rule (`qace.data.image_ids`) and states its ``identity``, which
+QACE-Img's score signature carries (`content_identity`, and docs/features.md).
 
 Stores:
 - `NpzDirStore`: the release layout, ``<dir>/<image_id>.npz``.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
 import tokenize
@@ -31,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from qace.data.image_ids import IdIndex
 from qace.errors import ConfigError, FeatureError
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,10 @@ BOX_DIM = 6
 REGION_DIM = FEATURE_DIM + BOX_DIM
 REGION_SHAPE = (NUM_BOXES, REGION_DIM)
 HDF5_LAYOUT = "qace-region-features-v1"
+BOX_TOLERANCE = 1e-5
+"""How far outside ``[0, 1]`` a normalised box number may lie and be clamped (VL-T5's check)."""
+IDENTITY_SAMPLE = 16
+"""Images whose features a content identity hashes (`content_identity`)."""
 
 
 @runtime_checkable
@@ -49,6 +60,9 @@ class FeatureStore(Protocol):
 
     signature: str
     """Short description of the store (kind, location, size) for logs and error messages."""
+    identity: str
+    """What the features are, for score signatures: ``<kind>-<12 hex>`` (`content_identity`, or a detector's
+    weight hash and settings), or ``random:<seed>``."""
 
     def get(self, image_id: str) -> np.ndarray: ...
 
@@ -58,7 +72,10 @@ class FeatureStore(Protocol):
 
 
 def combine(image_id: str, features: np.ndarray, norm_bb: np.ndarray, where: str) -> np.ndarray:
-    """Concatenate the release's ``features`` and ``norm_bb`` into the model input, after checking shapes."""
+    """Concatenate the release's ``features`` and ``norm_bb`` into the model input, after checking that
+    both hold numbers and their shapes."""
+    features = numbers(image_id, "features", features, where)
+    norm_bb = numbers(image_id, "norm_bb", norm_bb, where)
     if features.shape != (NUM_BOXES, FEATURE_DIM):
         raise FeatureError(
             f"image {image_id!r} in {where}: 'features' has shape {features.shape}, "
@@ -72,8 +89,22 @@ def combine(image_id: str, features: np.ndarray, norm_bb: np.ndarray, where: str
     return np.concatenate([features, norm_bb], axis=1).astype(np.float32)
 
 
+def numbers(image_id: str, name: str, array: Any, where: str) -> np.ndarray:
+    """``array`` as an ndarray when it holds integers or floats; `FeatureError` naming ``name`` otherwise
+    (strings, objects, booleans, complex numbers)."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "fiu":
+        raise FeatureError(
+            f"image {image_id!r} in {where}: {name!r} holds {array.dtype} values, not numbers; "
+            "re-extract the features"
+        )
+    return array
+
+
 def validate(image_id: str, array: np.ndarray, where: str) -> np.ndarray:
-    """Return `array` as float32 if it is (36, 2054) and finite, else raise `FeatureError`."""
+    """Return `array` as float32 if it holds numbers, is (36, 2054) and finite and its boxes pass
+    `checked_boxes` (which clamps them), else raise `FeatureError`."""
+    array = numbers(image_id, "region features", array, where)
     if array.shape != REGION_SHAPE:
         raise FeatureError(
             f"image {image_id!r} in {where}: region features have shape {array.shape}, "
@@ -88,17 +119,83 @@ def validate(image_id: str, array: np.ndarray, where: str) -> np.ndarray:
             f"image {image_id!r} in {where}: {bad} non-finite values ({nans} NaN, {bad - nans} Inf); "
             "re-extract the features"
         )
+    boxes = array[:, FEATURE_DIM:]
+    clamped = checked_boxes(image_id, boxes, where)
+    if clamped is not boxes:
+        array = array.copy()
+        array[:, FEATURE_DIM:] = clamped
     return array
 
 
-def _missing(image_id: str, where: str) -> FeatureError:
-    return FeatureError(f"no region features for image {image_id!r} in {where}", record_id=None)
+def boxes_fit(boxes: np.ndarray) -> np.ndarray:
+    """Per box (a row ``x1, y1, x2, y2, w, h`` over the image's width and height): whether every number
+    lies in ``[0, 1]`` within `BOX_TOLERANCE`."""
+    return np.all((boxes >= -BOX_TOLERANCE) & (boxes <= 1 + BOX_TOLERANCE), axis=1)
 
 
-def _candidates(image_id: str) -> list[str]:
-    """The id itself, then the id with its extension stripped (Flickr ids look like ``123_abc.jpg``)."""
-    stem, ext = os.path.splitext(image_id)
-    return [image_id, stem] if ext and stem else [image_id]
+def checked_boxes(image_id: str, boxes: np.ndarray, where: str) -> np.ndarray:
+    """The box rule of every store, VL-T5's: ``boxes`` (N, 6) clamped to ``[0, 1]`` when every number
+    lies within `BOX_TOLERANCE` of it (``boxes`` itself when nothing needs clamping); `FeatureError`
+    naming the first box that is upside down (y2 < y1), mirrored (x2 < x1) or reaches further out."""
+    for low, high, fault in (
+        (1, 3, "upside down: its bottom edge y2 is above its top edge y1"),
+        (0, 2, "mirrored: its right edge x2 is left of its left edge x1"),
+    ):
+        flipped = boxes[:, high] < boxes[:, low] - BOX_TOLERANCE
+        if flipped.any():
+            row = int(np.argmax(flipped))
+            raise FeatureError(
+                f"image {image_id!r} in {where}: box {row} {_box(boxes[row])} is {fault}; re-extract the "
+                "features (boxes are x1, y1, x2, y2, w, h)"
+            )
+    fits = boxes_fit(boxes)
+    if not fits.all():
+        row = int(np.argmin(fits))
+        raise FeatureError(
+            f"image {image_id!r} in {where}: box {row} {_box(boxes[row])} reaches outside the image: "
+            f"x1, y1, x2, y2, w and h over the image's size must lie in [0, 1] (within {BOX_TOLERANCE:g}); "
+            "re-extract the features, or check the image size"
+        )
+    if (boxes < 0).any() or (boxes > 1).any():
+        return np.clip(boxes, 0.0, 1.0)
+    return boxes
+
+
+def _box(box: np.ndarray) -> str:
+    return "(" + ", ".join(f"{value:.6g}" for value in box.tolist()) + ")"
+
+
+def content_identity(kind: str, ids: list[str], get: Callable[[str], np.ndarray]) -> str:
+    """``<kind>-<12 hex>``: a SHA-256 of every id in order and of the validated features (as ``get``
+    returns them) of `IDENTITY_SAMPLE` ids spread evenly over them, an unreadable one as a marker. Cheap
+    (a few images read) and blind to a change in an image outside the sample that keeps its id."""
+    digest = hashlib.sha256(kind.encode())
+    for image_id in ids:
+        digest.update(image_id.encode("utf-8", "surrogateescape") + b"\0")
+    picks = sorted({round(i * (len(ids) - 1) / (IDENTITY_SAMPLE - 1)) for i in range(IDENTITY_SAMPLE)})
+    for pick in picks if ids else []:
+        try:
+            digest.update(get(ids[pick]).tobytes())
+        except FeatureError:
+            digest.update(b"unreadable\0")
+    return f"{kind}-{digest.hexdigest()[:12]}"
+
+
+def store_identity(store: Any) -> str:
+    """The ``identity`` of a feature store (`FeatureStore`); `ConfigError` when it states none."""
+    identity = getattr(store, "identity", None)
+    if not isinstance(identity, str) or not identity:
+        raise ConfigError(
+            f"feature store {type(store).__name__} has no 'identity' (a string naming its features, which "
+            "score signatures carry); give it one, e.g. qace.data.features.content_identity(...)"
+        )
+    return identity
+
+
+def extraction_errors_path(store: str | Path) -> Path:
+    """Where `qace features extract` lists the images it could not store in ``store``, with the reason."""
+    store = Path(store)
+    return store.with_name(store.stem + ".errors.jsonl")
 
 
 ZIP_MAGIC = b"PK\x03\x04"
@@ -144,9 +241,10 @@ def read_npz(image_id: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 class NpzDirStore:
-    """The release layout: one ``<directory>/<image_id>.npz`` per image.
+    """The release layout: one ``<directory>/<image_id>.npz`` per image, the files listed when it opens.
 
-    Ids are tried as given, then with their extension stripped, since Flickr ids carry ``.jpg``.
+    Ids are matched by `qace.data.image_ids` against the file stems (so ``391895`` finds
+    ``COCO_val2014_000000391895.npz``); an id never reaches a file outside the directory.
     """
 
     def __init__(self, directory: str | Path) -> None:
@@ -154,27 +252,19 @@ class NpzDirStore:
         if not self.directory.is_dir():
             raise ConfigError(f"feature directory {str(self.directory)!r} does not exist")
         self.signature = f"npz-dir:{self.directory}"
-
-    def _path(self, image_id: str) -> Path | None:
-        if not image_id or "/" in image_id or "\\" in image_id or image_id in (".", ".."):
-            return None  # never let an id escape the directory
-        for name in _candidates(image_id):
-            path = self.directory / f"{name}.npz"
-            if path.is_file():
-                return path
-        return None
+        stems = sorted(p.stem for p in self.directory.glob("*.npz") if p.stem)
+        self._ids = IdIndex(stems, self.signature)
+        self.identity = content_identity("npz", stems, self.get)
 
     def __contains__(self, image_id: object) -> bool:
-        return isinstance(image_id, str) and self._path(image_id) is not None
+        return self._ids.find(image_id) is not None
 
     def ids(self) -> list[str]:
         """File stems of every ``.npz`` in the directory, sorted (a stable packing order)."""
-        return sorted(p.stem for p in self.directory.glob("*.npz"))
+        return list(self._ids.stored)
 
     def get(self, image_id: str) -> np.ndarray:
-        path = self._path(image_id)
-        if path is None:
-            raise _missing(image_id, self.signature)
+        path = self.directory / f"{self._ids.key(image_id)}.npz"
         features, norm_bb = read_npz(image_id, path)
         return validate(image_id, combine(image_id, features, norm_bb, str(path)), str(path))
 
@@ -191,6 +281,11 @@ class HDF5Store:
     readable from any language (h5py, HDF5 C, MATLAB, Julia); partial reads without loading the
     file. Parquet is built for column scans, so a single image means decoding a whole row group;
     LMDB needs its own package, is not readable without it, and grows its map size by hand.
+
+    Ids are matched by `qace.data.image_ids`. A store `qace features extract` wrote records the
+    detector (attribute ``detector``: its weight hash and settings, `qace.features.extract`), which is
+    then its ``identity``; an image its extraction could not store is reported with the reason listed
+    beside it (`extraction_errors_path`). Any other store's identity is its `content_identity`.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -215,17 +310,17 @@ class HDF5Store:
         self._index = {str(name): row for row, name in enumerate(names)}
         self.dtype = np.dtype(self._features.dtype)
         self.signature = f"hdf5:{self.path.name}:{len(self._index)} images:{self.dtype.name}"
-
-    def _row(self, image_id: object) -> int | None:
-        if not isinstance(image_id, str):
-            return None
-        for name in _candidates(image_id):
-            if name in self._index:
-                return self._index[name]
-        return None
+        self._ids = IdIndex(self._index, self.signature)
+        self._failed: tuple[IdIndex, dict[str, str]] | None = None
+        detector = self._file.attrs.get("detector")
+        if detector is not None:
+            stated = hashlib.sha256(f"{detector}\0{self.dtype.name}".encode()).hexdigest()[:12]
+            self.identity = f"det-{stated}"
+        else:
+            self.identity = content_identity(f"h5.{self.dtype.name}", self.ids(), self.get)
 
     def __contains__(self, image_id: object) -> bool:
-        return self._row(image_id) is not None
+        return self._ids.find(image_id) is not None
 
     def __len__(self) -> int:
         return len(self._index)
@@ -235,9 +330,10 @@ class HDF5Store:
         return list(self._index)
 
     def get(self, image_id: str) -> np.ndarray:
-        row = self._row(image_id)
-        if row is None:
-            raise _missing(image_id, self.signature)
+        key = self._ids.find(image_id)
+        if key is None:
+            raise self._missing(image_id)
+        row = self._index[key]
         try:
             stored = self._features[row]
         except OSError as exc:  # e.g. a damaged chunk: "filter returned failure during read"
@@ -246,6 +342,20 @@ class HDF5Store:
                 "damaged: pack it again from the source features"
             ) from exc
         return validate(image_id, stored, self.signature)
+
+    def _missing(self, image_id: str) -> FeatureError:
+        """The error of an id the store lacks, with the extraction's reason when one is listed."""
+        if self._failed is None:  # read at the first miss
+            failures = _extraction_failures(self.path) if "detector" in self._file.attrs else {}
+            self._failed = (IdIndex(failures, str(self.path)), failures)
+        index, failures = self._failed
+        key = index.find(image_id)
+        if key is None:
+            return self._ids.missing(image_id)
+        return FeatureError(
+            f"image {image_id!r} has no region features in {self.signature}: its extraction failed "
+            f"({failures[key]}; listed in {extraction_errors_path(self.path)})"
+        )
 
     def close(self) -> None:
         self._file.close()
@@ -267,6 +377,7 @@ class RandomFeatureStore:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self.signature = f"random:seed={seed}"
+        self.identity = f"random:{seed}"
 
     def __contains__(self, image_id: object) -> bool:
         return isinstance(image_id, str)
@@ -380,3 +491,19 @@ def _pairs(
 
 def _given(array: Any) -> Any:
     return array
+
+
+def _extraction_failures(store: Path) -> dict[str, str]:
+    """Image id -> why its extraction failed, from the list beside an extracted store (empty if none)."""
+    failures: dict[str, str] = {}
+    try:
+        with extraction_errors_path(store).open(encoding="utf-8") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                    failures[str(entry["image_id"])] = str(entry["reason"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+    except OSError:
+        return {}
+    return failures

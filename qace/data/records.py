@@ -8,6 +8,10 @@ unreadable (missing file, a COCO results file that is not JSON) raise `InputErro
 Files are read in binary and decoded one line at a time, so a stray non-UTF-8 byte costs one
 record, not the file, and a JSONL file is never held in memory as a whole.
 
+A lone surrogate (an unpaired JSON escape such as ``\\ud800``) in a caption, a reference, an id, an
+image id or an image path makes its record an error, like bytes that are not UTF-8: it is no text, no
+tokenizer takes it and no UTF-8 output can hold it.
+
 Every record and error carries its ``line``: the physical line it starts on (JSONL, CSV), or its
 1-based number in a COCO array or a Parquet table. An error of a record whose id cannot be read has
 ``id=None``; positions never go into the id namespace, so they cannot clash with real ids.
@@ -57,6 +61,13 @@ class Record:
     image: str | None = None
     line: int | None = field(default=None, compare=False)
     """Where the record is in its input file (see the module docstring); None outside files."""
+    image_id_int: bool = field(default=False, compare=False)
+    """The input gave ``image_id`` as an integer (COCO does); rows give it back as one (`image_id_value`)."""
+
+    @property
+    def image_id_value(self) -> str | int | None:
+        """``image_id`` as the input gave it: an integer when it was one, else the string (or None)."""
+        return int(self.image_id) if self.image_id_int and self.image_id is not None else self.image_id
 
 
 @dataclass(frozen=True)
@@ -77,15 +88,36 @@ def caption_problem(caption: Any, max_chars: int | None = None) -> str | None:
         return "empty or whitespace-only caption"
     if max_chars is not None and len(caption) > max_chars:
         return f"caption has {len(caption)} characters; the limit is {max_chars}"
-    return None
+    return surrogate_problem("caption", caption)
+
+
+def surrogate_problem(name: str, text: str) -> str | None:
+    """Why ``text`` (the record's ``name``) is no text, where it holds a lone surrogate; else None."""
+    if text.isascii():  # the common case, without a search
+        return None
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    code = ord(found.group())
+    return (
+        f"{name} holds a lone surrogate (\\u{code:04x} at character {found.start() + 1}), which is no text "
+        "and cannot be written as UTF-8: write the character it stands for, or pair the surrogate"
+    )
 
 
 def require(record: Record, *, references: bool, image: bool) -> str | None:
-    """Return why `record` cannot be scored by a variant needing references and/or an image, else None."""
-    if references and not record.references:
-        return "missing references (QACE-Ref needs at least one reference caption)"
-    if image and not record.image_id:
-        return "missing image_id (QACE-Img needs the image's region features)"
+    """Return why `record` cannot be scored by a variant needing references and/or an image (one missing,
+    or holding a lone surrogate), else None."""
+    if references:
+        if not record.references:
+            return "missing references (QACE-Ref needs at least one reference caption)"
+        problem = next(filter(None, (surrogate_problem("a reference", r) for r in record.references)), None)
+        if problem is not None:
+            return problem
+    if image:
+        if not record.image_id:
+            return "missing image_id (QACE-Img needs the image's region features)"
+        return surrogate_problem("image_id", record.image_id)
     return None
 
 
@@ -384,8 +416,15 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
             raise InputError(f"Parquet {str(path)!r} has no 'caption' column")
         number = 0
         for batch in table.iter_batches(batch_size=_PARQUET_BATCH, columns=names):
-            for row in batch.to_pylist():
+            try:
+                rows: list[Any] = batch.to_pylist()
+            except UnicodeDecodeError:  # a string that is not UTF-8: that row's error, not the file's
+                rows = _rows_with_bad_bytes(batch)
+            for row in rows:
                 number += 1
+                if isinstance(row, _Bad):
+                    yield number, f"row {number}", row
+                    continue
                 refs = row.get("references")
                 if isinstance(refs, str) and refs.strip():
                     try:
@@ -395,6 +434,46 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
                 yield number, f"row {number}", row
     except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
         raise InputError(f"cannot read Parquet input {str(path)!r}: {exc}") from exc
+
+
+def _rows_with_bad_bytes(batch: Any) -> list[Any]:
+    """The rows of a Parquet batch whose strings are not all UTF-8: each string column read as bytes and
+    decoded by row, a row with undecodable bytes a `_Bad` (with its id when that decodes)."""
+    import pyarrow as pa
+
+    columns: dict[str, list[Any]] = {}
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            column = column.cast(pa.binary())
+        elif pa.types.is_list(kind) and pa.types.is_string(kind.value_type):
+            column = column.cast(pa.list_(pa.binary()))
+        columns[name] = [_decoded(value) for value in column.to_pylist()]
+    rows: list[Any] = []
+    for values in zip(*columns.values(), strict=True):
+        row = dict(zip(columns, values, strict=True))
+        bad = [name for name, value in row.items() if _holds_bad_bytes(value)]
+        if bad:
+            record_id = row.get("id") if "id" not in bad else None
+            rows.append(_Bad(f"non-UTF-8 bytes in {', '.join(bad)}", record_id))
+        else:
+            rows.append(row)
+    return rows
+
+
+def _decoded(value: Any) -> Any:
+    """Bytes (alone or in a list) as text, undecodable bytes kept as surrogates (``surrogateescape``)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="surrogateescape")
+    if isinstance(value, list):
+        return [_decoded(item) for item in value]
+    return value
+
+
+def _holds_bad_bytes(value: Any) -> bool:
+    if isinstance(value, str):
+        return _has_surrogate(value)
+    return isinstance(value, list) and any(_holds_bad_bytes(item) for item in value)
 
 
 class _Bad:
@@ -420,9 +499,11 @@ def _records(
         if not isinstance(obj, dict):
             yield RecordError(None, f"{where}: expected a JSON object, got {type(obj).__name__}", line)
             continue
-        record_id = _as_id(obj.get("id"))
+        raw_id = obj.get("id")
+        record_id = _as_id(raw_id)
         if record_id is None:
-            yield RecordError(None, f"{where}: missing id", line)
+            reason = (isinstance(raw_id, str) and surrogate_problem("id", raw_id)) or "missing id"
+            yield RecordError(None, f"{where}: {reason}", line)
             continue
         if record_id in seen:
             yield RecordError(
@@ -448,12 +529,16 @@ def _record(
     if problem is not None:
         return problem
     raw_image = obj.get("image_id")
+    if isinstance(raw_image, str) and (problem := surrogate_problem("image_id", raw_image)):
+        return problem
     image_id = _as_id(raw_image)
     if raw_image not in (None, "") and image_id is None:
         return f"image_id must be a string or integer, got {type(raw_image).__name__}"
     image = obj.get("image")
     if image is not None and (not isinstance(image, str) or not image.strip()):
         return f"image must be a file path string, got {image!r}"
+    if image is not None and (problem := surrogate_problem("image", image)):
+        return problem
     references = obj.get("references")
     if references is not None:
         if not isinstance(references, list) or not all(map(isinstance, references, repeat(str))):
@@ -465,8 +550,12 @@ def _record(
         ref_tuple: tuple[str, ...] | None = tuple(references)
     else:
         ref_tuple = refs.get(image_id) if refs is not None and image_id is not None else None
+    for reference in ref_tuple or ():
+        if problem := surrogate_problem("a reference", reference):
+            return problem
     image_path = None if image is None else str(base_dir / Path(image).expanduser())
-    return Record(record_id, caption, image_id, ref_tuple, image_path, line)
+    is_int = isinstance(raw_image, int) and image_id is not None
+    return Record(record_id, caption, image_id, ref_tuple, image_path, line, image_id_int=is_int)
 
 
 def _as_id(value: Any) -> str | None:
@@ -478,11 +567,12 @@ def _as_id(value: Any) -> str | None:
     return None
 
 
-_SURROGATE = re.compile("[\udc80-\udcff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _has_surrogate(text: str) -> bool:
-    """True when `text` holds bytes that were not valid UTF-8 (decoded with surrogateescape)."""
+    """True when `text` holds a lone surrogate: bytes that were not valid UTF-8 (decoded with
+    surrogateescape), or an unpaired JSON escape."""
     return not text.isascii() and _SURROGATE.search(text) is not None
 
 

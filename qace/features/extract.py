@@ -11,13 +11,16 @@ prefetch), an upload thread takes their batches and queues each on the device (`
 ahead), the detector runs on whole batches in the calling thread, and a writer thread appends results
 to the store, so decoding, receiving and uploading, detection and writing overlap. The store is the
 same layout `qace.data.features.HDF5Store` reads, written in place and resumable: a rerun skips the
-ids already there. Images that cannot be used (unreadable, too small, fewer than 36 regions) are
-listed with the reason in ``<store>.errors.jsonl`` (rewritten each run) and nothing else is lost;
-CMYK, grey, palette and alpha images are converted to RGB.
+ids already there. The store records the detector (`detector_identity`: its weights' hash, settings and
+precision; a store of another detector is refused) and its source. Images that cannot be used
+(unreadable, too small, fewer than 36 regions) are listed with the reason in ``<store>.errors.jsonl``
+(rewritten each run; `HDF5Store` reports a record of such an image with that reason) and nothing else
+is lost; CMYK, grey, palette and alpha images are converted to RGB.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import queue
@@ -27,13 +30,13 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from qace.data.features import HDF5_LAYOUT, REGION_SHAPE, validate
+from qace.data.features import HDF5_LAYOUT, REGION_SHAPE, extraction_errors_path, validate
 from qace.errors import ConfigError, FeatureError, InputError
 from qace.precision import torch_dtype
 from qace.progress import track
@@ -119,11 +122,12 @@ def gather_images(source: str | Path, *, records: bool = False, fmt: str = "auto
 class RegionWriter:
     """Appends (id, (36, 2054)) rows to a qace HDF5 store, creating or resuming it.
 
-    ``detector`` (the extraction settings) is kept in the file; resuming with other settings is an
-    error, since one store must not mix two detectors' features.
+    ``detector`` (the detector's identity, `detector_identity`) is kept in the file, and ``source`` (where
+    it was loaded from) beside it; resuming with another identity is an error, since one store must not
+    mix two detectors' features.
     """
 
-    def __init__(self, path: str | Path, detector: str, dtype: Any = np.float16) -> None:
+    def __init__(self, path: str | Path, detector: str, dtype: Any = np.float16, source: str = "") -> None:
         import h5py
 
         self.path = Path(path)
@@ -142,7 +146,7 @@ class RegionWriter:
                 shuffle=True,
             )
             f.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype("utf-8"))
-            f.attrs["layout"], f.attrs["detector"] = HDF5_LAYOUT, detector
+            f.attrs["layout"], f.attrs["detector"], f.attrs["detector_source"] = HDF5_LAYOUT, detector, source
         elif (stored := f.attrs.get("detector")) != detector:
             self._file.close()
             raise ConfigError(
@@ -377,8 +381,8 @@ def extract_features(
     if batch_size < 1 or workers < 0:
         raise ConfigError(f"batch size must be at least 1 and workers at least 0 ({batch_size}, {workers})")
     out_path = Path(out_path)
-    errors_path = out_path.with_name(out_path.stem + ".errors.jsonl")
-    writer = RegionWriter(out_path, f"{detector_name}|{precision}")
+    errors_path = extraction_errors_path(out_path)
+    writer = RegionWriter(out_path, detector_identity(detector, precision), source=detector_name)
     items = list(images)
     todo = [item for item in items if item.key not in writer.ids]
     errors: list[dict[str, str]] = []
@@ -450,6 +454,23 @@ def extract_features(
         batches=len(waited) - 1,
         input_wait_s=sum(waited[1:-1]),
         start_s=first,
+    )
+
+
+def detector_identity(detector: Any, precision: str) -> str:
+    """What a store records as its detector: a SHA-256 of the weights (every tensor of the state dict, by
+    name, dtype and shape), one of the settings (`qace.features.detector.DetectorConfig`) and the
+    precision. Where the weights were loaded from is not part of it."""
+    import torch
+
+    weights = hashlib.sha256()
+    for name, tensor in sorted(detector.state_dict().items()):
+        weights.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\0".encode())
+        weights.update(tensor.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    settings = hashlib.sha256(json.dumps(asdict(detector.config), sort_keys=True).encode())
+    return (
+        f"weights:sha256-{weights.hexdigest()[:12]}|settings:sha256-{settings.hexdigest()[:12]}"
+        f"|precision:{precision}"
     )
 
 

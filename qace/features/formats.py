@@ -2,14 +2,11 @@
 
 Both hold pixel boxes ``(x1, y1, x2, y2)`` and the image size; Visual-T5 consumes
 ``norm_boxes``: ``(x1/W, y1/H, x2/W, y2/H, w/W, h/H)`` after the 2,048 pooled features, the layout of
-the release's ``norm_bb``. An image whose boxes fall outside ``[0, 1]`` once normalised (width and
-height swapped, or a wrong size) raises `FeatureError`, as does any image with other than 36 boxes.
+the release's ``norm_bb``, under the box rule of every store (`qace.data.features.checked_boxes`). Any
+image with other than 36 boxes, a size that is no positive number, or members that are missing,
+damaged or hold no numbers raises `FeatureError`, which costs that image's records only.
 
-Image ids are matched by `canonical_id`: first exactly as stored, then in canonical form, so that
-a COCO id ``391895``, ``"000000391895"``, ``COCO_val2014_000000391895`` and a file name or path
-``.../COCO_val2014_000000391895.jpg`` all find the same image, and a Flickr ``1000092795.jpg`` finds
-``1000092795``. Two stored ids with one canonical form (say the same number in two COCO splits)
-are reachable only by their exact names.
+Image ids are matched by the rule of every store, `qace.data.image_ids`.
 """
 
 from __future__ import annotations
@@ -18,20 +15,17 @@ import base64
 import json
 import logging
 import os
-import re
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
-from qace.data.features import FEATURE_DIM, NUM_BOXES, combine, validate
+from qace.data.features import FEATURE_DIM, NUM_BOXES, boxes_fit, combine, content_identity, numbers, validate
+from qace.data.image_ids import IdIndex
 from qace.errors import ConfigError, FeatureError
 
 log = logging.getLogger(__name__)
 
-_COCO_NAME = re.compile(r"^COCO_[A-Za-z]+\d{4}_(\d+)$")
-BOX_SLACK = 1e-3
-"""How far past the image edge (as a fraction of its size) a normalised box may reach."""
 INDEX_SUFFIX = ".qace-index.json"
 INDEX_VERSION = 1
 TSV_FIELDS = {
@@ -45,46 +39,38 @@ TSV_FIELDS = {
 Neither writes a header row; arrays are base64 of little-endian float32 (int64 for ids)."""
 
 
-def canonical_id(image_id: object) -> str:
-    """The form ids are matched in: a path's file stem, COCO names and zero-padded numbers as the bare
-    integer (``COCO_val2014_000000391895`` -> ``391895``), anything else as written."""
-    text = os.path.basename(str(image_id).strip().replace("\\", "/"))
-    stem, ext = os.path.splitext(text)
-    if ext.lower() in (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".npz"):
-        text = stem
-    match = _COCO_NAME.match(text)
-    if match:
-        text = match.group(1)
-    return str(int(text)) if text.isdigit() else text
-
-
 def norm_boxes(image_id: str, boxes: np.ndarray, width: float, height: float, where: str) -> np.ndarray:
-    """Pixel ``(x1, y1, x2, y2)`` boxes -> ``(x1/W, y1/H, x2/W, y2/H, w/W, h/H)`` float32, checked to lie
-    in the image."""
-    boxes = np.asarray(boxes, dtype=np.float64)
+    """Pixel ``(x1, y1, x2, y2)`` boxes -> ``(x1/W, y1/H, x2/W, y2/H, w/W, h/H)`` float32 (`validate` applies
+    the box rule); boxes that lie outside the image only as given but inside it with width and height
+    swapped raise `FeatureError` saying so."""
+    boxes = numbers(image_id, "boxes", boxes, where).astype(np.float64)
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise FeatureError(f"image {image_id!r} in {where}: boxes have shape {boxes.shape}, expected (N, 4)")
-    if not (width > 0 and height > 0):
-        raise FeatureError(f"image {image_id!r} in {where}: image size {width}x{height} is not positive")
-    scaled = boxes / np.array([width, height, width, height])
-    out = np.concatenate([scaled, scaled[:, 2:] - scaled[:, :2]], axis=1)
-    inside = np.all((out[:, :4] >= -BOX_SLACK) & (out[:, :4] <= 1 + BOX_SLACK), axis=1)
-    bad = ~(inside & np.all(out[:, 4:] >= 0, axis=1))
-    if bad.any():
-        row = int(np.argmax(bad))
+    if not (np.isfinite(width) and np.isfinite(height) and width > 0 and height > 0):
+        raise FeatureError(f"image {image_id!r} in {where}: image size {width:g}x{height:g} is not positive")
+    out, swapped = (_normalised(boxes, w, h) for w, h in ((width, height), (height, width)))
+    fits = boxes_fit(out)
+    if not fits.all() and boxes_fit(swapped).all():
+        row = int(np.argmin(fits))
         raise FeatureError(
-            f"image {image_id!r} in {where}: box {row} {boxes[row].tolist()} lies outside the "
-            f"{width}x{height} image (are width and height swapped?)"
+            f"image {image_id!r} in {where}: box {row} {boxes[row].tolist()} lies outside the {width:g}x"
+            f"{height:g} image but inside a {height:g}x{width:g} one: are its width and height swapped?"
         )
     return out.astype(np.float32)
+
+
+def _normalised(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
+    scaled = boxes / np.array([width, height, width, height])
+    return np.concatenate([scaled, scaled[:, 2:] - scaled[:, :2]], axis=1)
 
 
 def regions(
     image_id: str, features: np.ndarray, boxes: np.ndarray, width: float, height: float, where: str
 ) -> np.ndarray:
     """The validated (36, 2054) model input from pooled features and pixel boxes."""
-    features = np.asarray(features)
-    if features.ndim != 2 or features.shape[0] != NUM_BOXES or len(boxes) != NUM_BOXES:
+    features = numbers(image_id, "features", features, where)
+    boxes = numbers(image_id, "boxes", boxes, where)
+    if features.ndim != 2 or features.shape[0] != NUM_BOXES or boxes.ndim < 1 or len(boxes) != NUM_BOXES:
         raise FeatureError(
             f"image {image_id!r} in {where}: {features.shape[0] if features.ndim else 0} regions, but "
             f"Visual-T5 needs exactly {NUM_BOXES} (use a 36-box release such as trainval_36, or "
@@ -92,40 +78,6 @@ def regions(
         )
     norm = norm_boxes(image_id, boxes, width, height, where)
     return validate(image_id, combine(image_id, features.astype(np.float32), norm, where), where)
-
-
-class IdIndex:
-    """Stored ids, looked up exactly first and then by `canonical_id`."""
-
-    def __init__(self, stored: list[str], where: str) -> None:
-        self.where = where
-        self.stored = stored
-        self._exact = set(stored)
-        canon: dict[str, str | None] = {}
-        for key in stored:
-            c = canonical_id(key)
-            canon[c] = key if c not in canon else None  # None: ambiguous, exact names only
-        self._canon = {c: k for c, k in canon.items() if k is not None}
-
-    def find(self, image_id: object) -> str | None:
-        text = str(image_id)
-        if text in self._exact:
-            return text
-        return self._canon.get(canonical_id(text))
-
-    def key(self, image_id: object) -> str:
-        """The stored id ``image_id`` matches; `FeatureError` (`missing`) when none does."""
-        found = self.find(image_id)
-        if found is None:
-            raise self.missing(image_id)
-        return found
-
-    def missing(self, image_id: object) -> FeatureError:
-        examples = ", ".join(repr(k) for k in self.stored[:3])
-        return FeatureError(
-            f"no region features for image {str(image_id)!r} (matched as {canonical_id(image_id)!r}) in "
-            f"{self.where}; its ids look like {examples or 'nothing: it is empty'}"
-        )
 
 
 class IndexedStore:
@@ -155,6 +107,7 @@ class VLT5HDF5Store(IndexedStore):
             raise ConfigError(f"cannot open {str(self.path)!r} as HDF5: {exc}") from exc
         self.signature = f"vlt5-h5:{self.path.name}:{len(self._file)} images"
         self._ids = IdIndex(list(self._file.keys()), self.signature)
+        self.identity = content_identity("vlt5", self.ids(), self.get)
 
     @staticmethod
     def recognises(path: Path) -> bool:
@@ -169,18 +122,53 @@ class VLT5HDF5Store(IndexedStore):
             return False
 
     def get(self, image_id: str) -> np.ndarray:
+        import h5py
+
         key = self._ids.key(image_id)
-        group = self._file[key]
         where = f"{self.signature} group {key!r}"
-        try:
-            features, boxes = group["features"][()], group["boxes"][()]
-            height, width = float(group["img_h"][()]), float(group["img_w"][()])
-        except KeyError as exc:
-            raise FeatureError(f"image {image_id!r}: {where} lacks {exc}") from exc
-        return regions(image_id, features, boxes, width, height, where)
+        group = self._file.get(key)
+        if not isinstance(group, h5py.Group):
+            raise FeatureError(
+                f"image {image_id!r}: {self.signature} holds {key!r} as a {type(group).__name__}, not a "
+                "group of features, boxes, img_h and img_w"
+            )
+        features, boxes, height, width = (_member(image_id, group, name, where) for name in _VLT5_MEMBERS)
+        width_px, height_px = _size(image_id, width, "img_w", where), _size(image_id, height, "img_h", where)
+        return regions(image_id, features, boxes, width_px, height_px, where)
 
     def close(self) -> None:
         self._file.close()
+
+
+_VLT5_MEMBERS = ("features", "boxes", "img_h", "img_w")
+
+
+def _member(image_id: str, group: Any, name: str, where: str) -> np.ndarray:
+    """The dataset ``name`` of an image's group, read whole; `FeatureError` when it is missing, no dataset,
+    or cannot be read (a damaged chunk)."""
+    import h5py
+
+    member = group.get(name)
+    if not isinstance(member, h5py.Dataset):
+        found = "missing" if member is None else f"a {type(member).__name__}, not a dataset"
+        raise FeatureError(f"image {image_id!r}: {where} member {name!r} is {found}")
+    try:
+        return np.asarray(member[()])
+    except (OSError, ValueError, TypeError) as exc:  # a damaged chunk: "filter returned failure during read"
+        raise FeatureError(
+            f"image {image_id!r}: {where} member {name!r} cannot be read ({exc}); the file is damaged: "
+            "copy it again"
+        ) from exc
+
+
+def _size(image_id: str, value: np.ndarray, name: str, where: str) -> float:
+    """An image side stored as one number (a scalar or a one-element array), else `FeatureError`."""
+    value = numbers(image_id, name, value, where)
+    if value.size != 1:
+        raise FeatureError(
+            f"image {image_id!r} in {where}: {name} is an array of shape {value.shape}, not one number"
+        )
+    return float(value.reshape(()))
 
 
 class BUTDTSVStore(IndexedStore):
@@ -200,6 +188,7 @@ class BUTDTSVStore(IndexedStore):
         self.signature = f"butd-tsv:{self.path.name}:{len(offsets)} images"
         self._ids = IdIndex(list(offsets), self.signature)
         self._file: IO[bytes] | None = None
+        self.identity = content_identity("tsv", self.ids(), self.get)
 
     def get(self, image_id: str) -> np.ndarray:
         key = self._ids.key(image_id)

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from qace.data.features import FeatureStore, HDF5Store, NpzDirStore, RandomFeatureStore
+from qace.data.features import FeatureStore, HDF5Store, NpzDirStore, RandomFeatureStore, store_identity
 from qace.errors import ConfigError
 from qace.features.formats import open_published
 
 
-def open_feature_store(path: str | Path) -> FeatureStore:
+def open_feature_store(path: str | Path | Any) -> FeatureStore:
     """Open features by location: a directory of ``.npz``, an ``.h5``/``.hdf5`` file (qace's store or
-    VL-T5's), a bottom-up-attention ``.tsv`` (`qace.features.formats`), or ``random:<seed>``."""
+    VL-T5's), a bottom-up-attention ``.tsv`` (`qace.features.formats`), or ``random:<seed>``. A store
+    object is returned as it is, once it states its ``identity`` (`ConfigError` if not)."""
+    if not isinstance(path, str | Path):
+        store_identity(path)
+        return path  # type: ignore[no-any-return]
     text = str(path)
     if text.startswith("random:"):
         try:

@@ -282,7 +282,7 @@ class RegenScore(FileScorer):
         cosines = [float(e @ original) if e is not None else 0.0 for e in gen.embeddings]
         row: dict[str, Any] = {
             "id": record.id,
-            "image_id": record.image_id,
+            "image_id": record.image_id_value,
             "image": record.image,
             "metric": METRIC_NAME,
             "regen": float(np.mean(cosines)),

@@ -202,7 +202,7 @@ def _result_row(
         item.flags.add("no_questions")
     row: dict[str, Any] = {
         "id": record.id,
-        "image_id": record.image_id,
+        "image_id": record.image_id_value,
         "metric": VARIANT_NAMES[config.variant],
     }
     row.update(scores)

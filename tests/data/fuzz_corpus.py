@@ -1,8 +1,10 @@
 """A seeded fuzz corpus: many malformed records of every kind, mixed with a few good ones.
 
 `make_corpus(folder, fmt, seed=...)` writes one input file (``jsonl``, ``csv``, ``coco`` with its
-references file, ``parquet``, ``img``: JSONL for QACE-Img with a directory of region features, or
-``img-h5``: the same with an HDF5 feature store holding one damaged chunk) and returns a
+references file, ``parquet``; or JSONL for QACE-Img over a feature store of each kind: ``img`` a
+directory of ``.npz``, ``img-h5`` qace's HDF5 store with a damaged chunk, ``img-vlt5`` VL-T5's HDF5,
+``img-tsv`` a bottom-up-attention TSV, each with typed garbage of its format, odd image ids and
+out-of-range boxes) and returns a
 `Corpus` that knows, for every input record, its line (JSONL/CSV: the physical line it
 starts on; COCO/Parquet: its 1-based number), the id under which it may be scored, and what it must
 become (``scored``, ``error``, or ``either`` for odd but valid records). `check_invariant` then
@@ -15,6 +17,7 @@ fast on the CPU with the tiny test models; the malformed ones are rejected befor
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -37,6 +40,14 @@ CAPTIONS = (
     "a child eats an ice cream near the sea",
 )
 REFERENCES = ["a girl runs along the sand", "a young girl on the beach"]
+ODD_IDS = ("²", "①", "9" * 5000, "000000184613")
+"""Record ids that are valid but odd: digits that are no ASCII number, a number ``int()`` refuses, a
+zero-padded number."""
+
+
+def _lone(rng: random.Random) -> str:
+    """A lone surrogate (high or low), which JSON writes as an unpaired escape such as ``\\ud800``."""
+    return chr(rng.choice([0xD800, 0xDBFF, 0xDC00, 0xDFFF]))
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,10 @@ def make_corpus(folder: Path, fmt: str, *, seed: int = 0, corrupt_files: bool = 
         return _img(folder, rng, corrupt_files=corrupt_files)
     if fmt == "img-h5":
         return _img_h5(folder, rng)
+    if fmt == "img-vlt5":
+        return _img_vlt5(folder, rng)
+    if fmt == "img-tsv":
+        return _img_tsv(folder, rng)
     raise ValueError(f"unknown corpus format {fmt!r}")
 
 
@@ -180,6 +195,13 @@ def _jsonl(folder: Path, rng: random.Random) -> Corpus:
         ),
         lambda i: ("image_id type", None, "error", line(obj(i, image_id=rng.choice([[1], {}, 1.5])))),
         lambda i: ("image type", None, "error", line(obj(i, image=rng.choice([5, [], ""])))),
+        lambda i: (  # an unpaired escape such as "\ud800": valid JSON, no text (#37.1)
+            "lone surrogate",
+            None,
+            "error",
+            line(obj(i, **{rng.choice(["caption", "id", "image_id", "image"]): f"a {_lone(rng)} b"})),
+        ),
+        lambda i: ("lone surrogate reference", None, "error", line(obj(i, references=["ok", _lone(rng)]))),
     ]
     bad = _cycle(kinds, BAD_PER_CORPUS)
     bad += [
@@ -195,6 +217,8 @@ def _jsonl(folder: Path, rng: random.Random) -> Corpus:
         ),
         ("line-like id", "line 5", "either", line(obj(0, id="line 5", caption="a dog on grass"))),
         ("missing image file", "odd-2", "either", line(obj(0, id="odd-2", image="no/such/image.png"))),
+        *(("odd id", odd_id, "either", line(obj(0, id=odd_id))) for odd_id in ODD_IDS),
+        ("integer image_id", "odd-3", "either", line(obj(0, id="odd-3", image_id=184613))),
     ]
     rows = _mixed(rng, 5, bad + odd)
     records, lines = [], []
@@ -261,6 +285,7 @@ def _csv(folder: Path, rng: random.Random) -> Corpus:
                 row(i, refs_cell=rng.choice(["not json", "5", '["a", 3]', "[]"])),
             )
         ],
+        lambda i: [("lone surrogate reference", None, "error", row(i, refs_cell=json.dumps([_lone(rng)])))],
     ]
     bad = [kinds[i % len(kinds)](i) for i in range(BAD_PER_CORPUS)]
     bad += [
@@ -270,6 +295,7 @@ def _csv(folder: Path, rng: random.Random) -> Corpus:
         [("control characters", "odd-0", "either", row(0, caption="a dog\x00\x07\x1b runs", rid="odd-0"))],
         [("quoted line break", "odd-1", "either", row(0, caption="a dog\non grass", rid="odd-1"))],
         [("line-like id", "line 5", "either", row(0, caption="a dog on grass", rid="line 5"))],
+        *([("odd id", odd_id, "either", row(0, rid=odd_id))] for odd_id in ODD_IDS),
     ]
     groups = _mixed(rng, 5, bad + odd)
     # the first good record first (duplicates follow it); a quote left open to the end of the file last
@@ -323,6 +349,8 @@ def _coco(folder: Path, rng: random.Random) -> Corpus:
             {"image_id": f"img-unknown-{i}", "caption": "a dog"},
         ),
         lambda i: ("missing image_id", "error", {"caption": "a dog"}),
+        lambda i: ("lone surrogate caption", "error", {"image_id": "img-good", "caption": f"a {_lone(rng)}"}),
+        lambda i: ("lone surrogate image_id", "error", {"image_id": f"7{_lone(rng)}", "caption": "a dog"}),
     ]
     bad = _cycle(kinds, BAD_PER_CORPUS)
     bad += [("huge caption", "error", {"image_id": "img-good", "caption": HUGE_CAPTION})] * 2
@@ -350,7 +378,6 @@ def _coco(folder: Path, rng: random.Random) -> Corpus:
 
 
 def _parquet(folder: Path, rng: random.Random) -> Corpus:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     refs = json.dumps(REFERENCES)
@@ -376,6 +403,16 @@ def _parquet(folder: Path, rng: random.Random) -> Corpus:
                 "caption": "a dog",
                 "references": rng.choice(["not json", "5", '["a", 3]', "[]"]),
             },
+        ),
+        lambda i: (
+            "lone surrogate reference",
+            "error",
+            {"id": f"bad-{i}", "caption": "a dog", "references": json.dumps([_lone(rng)])},
+        ),
+        lambda i: (  # a surrogate encoded as bytes (CESU-8): a string column that is not UTF-8 (#37.1)
+            "non-UTF-8 caption",
+            "error",
+            {"id": f"bad-{i}", "caption": b"a \xed\xa0\x80 dog", "references": refs},
         ),
     ]
     bad = _cycle(kinds, BAD_PER_CORPUS)
@@ -404,20 +441,111 @@ def _parquet(folder: Path, rng: random.Random) -> Corpus:
         rows.append(value)
         records.append(Expected(number, value["id"] if outcome != "error" else None, outcome, kind))
     path = folder / "fuzz.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=300)
+    pq.write_table(_parquet_table(rows), path, row_group_size=300)
     return Corpus(path, [], records)
+
+
+def _parquet_table(rows: list[dict[str, Any]]) -> Any:
+    """``rows`` as an Arrow table whose ``caption`` column holds bytes captions as they are, UTF-8 or not
+    (as a foreign writer may leave them: Arrow checks nothing when given the buffers)."""
+    import pyarrow as pa
+
+    raw = [
+        c if isinstance(c, bytes) or c is None else c.encode("utf-8") for c in (r["caption"] for r in rows)
+    ]
+    binary = pa.array(raw, pa.binary())
+    captions = pa.Array.from_buffers(pa.string(), len(binary), binary.buffers(), null_count=binary.null_count)
+    table = pa.Table.from_pylist([{**r, "caption": None} for r in rows])
+    return table.set_column(table.schema.get_field_index("caption"), "caption", captions)
 
 
 # -- QACE-Img: region features ----------------------------------------------------------------
 
+LONG_ID = "9" * 5000
+"""A 5,000-digit image id: ``int()`` refuses it (Python's digit limit), so no id rule may use it."""
+W, H = 640.0, 480.0
+
+
+def _regions() -> tuple[np.ndarray, np.ndarray]:
+    """Good fp16 ``features`` (36, 2048) and normalised corners ``x1, y1, x2, y2`` (36, 4) of one image."""
+    gen = np.random.default_rng(0)
+    features = gen.standard_normal((36, 2048)).astype(np.float16)
+    corners = np.sort(gen.uniform(0.0, 1.0, size=(36, 2, 2)), axis=1)  # [x1, x2], [y1, y2]
+    return features, np.stack([corners[:, 0, 0], corners[:, 0, 1], corners[:, 1, 0], corners[:, 1, 1]], 1)
+
+
+def _six(corners: np.ndarray) -> np.ndarray:
+    return np.concatenate([corners, corners[:, 2:] - corners[:, :2]], axis=1)
+
+
+def _box_cases(corners: np.ndarray) -> dict[str, tuple[np.ndarray, str]]:
+    """Stored image id -> (corners, outcome): well-formed ones under odd ids, and boxes out of range."""
+
+    def changed(**values: float) -> np.ndarray:
+        out = corners.astype(np.float64).copy()
+        for name, value in values.items():
+            out[2, "x1 y1 x2 y2".split().index(name)] = value
+        return out
+
+    edge = changed(x1=0.0, y1=0.0, x2=1.0, y2=1.0)
+    edge[2] += [-4e-6, -4e-6, 4e-6, 4e-6]  # float rounding at the edges: clamped, scored
+    return {
+        "good": (corners, "scored"),
+        "COCO_val2014_000000184613": (corners, "scored"),
+        "²": (corners, "scored"),
+        "①": (corners, "scored"),
+        LONG_ID: (corners, "scored"),
+        "edge": (edge, "scored"),
+        "box-left": (changed(x1=-0.5), "error"),
+        "box-right": (changed(x2=3.0), "error"),
+        "box-upside-down": (changed(y1=0.7, y2=0.2), "error"),
+    }
+
+
+ODD_REFERENCES = {  # how records name a stored image: the one id rule of every store
+    "COCO_val2014_000000184613": ["184613", "000000184613", "val2014/COCO_val2014_000000184613.jpg"],
+    LONG_ID: [LONG_ID, "000" + LONG_ID],
+}
+
+
+def _img_records(
+    folder: Path, rng: random.Random, name: str, store: Path, images: dict[str, str], extra_good: int = 3
+) -> Corpus:
+    """QACE-Img records over ``store``: ``images`` maps a stored (or absent) image id to its outcome;
+    each scored image is named by each of its `ODD_REFERENCES` forms, the bad ones fill
+    `BAD_PER_CORPUS` records, with records lacking an ``image_id`` among them."""
+    good = [(ref, "scored", image) for image, outcome in images.items() if outcome == "scored"
+            for ref in ODD_REFERENCES.get(image, [image])]  # fmt: skip
+    bad = [image for image, outcome in images.items() if outcome == "error"]
+    kinds: list[Callable[[int], tuple]] = [lambda i, image=image: (image, "error", image) for image in bad]
+    kinds.append(lambda i: (None, "error", "missing image_id"))
+    entries = _mixed(rng, extra_good, _cycle(kinds, BAD_PER_CORPUS) + good)
+    lines, records = [], []
+    for number, entry in enumerate(entries, start=1):
+        ref, outcome, kind = entry if entry is not None else ("good", "scored", "good")
+        record: dict[str, Any] = {"id": f"r-{number}", "caption": rng.choice(CAPTIONS)}
+        if ref is not None:
+            record["image_id"] = ref
+        lines.append(json.dumps(record))
+        records.append(
+            Expected(number, record["id"] if outcome == "scored" else None, outcome, f"features: {kind}")
+        )
+    path = folder / f"fuzz-{name}.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return Corpus(path, ["--variant", "img", "--features", str(store)], records)
+
 
 def _img(folder: Path, rng: random.Random, *, corrupt_files: bool) -> Corpus:
+    """An ``.npz`` folder: broken files, typed garbage, odd ids and out-of-range boxes."""
     features = folder / "features"
     features.mkdir(exist_ok=True)
-    gen = np.random.default_rng(0)
-    good_f = gen.standard_normal((36, 2048)).astype(np.float16)
-    good_b = gen.random((36, 6)).astype(np.float16)
-    np.savez(features / "good.npz", features=good_f, norm_bb=good_b)
+    good_f, corners = _regions()
+    images = {LONG_ID: "error"}  # no file name holds 5,000 characters: looked up, not found
+    for image, (boxes, outcome) in _box_cases(corners).items():
+        if image != LONG_ID:
+            np.savez(features / f"{image}.npz", features=good_f, norm_bb=_six(boxes).astype(np.float16))
+            images[image] = outcome
+    good_b = _six(corners).astype(np.float16)
     nan_f = good_f.copy()
     nan_f[3, 5] = np.nan
     np.savez(features / "nan.npz", features=nan_f, norm_bb=good_b)
@@ -426,32 +554,13 @@ def _img(folder: Path, rng: random.Random, *, corrupt_files: bool) -> Corpus:
     np.savez(features / "inf.npz", features=good_f, norm_bb=inf_b)
     np.savez(features / "misshaped.npz", features=good_f[:20], norm_bb=good_b[:20])
     np.savez(features / "nokey.npz", features=good_f)
+    np.savez(features / "text-features.npz", features=np.full((36, 2048), "x"), norm_bb=good_b)
+    np.savez(features / "bool-boxes.npz", features=good_f, norm_bb=good_b > 0.5)
     (features / "not-npz.npz").write_text("this is not a zip archive")
-    bad_images = ["nan", "inf", "misshaped", "nokey", "not-npz", "absent"]
+    bad = ["nan", "inf", "misshaped", "nokey", "text-features", "bool-boxes", "not-npz", "absent"]
     if corrupt_files:
-        bad_images += _corrupt_npz(features, good_f, good_b)
-    kinds: list[Callable[[int], tuple]] = [
-        lambda i: (f"features: {bad_images[i % len(bad_images)]}", bad_images[i % len(bad_images)]),
-        lambda i: ("missing image_id", None),
-    ]
-    bad = _cycle(kinds, BAD_PER_CORPUS)
-    entries = _mixed(rng, 3, bad)
-    lines, records, good = [], [], 0
-    for number, entry in enumerate(entries, start=1):
-        if entry is None:
-            record = {"id": f"good-{good}", "image_id": "good", "caption": rng.choice(CAPTIONS)}
-            records.append(Expected(number, record["id"], "scored", "good"))
-            good += 1
-        else:
-            kind, image = entry
-            record = {"id": f"bad-{number}", "caption": "a dog"}
-            if image is not None:
-                record["image_id"] = image
-            records.append(Expected(number, None, "error", kind))
-        lines.append(json.dumps(record))
-    path = folder / "fuzz-img.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return Corpus(path, ["--variant", "img", "--features", str(features)], records)
+        bad += _corrupt_npz(features, good_f, good_b)
+    return _img_records(folder, rng, "img", features, {**images, **dict.fromkeys(bad, "error")})
 
 
 def _corrupt_npz(features: Path, good_f: np.ndarray, good_b: np.ndarray) -> list[str]:
@@ -474,34 +583,90 @@ def _corrupt_npz(features: Path, good_f: np.ndarray, good_b: np.ndarray) -> list
     return ["truncated", "bad-crc", "bad-zlib"]
 
 
-def _img_h5(folder: Path, rng: random.Random) -> Corpus:
-    """QACE-Img records over an HDF5 store whose ``damaged`` image has a corrupt compressed chunk."""
+def _damage_chunk(path: Path, dataset: str, index: tuple[int, ...]) -> None:
+    """Flip 64 bytes inside the compressed chunk of ``dataset`` at ``index``."""
     import h5py
 
-    from qace.data.features import pack_features
-
-    gen = np.random.default_rng(1)
-    arrays = [(name, gen.random((36, 2054)).astype(np.float32)) for name in ("good", "damaged", "good-too")]
-    store = folder / "features.h5"
-    pack_features(arrays, store, progress=False)
-    with h5py.File(store, "r") as f:
-        chunk = f["features"].id.get_chunk_info(1)  # the chunk of row 1, "damaged"
-    data = bytearray(store.read_bytes())
+    with h5py.File(path, "r") as f:
+        chunk = f[dataset].id.get_chunk_info_by_coord(index)
+    data = bytearray(path.read_bytes())
     for k in range(chunk.size // 3, chunk.size // 3 + 64):
         data[chunk.byte_offset + k] ^= 0x5A
-    store.write_bytes(bytes(data))
-    # image ids: "damaged" (corrupt chunk), "absent" (not in the store), "" (no image_id); None: good
-    entries = _mixed(rng, 3, ["damaged", "absent", ""] * (BAD_PER_CORPUS // 3 + 1))
-    lines, records = [], []
-    for number, image in enumerate(entries, start=1):
-        record = {"id": f"r-{number}", "caption": "a dog on the grass", "image_id": image or "good"}
-        if image == "":
-            del record["image_id"]
-        lines.append(json.dumps(record))
-        good = image is None
-        records.append(
-            Expected(number, record["id"] if good else None, "scored" if good else "error", str(image))
-        )
-    path = folder / "fuzz-img-h5.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return Corpus(path, ["--variant", "img", "--features", str(store)], records)
+    path.write_bytes(bytes(data))
+
+
+def _img_h5(folder: Path, rng: random.Random) -> Corpus:
+    """qace's HDF5 store (its layout written directly: packing refuses bad boxes) with a damaged chunk,
+    odd ids and out-of-range boxes."""
+    import h5py
+
+    from qace.data.features import HDF5_LAYOUT
+
+    good_f, corners = _regions()
+    cases = {**_box_cases(corners), "damaged": (corners, "error")}
+    store = folder / "features.h5"
+    with h5py.File(store, "w") as f:
+        rows = [np.concatenate([good_f, _six(boxes)], axis=1) for boxes, _ in cases.values()]
+        f.create_dataset("features", data=np.stack(rows).astype(np.float16), chunks=(1, 36, 2054),
+                         compression="gzip", compression_opts=1, shuffle=True)  # fmt: skip
+        f.create_dataset("ids", data=list(cases), dtype=h5py.string_dtype("utf-8"))
+        f.attrs["layout"] = HDF5_LAYOUT
+    _damage_chunk(store, "features", (list(cases).index("damaged"), 0, 0))
+    images = {image: outcome for image, (_, outcome) in cases.items()}
+    return _img_records(folder, rng, "img-h5", store, {**images, "absent": "error"})
+
+
+def _img_vlt5(folder: Path, rng: random.Random) -> Corpus:
+    """VL-T5's HDF5 layout with every fault that stopped a run (#37.2), odd ids and out-of-range boxes."""
+    import h5py
+
+    good_f, corners = _regions()
+    cases = _box_cases(corners)
+    store = folder / "vlt5.h5"
+    pixels = np.array([W, H, W, H])
+    with h5py.File(store, "w") as f:
+        for image, (boxes, _) in cases.items():
+            group = f.create_group(image)
+            group["features"], group["boxes"], group["img_h"], group["img_w"] = good_f, boxes * pixels, H, W
+        faults = {
+            "damaged": {"features": None},
+            "array-h": {"img_h": np.array([H, H])},
+            "text-w": {"img_w": np.bytes_(b"wide")},
+            "text-features": {"features": np.full((36, 2048), b"x")},
+            "no-w": {"img_w": "drop"},
+        }
+        for image, change in faults.items():
+            group = f.create_group(image)
+            members = {"features": good_f, "boxes": corners * pixels, "img_h": H, "img_w": W, **change}
+            for member, value in members.items():
+                if member == "features" and value is None:
+                    group.create_dataset(member, data=good_f, chunks=(36, 2048), compression="gzip")
+                elif not (isinstance(value, str) and value == "drop"):
+                    group[member] = value
+        f["a-dataset"] = np.zeros(3)
+    _damage_chunk(store, "damaged/features", (0, 0))
+    images = {image: outcome for image, (_, outcome) in cases.items()}
+    bad = dict.fromkeys([*faults, "a-dataset", "absent"], "error")
+    return _img_records(folder, rng, "img-vlt5", store, {**images, **bad})
+
+
+def _img_tsv(folder: Path, rng: random.Random) -> Corpus:
+    """A bottom-up-attention TSV with odd ids, typed garbage and out-of-range boxes."""
+    good_f, corners = _regions()
+    cases = _box_cases(corners)
+    pixels = np.array([W, H, W, H])
+
+    def line(image: str, boxes: np.ndarray, width: str = str(W)) -> str:
+        arrays = [(boxes * pixels).astype("<f4"), good_f.astype("<f4")]
+        encoded = [base64.b64encode(array.tobytes()).decode() for array in arrays]
+        return "\t".join([image, width, str(H), "36", *encoded])
+
+    lines = [line(image, boxes) for image, (boxes, _) in cases.items()]
+    lines += [line("inf-width", corners, width="inf"), line("text-width", corners, width="wide")]
+    lines.append("\t".join(["garbage", str(W), str(H), "36", "not base64!", "AAAA"]))
+    lines.append("\t".join(["short-row", "1", "2"]))
+    store = folder / "features.tsv"
+    store.write_text("\n".join(lines) + "\n")
+    images = {image: outcome for image, (_, outcome) in cases.items()}
+    bad = dict.fromkeys(["inf-width", "text-width", "garbage", "short-row", "absent"], "error")
+    return _img_records(folder, rng, "img-tsv", store, {**images, **bad})

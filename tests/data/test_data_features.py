@@ -125,7 +125,11 @@ def test_validation_errors_name_image_and_problem(tmp_path: Path) -> None:
     with pytest.raises(FeatureError, match="no region features for image 'absent.jpg'") as missing:
         store.get("absent.jpg")
     assert missing.value.record_id is None and str(tmp_path) in str(missing.value)
+    outside = tmp_path.parent / "outside.npz"  # an id never reaches a file outside the directory
+    np.savez(outside, features=good_f, norm_bb=good_b)
     with pytest.raises(FeatureError, match="no region features"):
+        store.get("../outside")
+    with pytest.raises(FeatureError, match="non-finite"):  # a path's file stem is matched inside it
         store.get("../nan")
 
 

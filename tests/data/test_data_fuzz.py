@@ -1,6 +1,7 @@
 """The fuzz corpus through `qace score`: every input record is scored exactly once or listed in the
-errors file with its line and reason, and the run exits 0 with a summary (JSONL, CSV, COCO, Parquet,
-and QACE-Img with broken region features)."""
+errors file with its line and reason, and the run exits 0 with a summary (JSONL, CSV, COCO, Parquet
+with lone surrogates and odd ids among them, and QACE-Img over every kind of feature store with
+broken files, typed garbage, odd image ids and out-of-range boxes)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def score_corpus(corpus, models: Path, out: Path, capsys) -> tuple[list[str], li
         ("coco", "out.jsonl"),
         ("parquet", "out.parquet"),
         ("img", "out.jsonl"),
+        ("img-vlt5", "out.jsonl"),
+        ("img-tsv", "out.jsonl"),
     ],
 )
 def test_every_record_is_scored_once_or_listed(fmt, output, test_models_dir, tmp_path, capsys) -> None:
@@ -60,7 +63,7 @@ def test_corrupt_feature_files_are_per_record_errors(fmt, test_models_dir, tmp_p
 
 
 def test_corpus_is_seeded_and_holds_every_kind(tmp_path) -> None:
-    for fmt in ("jsonl", "csv", "coco", "parquet", "img", "img-h5"):
+    for fmt in ("jsonl", "csv", "coco", "parquet", "img", "img-h5", "img-vlt5", "img-tsv"):
         first = make_corpus(tmp_path / "a", fmt, seed=3)
         again = make_corpus(tmp_path / "b", fmt, seed=3)
         assert first.input.read_bytes() == again.input.read_bytes() and first.records == again.records
@@ -68,3 +71,22 @@ def test_corpus_is_seeded_and_holds_every_kind(tmp_path) -> None:
     assert {"broken JSON", "bad UTF-8 caption", "duplicate id", "missing references", "huge caption"} <= kinds
     kinds = {r.kind for r in make_corpus(tmp_path / "d", "csv", seed=3).records}
     assert {"unclosed quote", "swallowed row", "stray quote", "unclosed at the end"} <= kinds
+    kinds = {r.kind for r in make_corpus(tmp_path / "e", "jsonl", seed=3).records}
+    assert {"lone surrogate", "lone surrogate reference", "odd id", "integer image_id"} <= kinds
+    kinds = {r.kind for r in make_corpus(tmp_path / "f", "parquet", seed=3).records}
+    assert {"lone surrogate reference", "non-UTF-8 caption"} <= kinds
+    for fmt, garbage in [("img", "text-features"), ("img-vlt5", "array-h"), ("img-tsv", "text-width")]:
+        kinds = {r.kind for r in make_corpus(tmp_path / fmt, fmt, seed=3).records}
+        assert {f"features: {k}" for k in ("box-left", "box-upside-down", "edge", "²", garbage)} <= kinds
+
+
+def test_the_list_api_gives_a_lone_surrogate_its_own_error_row(test_models_dir) -> None:
+    """#37.1: `QACE.score` on lists: a lone surrogate in a caption or a reference is that row's error."""
+    from qace.api import QACE
+
+    scorer = QACE(models=test_models_dir, progress=False)
+    refs = [["a dog runs"], ["a dog runs", "a \ud800 dog"], ["a dog runs"]]
+    rows = scorer.score(["a dog \udfff runs", "a dog runs", "a dog runs on grass"], references=refs)
+    assert "caption holds a lone surrogate (\\udfff" in rows[0]["error"]
+    assert "a reference holds a lone surrogate (\\ud800" in rows[1]["error"]
+    assert "error" not in rows[2] and isinstance(rows[2]["qace"], float)

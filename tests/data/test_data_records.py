@@ -348,3 +348,96 @@ def test_jsonl_lines_parse_as_json_loads(text: str) -> None:
             return "RecursionError", ""
 
     assert outcome(_parse_line) == outcome(json.loads)
+
+
+LONE = "\ud800"  # an unpaired surrogate: valid JSON as the escape "\\ud800", no text
+
+
+def _surrogate_errors(items: list[Record | RecordError]) -> dict[int | None, RecordError]:
+    return {i.line: i for i in items if isinstance(i, RecordError) and "lone surrogate" in i.reason}
+
+
+def test_lone_surrogates_are_errors_of_their_record_in_every_reader(tmp_path: Path) -> None:
+    """#37.1: a lone surrogate in a caption, reference, id, image id or image path costs its record only,
+    in JSONL, CSV (its JSON references column), COCO (and its references file) and Parquet."""
+    good = {"id": "ok", "caption": "A dog runs.", "references": ["A dog."], "image_id": 5}
+    bad = [
+        {"id": "c", "caption": f"A dog {LONE} runs", "references": ["A dog."]},
+        {"id": "r", "caption": "A dog.", "references": ["fine", f"a {LONE}"]},
+        {"id": f"i{LONE}", "caption": "A dog.", "references": ["A dog."]},
+        {"id": "m", "caption": "A dog.", "references": ["A dog."], "image_id": f"x{LONE}"},
+        {"id": "p", "caption": "A dog.", "references": ["A dog."], "image": f"{LONE}.jpg"},
+    ]
+    path = _write_lines(tmp_path / "in.jsonl", [json.dumps(r) for r in [good, *bad]])
+    items = list(read_records(path))
+    assert items[0] == Record("ok", "A dog runs.", "5", ("A dog.",))
+    errors = _surrogate_errors(items)
+    assert sorted(errors) == [2, 3, 4, 5, 6]
+    assert (
+        errors[4].id is None
+        and "line 4: id holds a lone surrogate (\\ud800 at character 2)" in errors[4].reason
+    )
+    assert [errors[n].reason.split(" holds")[0] for n in (2, 3, 5, 6)] == [
+        "line 2: caption", "line 3: a reference", "line 5: image_id", "line 6: image"
+    ]  # fmt: skip
+    for error in errors.values():  # what the errors file holds must encode as UTF-8
+        json.dumps({"id": error.id, "reason": error.reason}, ensure_ascii=False).encode("utf-8")
+
+    csv_path = tmp_path / "in.csv"
+    csv_path.write_text('id,caption,references\nok,A dog.,"[""a""]"\nr,A dog.,"[""\\ud800""]"\n')
+    items = list(read_records(csv_path))
+    assert isinstance(items[0], Record) and set(_surrogate_errors(items)) == {3}
+
+    coco = tmp_path / "results.json"
+    coco.write_text(json.dumps([{"image_id": 1, "caption": "A dog."}, {"image_id": 2, "caption": LONE}]))
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps([{"image_id": 1, "caption": "a"}, {"image_id": 2, "caption": "b"},
+                                {"image_id": 1, "caption": f"c{LONE}"}]))  # fmt: skip
+    items = list(read_records(coco, references=refs))
+    assert set(_surrogate_errors(items)) == {1, 2}  # image 1's references hold one, result 2's caption
+    assert "a reference holds" in items[0].reason  # type: ignore[union-attr]
+
+
+def test_parquet_strings_that_are_not_utf8_cost_their_row_only(tmp_path: Path) -> None:
+    """#37.1: a Parquet string column holding bytes that are not UTF-8 (a surrogate encoded as CESU-8,
+    ``ed a0 80``) was the whole file's error; now it is its row's, and a JSON references string with an
+    unpaired escape is its row's too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = pa.array([b"A dog.", b"A \xed\xa0\x80 dog.", b"A cat.", b"A cow."], type=pa.binary())
+    captions = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # unchecked, as foreign writers do
+    refs = ['["a"]', '["a"]', '["\\ud800"]', '["a"]']
+    pq.write_table(
+        pa.table({"id": ["a", "b", "c", "d"], "caption": captions, "references": refs}),
+        tmp_path / "in.parquet",
+    )
+    items = list(read_records(tmp_path / "in.parquet"))
+    assert [type(i).__name__ for i in items] == ["Record", "RecordError", "RecordError", "Record"]
+    assert items[1] == RecordError("b", "row 2: non-UTF-8 bytes in caption", 2)
+    assert "a reference holds a lone surrogate" in items[2].reason  # type: ignore[union-attr]
+    assert items[3] == Record("d", "A cow.", None, ("a",))
+
+
+def test_require_names_a_lone_surrogate_in_what_the_variant_reads() -> None:
+    """#37.1 through the list API (`QACE.score` checks every record with `require` and `caption_problem`)."""
+    from qace.data.records import caption_problem
+
+    assert "caption holds a lone surrogate" in str(caption_problem(f"a {LONE} b"))
+    refs = Record("x", "A dog.", None, ("a", f"b{LONE}"))
+    assert "a reference holds" in str(require(refs, references=True, image=False))
+    image = Record("x", "A dog.", f"7{LONE}")
+    assert "image_id holds" in str(require(image, references=False, image=True))
+
+
+def test_an_integer_image_id_comes_back_as_an_integer(tmp_path: Path) -> None:
+    """#37.8: records keep ``image_id`` as a string for lookups and give an integer back as one."""
+    lines = [
+        '{"id": "a", "caption": "x", "image_id": 184613}',
+        '{"id": "b", "caption": "x", "image_id": "184613"}',
+    ]
+    path = _write_lines(tmp_path / "in.jsonl", list(lines))
+    first, second = read_records(path)
+    assert isinstance(first, Record) and isinstance(second, Record)
+    assert (first.image_id, first.image_id_value) == ("184613", 184613)
+    assert (second.image_id, second.image_id_value) == ("184613", "184613")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from qace.cli import main
-from qace.data.features import HDF5_LAYOUT, HDF5Store
+from qace.data.features import HDF5_LAYOUT, HDF5Store, RandomFeatureStore
 from qace.errors import ConfigError, InputError
 from qace.features import extract as extract_module
 from qace.features.extract import (
@@ -79,12 +79,19 @@ def test_extract_folder_reports_bad_images_and_resumes(detector_dir: Path, tmp_p
     assert "holds features of" in capsys.readouterr().err
 
 
+def _regions(features: np.ndarray) -> np.ndarray:
+    """(36, 2054) float32: ``features`` with well-formed boxes (those of a random store's image)."""
+    boxes = RandomFeatureStore(0).get("boxes")[:, 2048:]
+    return np.concatenate([features, boxes], axis=1).astype(np.float32)
+
+
 def test_region_writer_writes_a_batch_at_once_and_lists_the_images_it_refuses(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    good = [rng.standard_normal((36, 2054)).astype(np.float32) for _ in range(3)]
+    good = [_regions(rng.standard_normal((36, 2048))) for _ in range(3)]
     nan = good[0].copy()
     nan[0, 0] = np.nan
-    huge = good[0] * 1e6  # finite in float32, overflows the store's float16
+    huge = good[0].copy()
+    huge[:, :2048] *= 1e6  # finite in float32, overflows the store's float16
     writer = RegionWriter(tmp_path / "f.h5", "d")
     errors = writer.add([("a", good[0]), ("nan", nan), ("b", good[1]), ("huge", huge)])
     assert [e["image_id"] for e in errors] == ["nan", "huge"]
@@ -108,7 +115,7 @@ def test_region_writer_stores_chunks_hdf5_reads_through_its_own_filters(tmp_path
     import h5py
 
     rng = np.random.default_rng(1)
-    rows = [np.abs(rng.standard_normal((36, 2054))).astype(np.float32) for _ in range(5)]
+    rows = [_regions(np.abs(rng.standard_normal((36, 2048)))) for _ in range(5)]
     rows[2][:, :100] = 0.0  # compressible stretches
     for dtype in (np.float16, np.float32):
         writer = RegionWriter(tmp_path / f"{dtype.__name__}.h5", "d", dtype=dtype)
@@ -182,6 +189,7 @@ def test_folder_of_images_and_captions_score_with_qace_img_in_one_command(
         {"id": "c", "image": "images/kitchen.png", "caption": "a kitchen with a red kettle"},
         {"id": "d", "image_id": "kitchen", "image": "images/kitchen.png", "caption": "an empty kitchen"},
         {"id": "e", "image": "images/broken.jpg", "caption": "an image that cannot be read"},
+        {"id": "f", "image_id": 7, "image": "images/dog.png", "caption": "a dog under an integer id"},
     ]
     (data / "images" / "broken.jpg").write_bytes(b"not an image")
     source = data / "captions.jsonl"
@@ -192,16 +200,20 @@ def test_folder_of_images_and_captions_score_with_qace_img_in_one_command(
     args += ["--detector", str(detector_dir), "--detector-workers", "0", "--no-progress"]
     assert main(args) == 0
     printed = capsys.readouterr()
-    assert "scored 4 captions (1 errors" in printed.out
-    assert "extracted 3 images" in printed.err and "1 could not be used" in printed.err
+    assert "scored 5 captions (1 errors" in printed.out
+    assert "extracted 4 images" in printed.err and "1 could not be used" in printed.err
     rows = [json.loads(line) for line in out.open()]
-    assert [r["id"] for r in rows] == ["a", "b", "c", "d"]
+    assert [r["id"] for r in rows] == ["a", "b", "c", "d", "f"]
     assert all(isinstance(r["qace"], float) and 0 <= r["qace"] <= 1 for r in rows)
+    assert [r["image_id"] for r in rows] == ["beach", "dog", "kitchen", "kitchen", 7]  # #37.8: 7 stays an int
     (error,) = [json.loads(line) for line in (tmp_path / "run" / "scores.errors.jsonl").open()]
-    assert error["id"] == "e" and "broken" in error["reason"]
+    assert error["id"] == "e" and "its extraction failed (unreadable image" in error["reason"]  # #37.8
     cache = tmp_path / "run" / "scores.features.h5"
     with HDF5Store(cache) as store:
-        assert sorted(store.ids()) == ["beach", "dog", "kitchen"]
+        assert sorted(store.ids()) == ["7", "beach", "dog", "kitchen"]
+        assert f"|feat:{store.identity}|" in rows[0]["signature"] and store.identity.startswith(
+            "det-"
+        )  # #37.7
 
 
 def _mixed_folder(folder: Path) -> list[ImageItem]:
@@ -350,3 +362,19 @@ def test_uploading_ahead_on_cuda_stores_what_the_cpu_does(detector_dir: Path, tm
         assert ids == want_ids and errors == want_errors and len(ids) == 8
         for key in ids:
             np.testing.assert_allclose(regions[key], want_regions[key], rtol=1e-2, atol=1e-3)
+
+
+def test_a_store_records_its_detectors_weight_hash_and_settings(detector_dir: Path) -> None:
+    """#37.7: an extracted store records the detector's identity (weights, settings, precision), not only
+    its path; the same weights loaded twice give one identity."""
+    import torch
+
+    from qace.features.extract import detector_identity
+
+    detector = load_detector(str(detector_dir), "cpu")
+    same = detector_identity(load_detector(str(detector_dir), "cpu"), "fp32")
+    assert detector_identity(detector, "fp32") == same and same.startswith("weights:sha256-")
+    assert detector_identity(detector, "bf16") != same
+    with torch.no_grad():
+        next(detector.parameters()).add_(1.0)
+    assert detector_identity(detector, "fp32").split("|")[0] != same.split("|")[0]

@@ -11,14 +11,9 @@ import numpy as np
 import pytest
 
 from qace.data.features import HDF5Store, pack_features
+from qace.data.image_ids import canonical_id
 from qace.errors import FeatureError
-from qace.features.formats import (
-    INDEX_SUFFIX,
-    BUTDTSVStore,
-    VLT5HDF5Store,
-    canonical_id,
-    norm_boxes,
-)
+from qace.features.formats import INDEX_SUFFIX, BUTDTSVStore, VLT5HDF5Store, norm_boxes
 from qace.features.stores import open_feature_store
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
