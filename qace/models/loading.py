@@ -93,6 +93,7 @@ def _load_t5(
         source, config=config, dtype=dtype, local_files_only=local_files_only, output_loading_info=True
     )
     missing = sorted(set(info.get("missing_keys", ())))
+    _warn_unexpected(role, source, info.get("unexpected_keys", ()))
     absent = [k for k in required if k in missing]
     if absent:
         raise _not_found(role, source, f"not a Visual-T5 checkpoint: weights {absent} are missing")
@@ -170,15 +171,46 @@ def load_visual_t5(
     return _finish(model, device, dtype), tokenizer
 
 
+def _warn_unexpected(role: str, source: str, unexpected: Sequence[str]) -> None:
+    """Weights a checkpoint has and the model class does not use are dropped by the loader: say so."""
+    if unexpected:
+        logger.warning(
+            "%s model %s: %d weight(s) the model does not use were dropped: %s",
+            role.upper(),
+            source,
+            len(unexpected),
+            sorted(unexpected)[:5],
+        )
+
+
+def weight_names(path: str | Path) -> set[str] | None:
+    """The weight names of a checkpoint directory's single weight file (``model.safetensors`` or the
+    release's ``pytorch_model.bin``) or of a raw state-dict file, read without loading a model; None
+    where there is no single such file (sharded or absent)."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return set(_read_state_dict(path))
+    safetensors, legacy = path / "model.safetensors", path / "pytorch_model.bin"
+    if safetensors.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(safetensors), framework="pt") as handle:
+            return set(handle.keys())
+    if legacy.is_file():
+        return set(_read_state_dict(legacy))
+    return None
+
+
+def is_visual_t5_checkpoint(path: str | Path) -> bool:
+    """True where the checkpoint's weights include the region projection ``encoder.img_emb``."""
+    names = weight_names(path)
+    return names is not None and all(k in names for k in IMG_EMB_KEYS)
+
+
 def _precheck_img_emb(path: Path) -> None:
     """Reject a plain T5 directory before transformers loads it and random-initialises img_emb."""
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        return
-    from safetensors import safe_open
-
-    with safe_open(str(weights), framework="pt") as handle:
-        absent = [k for k in IMG_EMB_KEYS if k not in set(handle.keys())]
+    names = weight_names(path) if path.is_dir() else None
+    absent = [k for k in IMG_EMB_KEYS if names is not None and k not in names]
     if absent:
         raise _not_found("vqa", str(path), f"not a Visual-T5 checkpoint: weights {absent} are missing")
 
@@ -223,6 +255,7 @@ def _load_raw_state_dict(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     config.d_model = int(state["encoder.img_emb.weight"].shape[0])
     model = VisualT5ForConditionalGeneration(config)
     result = model.load_state_dict(state, strict=False)
+    _warn_unexpected("vqa", str(path), result.unexpected_keys)
     tied = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"}
     missing = sorted(set(result.missing_keys) - tied)
     if missing:
