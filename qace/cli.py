@@ -59,6 +59,9 @@ OPTIONAL_COMMANDS = {
     "score-ray": OptionalCommand(
         "qace.scale.cli", "ray", ("ray",), "score Parquet/JSONL on a Ray cluster into a Parquet directory"
     ),
+    "models": OptionalCommand(
+        "qace.vqa.check", "", (), "models check: do your models reproduce the authors' demo outputs?"
+    ),
     "report": OptionalCommand(
         "qace.report.cli", "", (), "write a self-contained HTML report of score output (two files: compare)"
     ),
