@@ -123,7 +123,7 @@ class CheckResult:
     def verdict(self) -> str:
         checked = ", ".join(stage.name for stage in self.stages)
         if self.ok:
-            return f"verdict: MATCH: the models reproduce the authors' demo outputs ({checked}, {self.precision})"
+            return f"verdict: MATCH: the models reproduce the authors' demo ({checked}, {self.precision})"
         return "verdict: MISMATCH; likely cause: " + "; ".join(self.causes())
 
 
