@@ -62,6 +62,9 @@ OPTIONAL_COMMANDS = {
     "models": OptionalCommand(
         "qace.vqa.check", "", (), "models check: do your models reproduce the authors' demo outputs?"
     ),
+    "vqa-data": OptionalCommand(
+        "qace.vqa.data_cli", "", (), "build the paper's synthetic VQA triples from captions, on the engine"
+    ),
     "report": OptionalCommand(
         "qace.report.cli", "", (), "write a self-contained HTML report of score output (two files: compare)"
     ),
