@@ -65,6 +65,9 @@ OPTIONAL_COMMANDS = {
     "vqa-data": OptionalCommand(
         "qace.vqa.data_cli", "", (), "build the paper's synthetic VQA triples from captions, on the engine"
     ),
+    "vqa-train": OptionalCommand(
+        "qace.vqa.train_cli", "train", ("accelerate",), "train Visual-T5 on vqa-data triples (Seq2SeqTrainer)"
+    ),
     "report": OptionalCommand(
         "qace.report.cli", "", (), "write a self-contained HTML report of score output (two files: compare)"
     ),
