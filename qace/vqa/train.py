@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ class TrainSettings:
     """The release's ``--save_steps``."""
     logging_steps: int = 50
     seed: int = 42
+    bf16: bool = True
+    """bf16 autocast where the GPU has it (fp32 master weights); False trains in fp32 everywhere."""
     workers: int = 4
     """DataLoader processes reading region features (0 reads them in the training process)."""
     max_train: int | None = None
@@ -175,7 +178,7 @@ def _arguments(out: Path, settings: TrainSettings, device: str) -> Any:
         num_train_epochs=settings.epochs,
         per_device_train_batch_size=settings.batch_size,
         learning_rate=settings.learning_rate,
-        bf16=cuda and torch.cuda.is_bf16_supported(),
+        bf16=settings.bf16 and cuda and torch.cuda.is_bf16_supported(),
         use_cpu=not cuda,
         save_strategy="steps",
         save_steps=settings.save_steps,
@@ -246,9 +249,10 @@ def train_visual_t5(
     settings: TrainSettings = TrainSettings(),
     device: str = "cpu",
     resume: bool = False,
+    callbacks: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Train, save the model into ``out_dir``, validate it on the engine, and return (and write to
-    ``out_dir/training.json``) the run's record."""
+    ``out_dir/training.json``) the run's record. ``callbacks``: more ``transformers.TrainerCallback``s."""
     from transformers import PrinterCallback
 
     from qace.models.loading import TEST_MODEL_MARKER, checkpoint_fingerprint, is_test_model
@@ -273,7 +277,7 @@ def train_visual_t5(
         args=_arguments(out, settings, device),
         train_dataset=dataset,
         data_collator=collate,
-        callbacks=[_progress_callback()],
+        callbacks=[_progress_callback(), *callbacks],
     )
     trainer.remove_callback(PrinterCallback)  # losses go to the log, progress to `qace.progress`
     result = trainer.train(resume_from_checkpoint=bool(checkpoints) and resume)

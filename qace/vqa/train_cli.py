@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-train", type=int, default=None, help="use only the first N training triples")
     p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on a GPU that has it)")
+    p.add_argument("--no-bf16", action="store_true", help="train in fp32 on a GPU too")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in DIR")
     p.set_defaults(func=cmd_vqa_train)
 
@@ -53,6 +54,7 @@ def cmd_vqa_train(args: argparse.Namespace) -> int:
         save_steps=args.save_steps,
         logging_steps=args.logging_steps,
         seed=args.seed,
+        bf16=not args.no_bf16,
         workers=workers,
         max_train=args.max_train,
     )
