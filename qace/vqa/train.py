@@ -136,6 +136,7 @@ def check_features(features: str, image_ids: list[str]) -> None:
 
     store = open_feature_store(features)
     missing = [i for i in dict.fromkeys(image_ids) if i not in store]
+    getattr(store, "close", lambda: None)()  # the DataLoader's workers open their own
     if missing:
         raise FeatureError(
             f"{len(missing)} image(s) of the triples have no region features in {store.signature} "

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import vqa_data
+from benchmarks import vqa_data, vqa_train
 from tests.helpers import SHARED_DATA
 
 
@@ -26,3 +26,19 @@ def test_vqa_data_benchmark_reports_engine_and_baseline(tmp_path) -> None:
     assert engine["triples_per_s"] == engine["triples"] / engine["seconds"]
     assert report["speedup_questions_per_s"] == engine["questions_per_s"] / baseline["questions_per_s"]
     assert engine["paper_1m_triples_s"] == vqa_data.PAPER_TRIPLES / engine["questions_per_s"]
+
+
+def test_vqa_train_benchmark_reports_rates_and_the_projected_epoch(tmp_path) -> None:
+    if not (SHARED_DATA / "pascal50s").is_dir():
+        pytest.skip("PASCAL-50S not in the shared data")
+    out = tmp_path / "vqa_train.json"
+    assert vqa_train.main(["--tiny", "--out", str(out), "--triples", "32", "--baseline-triples", "16"]) == 0
+    report = json.loads(out.read_text())
+    assert {"commit", "gpu", "versions", "settings", "command"} <= set(report)
+    engine, baseline = report["engine"], report["baseline"]
+    assert engine["triples"] == 32 and baseline["triples"] == 16
+    assert engine["steps"] == 4 and baseline["steps"] == 2  # batch 8 with --tiny
+    assert baseline["bf16"] is False and baseline["workers"] == 0
+    assert engine["epoch_900k_s"] == vqa_train.PAPER_TRAIN_TRIPLES / engine["samples_per_s"]
+    assert report["speedup_vs_paper_epoch"] == vqa_train.PAPER_EPOCH_S / engine["epoch_900k_s"]
+    assert report["speedup_vs_baseline"] == engine["samples_per_s"] / baseline["samples_per_s"]
