@@ -84,8 +84,10 @@ def _load_t5(
     local_files_only: bool,
     dtype: torch.dtype,
     required: Sequence[str] = (),
+    tokenizer: bool = True,
 ) -> tuple[Any, Any]:
-    """Load config, weights and tokenizer of one checkpoint; raise ModelNotFoundError on anything odd."""
+    """Load config, weights and (unless ``tokenizer`` is False: None) tokenizer of one checkpoint; raise
+    ModelNotFoundError on anything odd."""
     config = AutoConfig.from_pretrained(source, local_files_only=local_files_only)
     if config.model_type != "t5":
         raise _not_found(role, source, f"checkpoint has model_type {config.model_type!r}, not a T5 model")
@@ -99,8 +101,9 @@ def _load_t5(
         raise _not_found(role, source, f"not a Visual-T5 checkpoint: weights {absent} are missing")
     if missing:
         raise _not_found(role, source, f"checkpoint lacks weights {missing[:5]} (wrong architecture?)")
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
-    return model, tokenizer
+    if not tokenizer:
+        return model, None
+    return model, AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
 
 
 def _load_source(
@@ -109,6 +112,7 @@ def _load_source(
     role: str,
     dtype: torch.dtype,
     required: Sequence[str] = (),
+    tokenizer: bool = True,
 ) -> tuple[Any, Any]:
     """Local directory directly; hub id from the HF cache first, then online unless HF_HUB_OFFLINE=1.
 
@@ -130,7 +134,15 @@ def _load_source(
     errors: list[str] = []
     for local_only in attempts:
         try:
-            return _load_t5(cls, source, role, local_files_only=local_only, dtype=dtype, required=required)
+            return _load_t5(
+                cls,
+                source,
+                role,
+                local_files_only=local_only,
+                dtype=dtype,
+                required=required,
+                tokenizer=tokenizer,
+            )
         except ModelNotFoundError:
             raise
         except (OSError, ValueError, KeyError) as exc:
@@ -159,16 +171,38 @@ def load_seq2seq(
 def load_visual_t5(
     name_or_path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[VisualT5ForConditionalGeneration, Any]:
-    """Load Visual-T5 from a directory in our layout, or a raw release state-dict file + t5-small."""
+    """Load Visual-T5 from a checkpoint directory (Hugging Face layout; the release's ``ckpt/``, which
+    has no tokenizer files, takes t5-small's tokenizer as the release did) or a raw state-dict file
+    (t5-small's config and tokenizer)."""
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix in RAW_STATE_DICT_SUFFIXES:
         model, tokenizer = _load_raw_state_dict(path, dtype)
     else:
         _precheck_img_emb(path)
+        own = not path.is_dir() or any((path / name).is_file() for name in TOKENIZER_FILES)
         model, tokenizer = _load_source(
-            VisualT5ForConditionalGeneration, str(name_or_path), "vqa", dtype, required=IMG_EMB_KEYS
+            VisualT5ForConditionalGeneration,
+            str(name_or_path),
+            "vqa",
+            dtype,
+            required=IMG_EMB_KEYS,
+            tokenizer=own,
         )
+        if not own:
+            tokenizer = _from_base(AutoTokenizer, "tokenizer", path)
     return _finish(model, device, dtype), tokenizer
+
+
+def _from_base(loader: Any, what: str, path: Path) -> Any:
+    """``loader.from_pretrained(VQA_BASE)`` (a config or tokenizer class), from the cache first, then the
+    hub unless HF_HUB_OFFLINE=1, for the Visual-T5 checkpoint at ``path`` that lacks its own."""
+    errors: list[str] = []
+    for local_only in _hub_attempts(VQA_BASE):
+        try:
+            return loader.from_pretrained(VQA_BASE, local_files_only=local_only)
+        except (OSError, ValueError) as exc:
+            errors.append(f"{VQA_BASE} ({'cache' if local_only else 'hub'}): {type(exc).__name__}")
+    raise _not_found("vqa", f"{path} + {VQA_BASE}", f"cannot load the t5-small {what}; " + "; ".join(errors))
 
 
 def _warn_unexpected(role: str, source: str, unexpected: Sequence[str]) -> None:
@@ -240,18 +274,8 @@ def _load_raw_state_dict(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     absent = [k for k in IMG_EMB_KEYS if k not in state]
     if absent:
         raise _not_found("vqa", str(path), f"not a Visual-T5 checkpoint: weights {absent} are missing")
-    errors: list[str] = []
-    for local_only in _hub_attempts(VQA_BASE):
-        try:
-            config = AutoConfig.from_pretrained(VQA_BASE, local_files_only=local_only)
-            tokenizer = AutoTokenizer.from_pretrained(VQA_BASE, local_files_only=local_only)
-            break
-        except (OSError, ValueError) as exc:
-            errors.append(f"{VQA_BASE} ({'cache' if local_only else 'hub'}): {type(exc).__name__}")
-    else:
-        raise _not_found(
-            "vqa", f"{path} + {VQA_BASE}", "cannot load the t5-small config/tokenizer; " + "; ".join(errors)
-        )
+    config = _from_base(AutoConfig, "config", path)
+    tokenizer = _from_base(AutoTokenizer, "tokenizer", path)
     config.d_model = int(state["encoder.img_emb.weight"].shape[0])
     model = VisualT5ForConditionalGeneration(config)
     result = model.load_state_dict(state, strict=False)

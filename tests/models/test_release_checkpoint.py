@@ -6,7 +6,6 @@ from our model, so a renamed or reshaped parameter on our side fails these tests
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,9 @@ import torch
 from transformers import T5Config
 
 from qace.cli import main
+from qace.models import loading
 from qace.models.loading import is_visual_t5_checkpoint, load_visual_t5
 from qace.models.visual_t5 import VisualT5ForConditionalGeneration
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 @pytest.fixture(autouse=True)
@@ -56,16 +54,20 @@ def release_shapes(config: T5Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_release_checkpoint(
-    out: Path, config: T5Config, state: dict[str, torch.Tensor], tokenizer_dir: Path
-) -> Path:
-    """``out`` laid out as the release's ``ckpt/``: config.json naming ``VisualT5``, pytorch_model.bin."""
+@pytest.fixture(autouse=True)
+def _t5_small_tokenizer(monkeypatch, test_models_dir) -> None:
+    """The release's ckpt/ has no tokenizer (its demo loads t5-small's): the test model's stands in for
+    t5-small here, offline."""
+    monkeypatch.setattr(loading, "VQA_BASE", str(test_models_dir / "vqa"))
+
+
+def write_release_checkpoint(out: Path, config: T5Config, state: dict[str, torch.Tensor]) -> Path:
+    """``out`` laid out as the release's ``ckpt/``: config.json naming ``VisualT5``, pytorch_model.bin,
+    no tokenizer files."""
     out.mkdir(parents=True)
     content = config.to_dict() | {"architectures": ["VisualT5"], "model_type": "t5"}
     (out / "config.json").write_text(json.dumps(content))
     torch.save(state, out / "pytorch_model.bin")
-    for name in TOKENIZER_FILES:
-        shutil.copy(tokenizer_dir / name, out / name)
     return out
 
 
@@ -77,7 +79,7 @@ def test_release_names_and_shapes_load_with_nothing_missing_or_unexpected(tmp_pa
     state["lm_head.weight"] = state["decoder.embed_tokens.weight"] = state["encoder.embed_tokens.weight"] = (
         state["shared.weight"]
     )
-    ckpt = write_release_checkpoint(tmp_path / "ckpt", config, state, test_models_dir / "vqa")
+    ckpt = write_release_checkpoint(tmp_path / "ckpt", config, state)
 
     model, info = VisualT5ForConditionalGeneration.from_pretrained(ckpt, output_loading_info=True)
     assert info["missing_keys"] == set() or info["missing_keys"] == []
@@ -85,7 +87,8 @@ def test_release_names_and_shapes_load_with_nothing_missing_or_unexpected(tmp_pa
     ours = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     assert ours == shapes
 
-    loaded, _ = load_visual_t5(ckpt)  # the loader users reach, a pytorch_model.bin directory included
+    loaded, tokenizer = load_visual_t5(ckpt)  # the loader users reach: a pytorch_model.bin directory
+    assert tokenizer.name_or_path == loading.VQA_BASE  # no tokenizer files: t5-small's, as the release
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, state[name]), name
     assert is_visual_t5_checkpoint(ckpt)
@@ -99,7 +102,7 @@ def test_release_checkpoint_round_trips_through_qace_export(tmp_path, test_model
     config = source.config
     state = source.state_dict()
     assert {name: tuple(t.shape) for name, t in state.items()} == release_shapes(config)
-    ckpt = write_release_checkpoint(tmp_path / "ckpt", config, dict(state.items()), test_models_dir / "vqa")
+    ckpt = write_release_checkpoint(tmp_path / "ckpt", config, dict(state.items()))
 
     assert main(["export", str(ckpt), str(tmp_path / "onnx")]) == 0
     manifest = json.loads((tmp_path / "onnx" / "fp32" / "manifest.json").read_text())
