@@ -279,22 +279,28 @@ def report(result: CheckResult) -> str:
     return "\n".join([*lines, result.verdict()])
 
 
-def missing_real_models() -> list[str]:
+def missing_real_models(features: Path = SAMPLE_FEATURES) -> list[str]:
     """Why the `real_models` check cannot run here: the paper's QG/TQA not in the Hugging Face cache, no
-    Visual-T5 at its default place, no sample features (empty when everything is present)."""
+    Visual-T5 at its default place (or, for one without tokenizer files, no t5-small tokenizer cached), no
+    sample features at ``features`` (empty when everything is present)."""
     from huggingface_hub import try_to_load_from_cache
 
-    from qace.models.loading import default_sources
+    from qace.models.loading import TOKENIZER_FILES, VQA_BASE, default_sources
 
-    found = default_sources()
-    missing = []
-    for role in ("qg", "tqa", "vqa"):
-        source = found[role]
-        if role == "vqa":
-            if not Path(source).expanduser().exists():
-                missing.append(f"no Visual-T5 at {source} (set QACE_VQA)")
-        elif not isinstance(try_to_load_from_cache(source, "config.json"), str):
-            missing.append(f"{source} is not in the Hugging Face cache (run `qace models check` online once)")
-    if not SAMPLE_FEATURES.expanduser().is_file():
-        missing.append(f"no sample features at {SAMPLE_FEATURES} (download {SAMPLE_FEATURES_URL})")
+    def cached(hub_id: str) -> bool:
+        return isinstance(try_to_load_from_cache(hub_id, "config.json"), str)
+
+    sources = default_sources()
+    missing = [
+        f"{sources[role]} is not in the Hugging Face cache (run `qace models check` online once)"
+        for role in ("qg", "tqa")
+        if not cached(sources[role])
+    ]
+    vqa = Path(sources["vqa"]).expanduser()
+    if not vqa.exists():
+        missing.append(f"no Visual-T5 at {vqa} (set QACE_VQA)")
+    elif not any((vqa / name).is_file() for name in TOKENIZER_FILES) and not cached(VQA_BASE):
+        missing.append(f"the Visual-T5 at {vqa} has no tokenizer and {VQA_BASE}'s is not cached")
+    if not features.expanduser().is_file():
+        missing.append(f"no sample features at {features} (download {SAMPLE_FEATURES_URL})")
     return missing

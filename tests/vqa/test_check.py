@@ -9,6 +9,7 @@ from qace.cli import main
 from qace.errors import FeatureError
 from qace.vqa import check
 from qace.vqa.check import TEXT_PAIRS, VISUAL_PAIRS, CheckResult, StageCheck
+from tests.helpers import SHARED_DATA
 
 
 def write_npz(path, seed: int = 0):
@@ -25,11 +26,13 @@ def result(text=TEXT_PAIRS, visual=VISUAL_PAIRS, precision="fp32", hints=()) -> 
 
 @pytest.mark.real_models
 def test_the_papers_models_reproduce_the_authors_demo(monkeypatch) -> None:
-    missing = check.missing_real_models()
+    shared = SHARED_DATA / "region_features" / "butd_sample.npz"
+    features = shared if shared.is_file() else check.SAMPLE_FEATURES
+    missing = check.missing_real_models(features)
     if missing:
         pytest.skip("real models absent: " + "; ".join(missing))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    outcome = check.check_models()
+    outcome = check.check_models(features=features)
     assert outcome.ok, check.report(outcome)
 
 
