@@ -55,7 +55,7 @@ def _coco(path: Path) -> Iterator[Record | RecordError]:
             yield RecordError(str(index), f"entry {index} is a {type(entry).__name__}, not an object")
             continue
         yield Record(
-            _text(entry.get("id", index)),
+            str(entry.get("id", index)),
             entry.get("caption"),  # type: ignore[arg-type]  # checked by _usable
             _text(entry.get("image_id")),
             line=index + 1,

@@ -192,7 +192,7 @@ def check_models(
     from qace.models.visual_t5 import visual_question_inputs
     from qace.vqa.qgqa import caption_qa
 
-    config = QACEConfig(variant="img" if visual else "ref", device=device, precision=precision)
+    config = QACEConfig().with_(variant="img" if visual else "ref", device=device, precision=precision)
     regions = sample_features(features) if visual else None  # a missing file fails before models load
     runners, _, _ = build_models(config, models_dir=models, qg=qg, tqa=tqa, vqa=vqa)
     limits = BatchLimits()

@@ -264,13 +264,13 @@ def make_vqa_data(
     def parse(k: int) -> Any:
         return extractor.submit([r.caption for r in records[k * size : (k + 1) * size]])
 
-    upcoming = parse(todo[0]) if todo else None
+    parsing = [parse(todo[0])] if todo else []
     for at, k in enumerate(todo):
         start = time.perf_counter()
         chunk = records[k * size : (k + 1) * size]
-        candidates = upcoming.result()
+        candidates = parsing.pop().result()
         if at + 1 < len(todo):  # parse the next chunk while this one runs on the device
-            upcoming = parse(todo[at + 1])
+            parsing.append(parse(todo[at + 1]))
         asked = caption_qa(
             [r.caption for r in chunk], candidates, models, limits=limits or BatchLimits(), progress=False
         )

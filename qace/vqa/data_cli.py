@@ -53,7 +53,7 @@ def cmd_vqa_data(args: argparse.Namespace) -> int:
     from qace.progress import summary
     from qace.vqa.data import make_vqa_data
 
-    config = QACEConfig(device=args.device, precision=args.precision, **speed_defaults(args.device))
+    config = QACEConfig().with_(device=args.device, precision=args.precision, **speed_defaults(args.device))
     models, fingerprints, test_models = build_models(config, models_dir=args.models, qg=args.qg, tqa=args.tqa)
     if test_models:
         print("warning: test models: the triples mean nothing")
@@ -63,7 +63,7 @@ def cmd_vqa_data(args: argparse.Namespace) -> int:
             args.captions,
             args.output,
             models=models,
-            fingerprints=fingerprints | {"spacy": config.spacy_model},
+            fingerprints=fingerprints | {"spacy": config.spacy_model, "precision": args.precision},
             extractor=extractor,
             settings=settings,
             fmt=args.format,

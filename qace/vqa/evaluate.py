@@ -27,7 +27,7 @@ def validate(model: Any, tokenizer: Any, table: Any, features: str, *, device: s
     n = table.num_rows
     if n == 0:
         return {"triples": 0, "exact_match": None, "token_f1": None, "answerability_accuracy": None}
-    config = QACEConfig(device=device, **speed_defaults(device))
+    config = QACEConfig(device=device).with_(**speed_defaults(device))
     store = open_feature_store(features)
     questions = table.column("question").to_pylist()
     stage = visual_stage(

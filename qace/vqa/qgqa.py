@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from qace.engine.engine import BatchLimits, run_stages, text_stage
 from qace.metric.pipeline import ModelRunners
@@ -43,9 +44,9 @@ def caption_qa(
     """For every caption, its distinct questions (first (question, candidate) pair wins, as in the metric)
     with their answers on the caption; one QG and one TQA stage for all captions together."""
     owners = [(c, a) for c, cands in enumerate(candidates) for a in cands]
-    text_run = {"max_input_tokens": max_input_tokens, "limits": limits, "progress": progress}
+    run = partial(text_stage, max_input_tokens=max_input_tokens, limits=limits, progress=progress)
     prompts = [(a, captions[c]) for c, a in owners]
-    stage = text_stage(models.qg, models.qg_tokenizer, QG_TEMPLATE, prompts, desc="questions", **text_run)
+    stage = run(models.qg, models.qg_tokenizer, QG_TEMPLATE, prompts, desc="questions")
     (qg,) = run_stages([stage], models.device_lock, max_new_tokens=MAX_NEW_TOKENS)
     asked: list[list[tuple[str, str]]] = [[] for _ in captions]
     for (c, answer), text in zip(owners, qg.texts, strict=True):
@@ -53,7 +54,7 @@ def caption_qa(
         if all(question != q for q, _ in asked[c]):
             asked[c].append((question, answer))
     pairs = [(q, captions[c]) for c, qs in enumerate(asked) for q, _ in qs]
-    stage = text_stage(models.tqa, models.tqa_tokenizer, TQA_TEMPLATE, pairs, desc="answers", **text_run)
+    stage = run(models.tqa, models.tqa_tokenizer, TQA_TEMPLATE, pairs, desc="answers")
     (tqa,) = run_stages([stage], models.device_lock, max_new_tokens=MAX_NEW_TOKENS)
     answers = iter(filter_stopwords_all(tqa.texts))
     return [[CaptionQA(a, q, next(answers)) for q, a in qs] for qs in asked]
