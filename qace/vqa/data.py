@@ -3,9 +3,10 @@
 For each caption: noun-phrase answer candidates (spaCy, spec section 1), one QG question each, and the
 text-QA answer on the caption (`qace.vqa.qgqa`). A question is kept only where that answer is the
 phrase it was generated from; a (question, image) pair is kept once. Then unanswerable questions are
-mixed in: questions from captions of other images, asked of this image, with the answer
-``unanswerable``, so that they make ``--unanswerable`` (default 0.2) of the set. Images are split 9:1
-into ``train`` and ``val`` (``--val-fraction``), by a hash of seed and image id, so no image is in both.
+mixed in: questions from captions of other images of the chunk, asked of this image, with the answer
+``unanswerable``, so that they make ``--unanswerable`` (default 0.2) of each chunk's triples. Images
+are split 9:1 into ``train`` and ``val`` (``--val-fraction``), by a hash of seed and image id, so no
+image is in both.
 
 Captions run in chunks (the QG and TQA stages batched across a chunk's captions; the next chunk's
 candidates are parsed while this one runs on the device). Each chunk's triples are committed as a
@@ -38,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 UNANSWERABLE = "unanswerable"
 COLUMNS = ("question", "answer", "image_id", "split", "answerable", "caption_id")
+UNANSWERABLE_ROUNDS = 8
+"""Rounds of unanswerable draws per chunk; a chunk of one image (no other image to take questions
+from) ends with fewer than wanted."""
 PARTS_VERSION = 1
 """Bump when a part's content for the same settings changes, so an old part is never resumed."""
 
@@ -112,12 +116,15 @@ def chunk_triples(
     rng = np.random.default_rng([settings.seed, chunk])
     n = len(rows)
     wanted = round(n * settings.unanswerable / (1.0 - settings.unanswerable)) if n else 0
-    draws = rng.integers(n, size=(2, wanted)).tolist() if wanted else [[], []]
-    for target, donor in zip(*draws, strict=True):  # a draw that lands on the same image is dropped
-        image, question = rows[target]["image_id"], rows[donor]["question"]
-        if image != rows[donor]["image_id"] and (question, image) not in seen:
-            seen.add((question, image))
-            rows.append(_row(question, UNANSWERABLE, image, False, rows[donor]["caption_id"]))
+    for _ in range(UNANSWERABLE_ROUNDS):  # a draw on the same image, or of a pair already there, is redrawn
+        if len(rows) - n >= wanted:
+            break
+        targets, donors = rng.integers(n, size=(2, wanted - (len(rows) - n))).tolist()
+        for target, donor in zip(targets, donors, strict=True):
+            image, question = rows[target]["image_id"], rows[donor]["question"]
+            if image != rows[donor]["image_id"] and (question, image) not in seen:
+                seen.add((question, image))
+                rows.append(_row(question, UNANSWERABLE, image, False, rows[donor]["caption_id"]))
     for row in rows:
         row["split"] = split_of(row["image_id"], settings)
     return rows
