@@ -10,12 +10,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from transformers import TrainerCallback
 
 from qace.cli import main
 from qace.models.loading import checkpoint_fingerprint
 from qace.testing.qace_models import world_captions
+from qace.vqa.train import TrainSettings, train_visual_t5
 
 IMAGES = 12
+
+
+class KillAt(TrainerCallback):
+    """Interrupts training at the end of step ``step``, as a kill would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
 
 
 @pytest.fixture(autouse=True)
@@ -57,13 +70,19 @@ def test_captions_to_a_trained_visual_t5_that_scores(test_models_dir, tmp_path, 
         str(test_models_dir / "tqa"),
     ]
     train += ["--batch-size", "2", "--learning-rate", "3e-3", "--logging-steps", "1", "--save-steps", "2"]
-    assert main(["vqa-train", *train, "--epochs", "1"]) == 0
-    first = json.loads((out / "training.json").read_text())
+    settings = TrainSettings(
+        init=str(test_models_dir / "tqa"), epochs=3, batch_size=2, learning_rate=3e-3, logging_steps=1,
+        save_steps=2, workers=0,
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):  # killed at step 3, after the checkpoint of step 2
+        train_visual_t5(triples, str(features), out, settings=settings, callbacks=[KillAt(3)])
+    assert (out / "checkpoints" / "checkpoint-2").is_dir() and not (out / "training.json").exists()
     assert main(["vqa-train", *train, "--epochs", "3"]) == 2  # checkpoints there: --resume or another DIR
     assert "--resume" in capsys.readouterr().err
     assert main(["vqa-train", *train, "--epochs", "3", "--resume"]) == 0
     record = json.loads((out / "training.json").read_text())
-    assert record["steps"] == 3 * first["steps"]  # continued from the first run's last checkpoint
+    train_rows = sum(r["split"] == "train" for r in table)
+    assert record["steps"] == 3 * -(-train_rows // 2)  # every step once: the resumed run began at step 3
     losses = record["losses"]
     assert len(losses) == record["steps"] and losses[-1] < losses[0]
     val = record["validation"]
