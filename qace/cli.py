@@ -59,6 +59,15 @@ OPTIONAL_COMMANDS = {
     "score-ray": OptionalCommand(
         "qace.scale.cli", "ray", ("ray",), "score Parquet/JSONL on a Ray cluster into a Parquet directory"
     ),
+    "models": OptionalCommand(
+        "qace.vqa.check", "", (), "models check: do your models reproduce the authors' demo outputs?"
+    ),
+    "vqa-data": OptionalCommand(
+        "qace.vqa.data_cli", "", (), "build the paper's synthetic VQA triples from captions, on the engine"
+    ),
+    "vqa-train": OptionalCommand(
+        "qace.vqa.train_cli", "train", ("accelerate",), "train Visual-T5 on vqa-data triples (Seq2SeqTrainer)"
+    ),
     "report": OptionalCommand(
         "qace.report.cli", "", (), "write a self-contained HTML report of score output (two files: compare)"
     ),

@@ -52,22 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_export)
 
 
-def _is_visual(path: Path) -> bool:
-    if path.is_file():
-        return True  # a raw state-dict file is how the Visual-T5 release ships
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        return False
-    from safetensors import safe_open
-
-    with safe_open(str(weights), framework="pt") as handle:
-        return "encoder.img_emb.weight" in set(handle.keys())
-
-
 def _load(path: Path, kind: str) -> Any:
-    from qace.models.loading import load_seq2seq, load_visual_t5
+    from qace.models.loading import is_visual_t5_checkpoint, load_seq2seq, load_visual_t5
 
-    visual = _is_visual(path) if kind == "auto" else kind == "visual"
+    visual = (path.is_file() or is_visual_t5_checkpoint(path)) if kind == "auto" else kind == "visual"
     return load_visual_t5(path)[0] if visual else load_seq2seq(str(path), role="qg")[0]
 
 

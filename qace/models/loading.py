@@ -84,8 +84,10 @@ def _load_t5(
     local_files_only: bool,
     dtype: torch.dtype,
     required: Sequence[str] = (),
+    tokenizer: bool = True,
 ) -> tuple[Any, Any]:
-    """Load config, weights and tokenizer of one checkpoint; raise ModelNotFoundError on anything odd."""
+    """Load config, weights and (unless ``tokenizer`` is False: None) tokenizer of one checkpoint; raise
+    ModelNotFoundError on anything odd."""
     config = AutoConfig.from_pretrained(source, local_files_only=local_files_only)
     if config.model_type != "t5":
         raise _not_found(role, source, f"checkpoint has model_type {config.model_type!r}, not a T5 model")
@@ -93,13 +95,15 @@ def _load_t5(
         source, config=config, dtype=dtype, local_files_only=local_files_only, output_loading_info=True
     )
     missing = sorted(set(info.get("missing_keys", ())))
+    _warn_unexpected(role, source, info.get("unexpected_keys", ()))
     absent = [k for k in required if k in missing]
     if absent:
         raise _not_found(role, source, f"not a Visual-T5 checkpoint: weights {absent} are missing")
     if missing:
         raise _not_found(role, source, f"checkpoint lacks weights {missing[:5]} (wrong architecture?)")
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
-    return model, tokenizer
+    if not tokenizer:
+        return model, None
+    return model, AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
 
 
 def _load_source(
@@ -108,6 +112,7 @@ def _load_source(
     role: str,
     dtype: torch.dtype,
     required: Sequence[str] = (),
+    tokenizer: bool = True,
 ) -> tuple[Any, Any]:
     """Local directory directly; hub id from the HF cache first, then online unless HF_HUB_OFFLINE=1.
 
@@ -129,7 +134,15 @@ def _load_source(
     errors: list[str] = []
     for local_only in attempts:
         try:
-            return _load_t5(cls, source, role, local_files_only=local_only, dtype=dtype, required=required)
+            return _load_t5(
+                cls,
+                source,
+                role,
+                local_files_only=local_only,
+                dtype=dtype,
+                required=required,
+                tokenizer=tokenizer,
+            )
         except ModelNotFoundError:
             raise
         except (OSError, ValueError, KeyError) as exc:
@@ -158,27 +171,80 @@ def load_seq2seq(
 def load_visual_t5(
     name_or_path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[VisualT5ForConditionalGeneration, Any]:
-    """Load Visual-T5 from a directory in our layout, or a raw release state-dict file + t5-small."""
+    """Load Visual-T5 from a checkpoint directory (Hugging Face layout; the release's ``ckpt/``, which
+    has no tokenizer files, takes t5-small's tokenizer as the release did) or a raw state-dict file
+    (t5-small's config and tokenizer)."""
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix in RAW_STATE_DICT_SUFFIXES:
         model, tokenizer = _load_raw_state_dict(path, dtype)
     else:
         _precheck_img_emb(path)
+        own = not path.is_dir() or any((path / name).is_file() for name in TOKENIZER_FILES)
         model, tokenizer = _load_source(
-            VisualT5ForConditionalGeneration, str(name_or_path), "vqa", dtype, required=IMG_EMB_KEYS
+            VisualT5ForConditionalGeneration,
+            str(name_or_path),
+            "vqa",
+            dtype,
+            required=IMG_EMB_KEYS,
+            tokenizer=own,
         )
+        if not own:
+            tokenizer = _from_base(AutoTokenizer, "tokenizer", path)
     return _finish(model, device, dtype), tokenizer
+
+
+def _from_base(loader: Any, what: str, path: Path) -> Any:
+    """``loader.from_pretrained(VQA_BASE)`` (a config or tokenizer class), from the cache first, then the
+    hub unless HF_HUB_OFFLINE=1, for the Visual-T5 checkpoint at ``path`` that lacks its own."""
+    errors: list[str] = []
+    for local_only in _hub_attempts(VQA_BASE):
+        try:
+            return loader.from_pretrained(VQA_BASE, local_files_only=local_only)
+        except (OSError, ValueError) as exc:
+            errors.append(f"{VQA_BASE} ({'cache' if local_only else 'hub'}): {type(exc).__name__}")
+    raise _not_found("vqa", f"{path} + {VQA_BASE}", f"cannot load the t5-small {what}; " + "; ".join(errors))
+
+
+def _warn_unexpected(role: str, source: str, unexpected: Sequence[str]) -> None:
+    """Weights a checkpoint has and the model class does not use are dropped by the loader: say so."""
+    if unexpected:
+        logger.warning(
+            "%s model %s: %d weight(s) the model does not use were dropped: %s",
+            role.upper(),
+            source,
+            len(unexpected),
+            sorted(unexpected)[:5],
+        )
+
+
+def weight_names(path: str | Path) -> set[str] | None:
+    """The weight names of a checkpoint directory's single weight file (``model.safetensors`` or the
+    release's ``pytorch_model.bin``) or of a raw state-dict file, read without loading a model; None
+    where there is no single such file (sharded or absent)."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return set(_read_state_dict(path))
+    safetensors, legacy = path / "model.safetensors", path / "pytorch_model.bin"
+    if safetensors.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(safetensors), framework="pt") as handle:
+            return set(handle.keys())
+    if legacy.is_file():
+        return set(_read_state_dict(legacy))
+    return None
+
+
+def is_visual_t5_checkpoint(path: str | Path) -> bool:
+    """True where the checkpoint's weights include the region projection ``encoder.img_emb``."""
+    names = weight_names(path)
+    return names is not None and all(k in names for k in IMG_EMB_KEYS)
 
 
 def _precheck_img_emb(path: Path) -> None:
     """Reject a plain T5 directory before transformers loads it and random-initialises img_emb."""
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        return
-    from safetensors import safe_open
-
-    with safe_open(str(weights), framework="pt") as handle:
-        absent = [k for k in IMG_EMB_KEYS if k not in set(handle.keys())]
+    names = weight_names(path) if path.is_dir() else None
+    absent = [k for k in IMG_EMB_KEYS if names is not None and k not in names]
     if absent:
         raise _not_found("vqa", str(path), f"not a Visual-T5 checkpoint: weights {absent} are missing")
 
@@ -208,21 +274,12 @@ def _load_raw_state_dict(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     absent = [k for k in IMG_EMB_KEYS if k not in state]
     if absent:
         raise _not_found("vqa", str(path), f"not a Visual-T5 checkpoint: weights {absent} are missing")
-    errors: list[str] = []
-    for local_only in _hub_attempts(VQA_BASE):
-        try:
-            config = AutoConfig.from_pretrained(VQA_BASE, local_files_only=local_only)
-            tokenizer = AutoTokenizer.from_pretrained(VQA_BASE, local_files_only=local_only)
-            break
-        except (OSError, ValueError) as exc:
-            errors.append(f"{VQA_BASE} ({'cache' if local_only else 'hub'}): {type(exc).__name__}")
-    else:
-        raise _not_found(
-            "vqa", f"{path} + {VQA_BASE}", "cannot load the t5-small config/tokenizer; " + "; ".join(errors)
-        )
+    config = _from_base(AutoConfig, "config", path)
+    tokenizer = _from_base(AutoTokenizer, "tokenizer", path)
     config.d_model = int(state["encoder.img_emb.weight"].shape[0])
     model = VisualT5ForConditionalGeneration(config)
     result = model.load_state_dict(state, strict=False)
+    _warn_unexpected("vqa", str(path), result.unexpected_keys)
     tied = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"}
     missing = sorted(set(result.missing_keys) - tied)
     if missing:

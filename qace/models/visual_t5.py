@@ -31,6 +31,8 @@ REGION_DIM = 2054
 """2048 pooled CNN features plus 6 box numbers per region."""
 QUESTION_SLOTS = 64
 """Fixed number of question-token positions; shorter questions are right-padded with id 0."""
+IMAGE_PREFIX_TEXT = "image :"
+"""The text of the prefix between the question and the regions."""
 DEFAULT_IMAGE_PREFIX_IDS: tuple[int, ...] = (1023, 10)
 """``"image :"`` in the t5-small vocabulary, placed between the question and the regions."""
 VISUAL_QUESTION_PREFIX = "visual answer: "

@@ -110,6 +110,13 @@ def _random_scene(rng: random.Random) -> _Scene:
     )
 
 
+def world_captions(n: int, seed: int = 0) -> list[str]:
+    """``n`` captions of the synthetic world the test models were trained on (for pipelines that need
+    the test QG/TQA models to find consistent answers, e.g. ``qace vqa-data``)."""
+    rng = random.Random(seed)
+    return [_random_scene(rng).caption() for _ in range(n)]
+
+
 def _free_caption(rng: random.Random) -> tuple[str, str, str]:
     """An off-template caption (caption, answer, question), so odd inputs still end in EOS quickly."""
     pool = _EXTRA_WORDS.split() + _SUBJ + _OBJ + _PLACE + _COLOUR
