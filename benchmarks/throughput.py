@@ -119,26 +119,136 @@ def _peak(device: str) -> float:
     return next((v for k, v in PEAK_BF16.items() if k in gpu), float("nan"))
 
 
+def _design_pass(scorer: QACE, records: list, *, single: bool) -> tuple[float, list[dict[str, Any]], int | None]:
+    """One timed pass after emptying every cache, by the engine core with host processes or (``single``)
+    by the single-process design on the same models; its seconds, rows and peak GPU memory."""
+    reset_caches(scorer)
+    _zero_counters(scorer)
+    host = scorer.host
+    if single:
+        scorer.host = None
+    try:
+        if torch.cuda.is_available() and str(scorer.config.device).startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        seconds, rows = _timed(scorer, records)
+    finally:
+        scorer.host = host
+    peak = torch.cuda.max_memory_allocated() if str(scorer.config.device).startswith("cuda") else None
+    return seconds, rows, peak
+
+
+def _replay(core: Any, requests: list[tuple[str, Any]]) -> None:
+    """The device work of a pass alone: every recorded request, in the order the core ran them, its
+    runner batches as one overlapping stream, with no host work between them."""
+    from qace.engine.batches import VisualBatch
+    from qace.engine.core import generate_jobs
+    from qace.engine.engine import gather_features
+
+    def batch(name: str, payload: Any) -> Any:
+        runner = core.runners[name]
+        b = payload[0]
+        return gather_features(runner, core.features, b) if isinstance(b, VisualBatch) else b
+
+    with core.lock:
+        i = 0
+        while i < len(requests):
+            name, payload = requests[i]
+            if name in core.functions:
+                core.functions[name](payload)
+                i += 1
+                continue
+            j, steps = i, payload[2]
+            while j < len(requests) and requests[j][0] in core.runners and requests[j][1][2] == steps:
+                j += 1
+            jobs = ((core.runners[n], k, batch(n, p), p[1]) for k, (n, p) in enumerate(requests[i:j]))
+            for _ in generate_jobs(jobs, steps):
+                pass
+            i = j
+
+
+def models_alone(scorer: QACE, records: list) -> dict[str, Any]:
+    """Record every request the engine core runs in a pass, then replay them back to back: the rate of
+    the device work alone (the three models and BERTScore's encoder and matching; region features
+    gathered on the device as in the pass), the bound host work cannot beat."""
+    requests: list[tuple[str, Any]] = []
+    reset_caches(scorer)
+    with instrument.attached(scorer.core, requests=requests):
+        list(scorer.score_records(records))
+    reset_caches(scorer)  # the replay uploads each image's features again, as the pass did
+    cuda_sync()
+    start = time.perf_counter()
+    _replay(scorer.core, requests)
+    cuda_sync()
+    seconds = time.perf_counter() - start
+    return {"captions_per_s": len(records) / seconds, "seconds": seconds, "requests": len(requests)}
+
+
+def gpu_busy_fraction(scorer: QACE, records: list, *, single: bool = False) -> dict[str, Any]:
+    """Kernel time over wall time of a pass (the union of every kernel's interval on the device, from a
+    CUDA-only profile; copies not counted), after emptying every cache."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    reset_caches(scorer)
+    host = scorer.host
+    if single:
+        scorer.host = None
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            seconds, _ = _timed(scorer, records)
+    finally:
+        scorer.host = host
+    spans = sorted(
+        (e.start_ns(), e.start_ns() + e.duration_ns())
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type() == DeviceType.CUDA and not e.name().startswith(("Memcpy", "Memset"))
+    )
+    busy, end = 0, None
+    for lo, hi in spans:
+        if end is None or lo > end:
+            busy += hi - lo
+            end = hi
+        elif hi > end:
+            busy += hi - end
+            end = hi
+    return {
+        "fraction": busy / 1e9 / seconds,
+        "kernel_seconds": busy / 1e9,
+        "wall_seconds": seconds,
+        "kernels": len(spans),
+        "captions": len(records),
+    }
+
+
 def engine_section(
     scorer: QACE, records: list, warm: list, args: argparse.Namespace
 ) -> tuple[dict[str, Any], list[float]]:
-    """Warm-up, the cold pass, the timed passes (caches emptied before each) and the profiled pass; also
-    the last timed pass's scores."""
+    """Warm-up, the cold pass, the timed passes (caches emptied before each; with host processes,
+    alternating with the single-process design on the same models), the models-alone replay, the GPU's
+    busy fraction and the profiled pass; also the last timed pass's scores."""
     start = time.perf_counter()
     shapes = scorer.warm_up() if args.capture == "all" else None
     list(scorer.score_records(warm))
+    if scorer.host is not None:  # the single-process design's first use (its tokenizers) outside the timing
+        scorer.host, host = None, scorer.host
+        list(scorer.score_records(warm[: len(warm) // 4]))
+        scorer.host = host
     warm_seconds = time.perf_counter() - start
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     _zero_counters(scorer)
     cold, _ = _timed(scorer, records)
-    passes, flops = [], []
+    passes, flops, peaks, single, single_peaks, differing = [], [], [], [], [], []
     for _ in range(args.passes):
-        reset_caches(scorer)
-        _zero_counters(scorer)
-        seconds, rows = _timed(scorer, records)
+        seconds, rows, peak = _design_pass(scorer, records, single=False)
         passes.append(seconds)
+        peaks.append(peak)
         flops.append(sum(sum(_model_flops(r)) for r in _runners(scorer).values()))
+        if scorer.host is not None:
+            seconds, single_rows, peak = _design_pass(scorer, records, single=True)
+            single.append(seconds)
+            single_peaks.append(peak)
+            differing.append(sum(a != b for a, b in zip(single_rows, rows, strict=True)))
     seconds = float(np.median(passes))
     peak = _peak(args.device)
     result: dict[str, Any] = {
@@ -147,6 +257,8 @@ def engine_section(
         "seconds": seconds,
         "cold_seconds": cold,
         "pass_seconds": passes,
+        "host_workers": scorer.config.host_workers,
+        "spacy_workers": scorer.config.spacy_workers,
         "warm_up_seconds": warm_seconds,
         "warm_up_captions": len(warm),
         "graph_shapes_captured_in_warm_up": shapes,
@@ -154,8 +266,31 @@ def engine_section(
         "model_gflop_per_caption": float(np.median(flops)) / len(records) / 1e9,
         "pass_mfu_vs_datasheet_bf16_peak": float(np.median(flops)) / seconds / peak,
         "mean_qace": float(np.mean([r["qace"] for r in rows])),
-        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else None,
+        "peak_gpu_bytes": max(p for p in peaks) if args.device.startswith("cuda") else None,
     }
+    on_gpu = args.device.startswith("cuda")
+    if scorer.host is not None:
+        single_seconds = float(np.median(single))
+        result["single_process"] = {
+            "captions_per_s": len(records) / single_seconds,
+            "seconds": single_seconds,
+            "pass_seconds": single,
+            "peak_gpu_bytes": max(single_peaks) if on_gpu else None,
+            "rows_differing_from_engine": differing,
+        }
+        result["speedup_vs_single_process"] = single_seconds / seconds
+        if on_gpu:
+            result["peak_gpu_bytes_vs_single_process"] = result["peak_gpu_bytes"] / max(single_peaks)
+        alone = models_alone(scorer, records)
+        result["models_alone"] = alone
+        result["fraction_of_models_alone"] = result["captions_per_s"] / alone["captions_per_s"]
+    if on_gpu and args.busy_captions:
+        busy = records[: args.busy_captions]
+        engine_busy = gpu_busy_fraction(scorer, busy)
+        result["gpu_busy_fraction"] = engine_busy["fraction"]
+        result["gpu_busy"] = {"engine": engine_busy}
+        if scorer.host is not None:
+            result["gpu_busy"]["single_process"] = gpu_busy_fraction(scorer, busy, single=True)
     # a synchronised pass over a prefix times each model's encoder and decoder apart (costs a little)
     profiled = records[: args.profile_captions]
     if profiled:
@@ -342,7 +477,7 @@ def run_variant(
             save("engine", result)
         if not args.skip_baseline:
             save("baseline", baseline_section(scorer, variant, records, warm, args, engine_scores))
-        scorer.candidates.close()
+        scorer.close()
         del scorer  # its decoders' graph pools and buffers, before the CLI's process needs the GPU
         _release_memory()
     if not args.skip_cli and args.workload == "distinct":
@@ -385,6 +520,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--passes", type=int, default=None, help="timed passes (default 3); median")
     parser.add_argument("--profile-captions", type=int, default=None, help="profiled pass (default 4,096)")
+    parser.add_argument(
+        "--busy-captions", type=int, default=None, help="pass profiled for the GPU's busy fraction (8,192)"
+    )
     parser.add_argument("--hf-batch", type=int, default=2048)
     parser.add_argument("--bound-batches", type=int, default=4, help="batches per stage for the bound")
     parser.add_argument(
@@ -408,6 +546,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.passes = args.passes or (1 if tiny else 3)
     if args.profile_captions is None:
         args.profile_captions = 16 if tiny else 4096
+    if args.busy_captions is None:
+        args.busy_captions = 16 if tiny else 8192
     args.cli_captions = args.cli_captions or (64 if tiny else 100_000)
     args.baseline_spacy_processes = args.baseline_spacy_processes or len(os.sched_getaffinity(0))
     if args.workload == "distinct" and args.captions + args.warmup > PASCAL_DISTINCT:

@@ -140,13 +140,13 @@ def reset_caches(scorer: QACE) -> None:
     """Empty every cache the engine keeps across calls, so the next call meets its captions cold: the
     composed prompt ids' parts (all templates), the candidate cache and the device-resident region
     features. The host feature cache stays (the random store stands in for a file read)."""
-    from qace.engine import prompt_ids
+    from qace.engine.prompt_ids import clear_parts
 
-    with prompt_ids._ENCODERS_LOCK:
-        encoders = [e for per in prompt_ids._ENCODERS.values() for e in per.values()]
-    for encoder in encoders:
-        with encoder._lock:
-            encoder._parts.clear()
+    clear_parts()
+    if getattr(scorer, "host", None) is not None:  # the host processes' caches too
+        from qace.metric.host import Call
+
+        scorer.host.run_everywhere(Call("qace.engine.prompt_ids:clear_parts"))
     scorer.candidates._cache.clear()
     for role in ("qg", "tqa", "vqa"):
         runner = getattr(scorer.models, role)
@@ -239,6 +239,7 @@ def workload_scorer(
         max_batch_tokens=args.batch_tokens,
         chunk_size=args.chunk_size,
         spacy_workers=args.spacy_workers,
+        host_workers=getattr(args, "host_workers", None) or 0,
     )
     if not candidate_cache:
         scorer.candidates.cache_size = 0
@@ -328,6 +329,7 @@ def add_engine_arguments(
     parser.add_argument("--batch-tokens", type=int, default=None, help=library)
     parser.add_argument("--chunk-size", type=int, default=None, help=library)
     parser.add_argument("--spacy-workers", type=int, default=None, help=library)
+    parser.add_argument("--host-workers", type=int, default=None, help=library)
     parser.add_argument("--models-dir", default=None, help="reuse models built earlier")
     parser.add_argument("--bertscore-files", default=None, help="MiniLM config/tokenizer files")
     parser.add_argument("--tiny", action="store_true", help="tiny random models on the CPU: a smoke run")
@@ -345,7 +347,7 @@ def engine_defaults(args: argparse.Namespace) -> None:
 
 
 def device_speed_settings(device: str, backend: str = "torch", variant: str = "ref") -> dict[str, int]:
-    """All four speed settings a `QACE` of ``variant`` on ``device`` with ``backend`` uses when given
+    """The speed settings a `QACE` of ``variant`` on ``device`` with ``backend`` uses when given
     none: the dataclass's, overlaid with the device's (`speed_defaults`)."""
     defaults = QACEConfig()
     device_defaults = speed_defaults(device, backend, variant)

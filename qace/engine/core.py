@@ -20,6 +20,7 @@ with the error; the requests after it still run.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from qace.engine import instrument
 from qace.engine.batches import Generated, TextBatch, VisualBatch
 from qace.engine.engine import gather_features
 
@@ -48,19 +50,16 @@ class _Request:
     payload: Any
 
 
-@dataclass
+@dataclass(eq=False)
 class DeviceCore:
     """Serves the ``runners`` and ``functions`` named in requests from host processes' pipes, in a
     thread of its own (`start`). ``features`` loads an image's region features for visual batches
-    that name them. ``record`` (benchmarks): when a list, every runner request is appended to it as
-    ``(name, batch, unanswerable_id, max_new_tokens)``, its features gathered, for a replay of the
-    device work alone."""
+    that name them (`gather_features`)."""
 
     runners: dict[str, Any]
     functions: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     features: Callable[[str], np.ndarray] | None = None
     lock: AbstractContextManager[Any] = field(default_factory=nullcontext)
-    record: list[tuple[str, Any, int | None, int]] | None = None
 
     def __post_init__(self) -> None:
         self._conns: list[Connection] = []
@@ -122,6 +121,7 @@ class DeviceCore:
         head = self._pending[0]
         if head.name in self.functions:
             self._pending.popleft()
+            self._note(head)
             with self.lock:
                 self._answer(head, lambda: self.functions[head.name](head.payload))
             return
@@ -145,6 +145,7 @@ class DeviceCore:
                     return
                 self._pending.popleft()
                 pulled.append(request)
+                self._note(request)
                 runner = self.runners.get(request.name)
                 if runner is None:
                     raise KeyError(f"the engine core serves no model named {request.name!r}")
@@ -152,13 +153,11 @@ class DeviceCore:
                 if isinstance(batch, VisualBatch):
                     assert self.features is not None, "visual batches need the core's feature loader"
                     batch = gather_features(runner, self.features, batch)
-                if self.record is not None:
-                    self.record.append((request.name, batch, unanswerable_id, max_new_tokens))
                 yield runner, request, batch, unanswerable_id
 
         with self.lock:
             try:
-                for request, generated in _generate_jobs(jobs(), max_new_tokens):
+                for request, generated in generate_jobs(jobs(), max_new_tokens):
                     assert pulled[0] is request
                     pulled.popleft()
                     _send(request, True, generated)
@@ -166,6 +165,11 @@ class DeviceCore:
                 log.exception("engine core: a batch failed")
                 for request in pulled:
                     _send(request, False, exc)
+
+    def _note(self, request: _Request) -> None:
+        requests = instrument.of(self).requests
+        if requests is not None:
+            requests.append((request.name, request.payload))
 
     def _answer(self, request: _Request, run: Callable[[], Any]) -> None:
         try:
@@ -176,7 +180,7 @@ class DeviceCore:
         _send(request, ok, result)
 
 
-def _generate_jobs(
+def generate_jobs(
     jobs: Iterable[tuple[Any, K, TextBatch | VisualBatch, int | None]], max_new_tokens: int
 ) -> Iterator[tuple[K, Generated]]:
     """The runners' own overlapping stream (`Runner.generate_jobs`) when they share one, else one
@@ -185,8 +189,6 @@ def _generate_jobs(
     first = next(it, None)
     if first is None:
         return
-    import itertools
-
     stream = itertools.chain([first], it)
     generate_jobs = getattr(type(first[0]), "generate_jobs", None)
     if generate_jobs is not None:

@@ -15,7 +15,10 @@ Hooks, and who reads them:
   seconds to, synchronising the device around each and not overlapping batches (it costs a little);
 - ``timer`` (the `qace.api.QACE` scorer): a `StageTimer` (or any ``stage -> context manager``) around
   each pipeline stage: prepare (reading and checking the next chunk, in the prefetch thread), candidates
-  (waiting for its answer candidates), questions, answers, bertscore, token_f1.
+  (waiting for its answer candidates), questions, answers, bertscore, token_f1;
+- ``requests`` (`qace.engine.core.DeviceCore`): a list the core appends each request it runs to, as
+  ``(name, payload)`` before its features are gathered, so that the device work of a pass can be
+  replayed alone (`benchmarks.throughput`'s models-alone rate).
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class Instruments:
     full_length: bool = False
     profile: StageTimer | None = None
     timer: Callable[[str], AbstractContextManager[Any]] = NO_TIMER
+    requests: list[tuple[str, Any]] | None = None
 
 
 NOTHING = Instruments()

@@ -256,3 +256,13 @@ def prompt_ids(tokenizer: Any, template: str, *, special_tokens: bool = True) ->
         if key not in per_tokenizer:
             per_tokenizer[key] = PromptIds(tokenizer, template, special_tokens=special_tokens)
         return per_tokenizer[key]
+
+
+def clear_parts() -> None:
+    """Forget the cached ids of every part, of every tokenizer and template, so the next prompts are
+    tokenised cold (benchmarks empty it between passes)."""
+    with _ENCODERS_LOCK:
+        encoders = [e for per in _ENCODERS.values() for e in per.values()]
+    for encoder in encoders:
+        with encoder._lock:
+            encoder._parts.clear()

@@ -128,3 +128,24 @@ def test_reset_caches_empties_every_engine_cache(test_models_dir: Path) -> None:
     assert parts() > 0 and len(scorer.candidates._cache) == 2 and scorer.models.vqa.features is not None
     reset_caches(scorer)
     assert parts() == 0 and len(scorer.candidates._cache) == 0 and scorer.models.vqa.features is None
+
+
+def test_engine_core_against_the_single_process_design(tiny_models: Path, tmp_path: Path) -> None:
+    """With host processes the engine section also times the single-process design on the same models
+    (the same rows: fp32) and replays the pass's device work alone."""
+    if not (SHARED_DATA / "pascal50s").is_dir():
+        pytest.skip("PASCAL-50S not in the shared data")
+    out = tmp_path / "throughput.json"
+    argv = ["--tiny", "--out", str(out), "--models-dir", str(tiny_models), "--captions", str(N)]
+    argv += ["--warmup", "4", "--chunk-size", "4", "--variant", "ref", "--host-workers", "2"]
+    argv += ["--skip-baseline", "--skip-cli", "--profile-captions", "0"]
+    assert throughput.main(argv) == 0
+    (entry,) = json.loads(out.read_text())["results"]
+    engine = entry["engine"]
+    assert engine["host_workers"] == 2
+    assert engine["single_process"]["captions_per_s"] > 0
+    assert engine["single_process"]["rows_differing_from_engine"] == [0]
+    assert engine["speedup_vs_single_process"] == engine["single_process"]["seconds"] / engine["seconds"]
+    alone = engine["models_alone"]
+    assert alone["requests"] > 0 and alone["captions_per_s"] > 0
+    assert engine["fraction_of_models_alone"] == engine["captions_per_s"] / alone["captions_per_s"]
