@@ -471,6 +471,8 @@ def run_variant(
     """Run the requested sections of one variant; ``save(section, value)`` merges each into the report."""
     if not (args.skip_engine and args.skip_baseline):
         scorer = workload_scorer(models_dir, variant, device=args.device, precision=args.precision, args=args)
+        if args.switch_interval is not None:
+            sys.setswitchinterval(args.switch_interval)
         engine_scores = None
         if not args.skip_engine:
             result, engine_scores = engine_section(scorer, records, warm, args)
@@ -535,6 +537,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cli-captions", type=int, default=None, help="qace score records (default 100,000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default=None, help="inputs and outputs of the CLI section")
+    parser.add_argument(
+        "--switch-interval", type=float, default=None, help="set sys.setswitchinterval after the scorer starts"
+    )
     for section in ("engine", "baseline", "cli"):
         parser.add_argument(f"--skip-{section}", action="store_true")
     add_engine_arguments(parser)
