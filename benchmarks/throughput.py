@@ -127,12 +127,15 @@ def _design_pass(scorer: QACE, records: list, *, single: bool) -> tuple[float, l
     host = scorer.host
     if single:
         scorer.host = None
+    idle = scorer.core.idle_seconds if scorer.core is not None else 0.0
     try:
         if torch.cuda.is_available() and str(scorer.config.device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         seconds, rows = _timed(scorer, records)
     finally:
         scorer.host = host
+    if not single and scorer.core is not None:
+        print(f"engine core idle {scorer.core.idle_seconds - idle:.3f} s of a {seconds:.3f} s pass", flush=True)
     peak = torch.cuda.max_memory_allocated() if str(scorer.config.device).startswith("cuda") else None
     return seconds, rows, peak
 

@@ -25,6 +25,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -72,6 +73,8 @@ class DeviceCore:
         self._wake_r, self._wake_w = _pipe()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self.idle_seconds = 0.0
+        """Time the core has waited with no request to run (it waited for host work)."""
 
     def attach(self, conn: Connection) -> None:
         """Serve requests arriving on ``conn`` (the core's end of a host process's pipe)."""
@@ -102,7 +105,12 @@ class DeviceCore:
 
     def _serve(self) -> None:
         while not self._stopped:
-            self._receive(block=not self._pending)
+            if self._pending:
+                self._receive(block=False)
+            else:
+                start = time.perf_counter()
+                self._receive(block=True)
+                self.idle_seconds += time.perf_counter() - start
             while self._pending and not self._stopped:
                 self._run_next()
 
