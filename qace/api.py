@@ -6,11 +6,12 @@ captions, streams of records, or whole files with crash-safe, resumable output.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -231,7 +232,8 @@ class QACE(FileScorer):
         so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work. Only the first
         chunk's parsing is waited for, so when there is more than one chunk of records the first is an
         eighth of ``chunk_size`` (`_ramp_sizes`): the models start on it while the next, full chunk is
-        parsed. Input that fits one
+        parsed; with host processes (`host_workers`) the first three chunks grow and the last ones
+        shrink (`_Tapered`), so the device is busy from early on to the end. Input that fits one
         chunk (a reward call) stays one chunk. Scorers in several threads share the device: their model stages
         take turns under the device lock (`qace.engine.device_lock`), their host work overlaps.
         """
@@ -254,16 +256,20 @@ class QACE(FileScorer):
         if self.config.variant == "img":
             records = map(_with_image_key, records)
         iterator: Iterator[Record | RecordError] = iter(records)
-        sizes: Iterator[int] = itertools.repeat(size)
-        if ramp:
-            head = list(itertools.islice(iterator, size + 1))
-            sizes = _ramp_sizes(size) if len(head) > size else sizes
-            iterator = itertools.chain(head, iterator)
+        head = list(itertools.islice(iterator, size + 1)) if ramp else []
+        iterator = itertools.chain(head, iterator)
+        chunks: Callable[[], list[Record | RecordError]]
+        if len(head) <= size:  # whole chunks (files, and input that fits one chunk: a reward call)
+            chunks = functools.partial(_take, iterator, itertools.repeat(size))
+        elif self.host is None:
+            chunks = functools.partial(_take, iterator, _ramp_sizes(size))
+        else:
+            chunks = _Tapered(iterator, size).next_chunk
         with ThreadPoolExecutor(1, thread_name_prefix="qace-prefetch") as prefetch:
-            upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
+            upcoming = prefetch.submit(self._prepare_next, chunks)
             if self.host is None:
                 while (prepared := upcoming.result()) is not None:
-                    upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
+                    upcoming = prefetch.submit(self._prepare_next, chunks)
                     yield from self._finish(prepared)
                 return
             # host processes: chunks in flight, one more than there are processes, so none waits for
@@ -278,7 +284,7 @@ class QACE(FileScorer):
                         if prepared is None:
                             exhausted = True
                             break
-                        upcoming = prefetch.submit(self._prepare_next, iterator, next(sizes))
+                        upcoming = prefetch.submit(self._prepare_next, chunks)
                         inflight.append((prepared, self._dispatch(prepared)))
                     if not inflight:
                         return
@@ -312,10 +318,10 @@ class QACE(FileScorer):
         prepared.candidates.add_done_callback(send)
         return rows
 
-    def _prepare_next(self, iterator: Iterator[Record | RecordError], size: int) -> _Prepared | None:
-        """The next ``size`` records of ``iterator``, prepared; None once it is exhausted."""
+    def _prepare_next(self, chunks: Callable[[], list[Record | RecordError]]) -> _Prepared | None:
+        """The next chunk of records, prepared; None once they are exhausted."""
         with instrument.of(self).timer("prepare"):
-            chunk = list(itertools.islice(iterator, size))
+            chunk = chunks()
             return self._prepare(chunk) if chunk else None
 
     def _prepare(self, chunk: list[Record | RecordError]) -> _Prepared:
@@ -389,6 +395,35 @@ def bertscore_precision(config: QACEConfig) -> str:
     """The BERTScore encoder's precision: fp16 for half-precision engines on a GPU (see
     `qace.kernels.bertscore.BertScoreMatcher`), else fp32 as the reference (fp32 engines, CPUs)."""
     return "fp16" if config.device.startswith("cuda") and config.precision != "fp32" else "fp32"
+
+
+def _take(iterator: Iterator[Record | RecordError], sizes: Iterator[int]) -> list[Record | RecordError]:
+    return list(itertools.islice(iterator, next(sizes)))
+
+
+class _Tapered:
+    """Chunks of an input longer than one chunk, for host processes (`host_workers`): the first three
+    grow (an eighth, a quarter, half a chunk) so the device starts early and the processes fill up,
+    and the last two chunks' worth shrink by halves down to an eighth, so the device is not left
+    alone with the last chunk's host work. The cuts depend on the input only (never on timing)."""
+
+    def __init__(self, iterator: Iterator[Record | RecordError], size: int) -> None:
+        self.iterator, self.size = iterator, size
+        self.buffer: deque[Record | RecordError] = deque()
+        self.rising = [max(1, size // 8), max(1, size // 4), max(1, size // 2)]
+
+    def _fill(self, n: int) -> None:
+        self.buffer.extend(itertools.islice(self.iterator, max(0, n - len(self.buffer))))
+
+    def next_chunk(self) -> list[Record | RecordError]:
+        if self.rising:
+            n = self.rising.pop(0)
+        else:
+            self._fill(2 * self.size)
+            left, floor = len(self.buffer), max(1, self.size // 8)
+            n = self.size if left >= 2 * self.size else left if left <= 2 * floor else -(-left // 2)
+        self._fill(n)
+        return [self.buffer.popleft() for _ in range(min(n, len(self.buffer)))]
 
 
 def _ramp_sizes(chunk_size: int) -> Iterator[int]:
