@@ -60,7 +60,7 @@ def test_rows_equal_the_single_process_design(test_models_dir: Path, variant: st
     try:
         assert split.host is not None and split.host.size == 2
         rows = split.score(captions, **inputs)
-        assert rows == alone
+        _assert_same_rows(rows, alone)
         assert sum("error" in r for r in rows) == 2
         # a failing batch in the core fails its call with the core's message; the next call is served
         tqa = split.core.runners["tqa"]
@@ -73,9 +73,38 @@ def test_rows_equal_the_single_process_design(test_models_dir: Path, variant: st
         with pytest.raises(CoreError, match="device fault for the test"):
             split.score(captions[:6], **head)
         split.core.runners["tqa"] = tqa
-        assert split.score(captions[:6], **head) == single.score(captions[:6], **head)
+        _assert_same_rows(split.score(captions[:6], **head), single.score(captions[:6], **head))
     finally:
         split.close()
+
+
+def _assert_same_rows(rows: list[dict], expected: list[dict]) -> None:
+    """The same questions, answers and flags; scores within float rounding (2e-6, as the parity tests):
+    a list longer than a chunk is cut differently with host processes (`qace.api._Tapered`), and fp32
+    rounding follows a batch's composition. Files cut whole chunks in both designs: their bytes are
+    equal (the command-line tests below)."""
+    assert len(rows) == len(expected)
+    for row, other in zip(rows, expected, strict=True):
+        if "error" in other:
+            assert row == other
+            continue
+        assert row["explanation"] == other["explanation"] or _close(row["explanation"], other["explanation"])
+        assert {k: v for k, v in row.items() if not isinstance(v, float) and k != "explanation"} == {
+            k: v for k, v in other.items() if not isinstance(v, float) and k != "explanation"
+        }
+        for key, value in other.items():
+            if isinstance(value, float):
+                assert row[key] == pytest.approx(value, abs=2e-6), key
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 2e-6
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
 
 
 # -- processes that die, and Ctrl-C (the command line, in a process of its own) ------------------------
