@@ -45,8 +45,8 @@ COMPONENTS = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
 LOGGED_COMPONENTS = ("qace_f1", "qace_bs", "qace_an")
 """The parts of QACE a trainer logs next to the reward."""
 
-# trainers stream the policy's raw text; these end markers are not part of the caption
-DEFAULT_STRIP = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>", "<pad>")
+# trainers stream the policy's raw text; these end markers (and the unknown token) are not the caption
+DEFAULT_STRIP = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>", "<pad>", "<unk>")
 
 
 @dataclass(frozen=True)

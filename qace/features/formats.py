@@ -55,7 +55,7 @@ def canonical_id(image_id: object) -> str:
     match = _COCO_NAME.match(text)
     if match:
         text = match.group(1)
-    return str(int(text)) if text.isdigit() else text
+    return str(int(text)) if text.isascii() and text.isdigit() else text  # not '²', a digit int() refuses
 
 
 def norm_boxes(image_id: str, boxes: np.ndarray, width: float, height: float, where: str) -> np.ndarray:

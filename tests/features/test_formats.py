@@ -161,6 +161,8 @@ def test_pack_converts_a_published_file_to_the_fast_store(sample, tmp_path: Path
         ("1000092795.jpg", "1000092795"),
         ("1056338697_4f7d7ce270.jpg", "1056338697_4f7d7ce270"),
         ("dog", "dog"),
+        ("²", "²"),  # a digit to str.isdigit, not to int(): an id as written, not a ValueError
+        ("12³", "12³"),
     ],
 )
 def test_canonical_id(given: object, canonical: str) -> None:
