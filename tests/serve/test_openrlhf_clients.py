@@ -13,14 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import threading
 import types
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import httpx
 import pytest
 import torch
 
@@ -266,3 +270,46 @@ def test_openrlhf_without_the_path_token_is_refused(url: str) -> None:
         data = {"query": [PROMPT + CAPTIONS[0]], "prompts": [PROMPT], "labels": [REFS]}
         with pytest.raises(Exception, match="Request error for 1 times"):
             request_api_wrapper(url.replace(f"/t/{TOKEN}", ""), data, try_max_times=1)
+
+
+def test_scripts_wait_for_the_service_with_qace_health(reward: QACEReward, capsys) -> None:
+    """Before the service listens, 0.8 raises (0.11 would train on ``reward=None``); ``qace health URL
+    --wait`` waits out the closed port (models loading) and the warm-up's 503, then 0.8's client gets
+    rewards with a single try."""
+    from qace.cli import main
+
+    with socket.socket() as probe:  # a free loopback port, closed again
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/t/{TOKEN}/get_reward"
+    data = {"query": [PROMPT + CAPTIONS[0]], "prompts": [PROMPT], "labels": [REFS]}
+    with openrlhf("0.8"):
+        from openrlhf.utils.remote_rm_utils import request_api_wrapper
+
+        with pytest.raises(Exception, match="Request error for 1 times"):
+            request_api_wrapper(url, data, try_max_times=1)
+        assert main(["health", url]) == 2 and "unreachable" in capsys.readouterr().err
+        polled, warmed = threading.Event(), threading.Event()
+        real_get = httpx.get
+
+        def get(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return real_get(*args, **kwargs)
+            finally:
+                polled.set()
+
+        warming = types.SimpleNamespace(
+            score=reward.score, variant="ref", signature=reward.signature, warm_up=lambda: warmed.wait(10)
+        )
+        app = create_app(warming, token=TOKEN, warm_up=True)
+        with ThreadPoolExecutor(1) as pool, mock.patch("httpx.get", get):
+            waiting = pool.submit(main, ["health", url, "--wait", "--timeout", "60"])
+            assert polled.wait(10) and not waiting.done()  # it met the closed port and waits on
+            with serving(app, start_timeout_s=10, port=port):
+                polled.clear()
+                assert polled.wait(10) and not waiting.done()  # it met 503 warming_up and waits on
+                warmed.set()
+                assert waiting.result(timeout=30) == 0
+                answer = request_api_wrapper(url, data, try_max_times=1)
+    assert json.loads(capsys.readouterr().out)["status"] == "ok"
+    assert answer["rewards"] == pytest.approx(reward([CAPTIONS[0]], references=[REFS]).tolist(), abs=1e-6)

@@ -101,6 +101,54 @@ def test_serve_command_refuses_a_short_token_before_loading_models(monkeypatch) 
         _serve_command(monkeypatch, ["--token", "12345"])
 
 
+def test_serve_on_a_busy_port_fails_before_any_model_loads(monkeypatch, capsys) -> None:
+    """The port is bound before the models load (it used to fail only after loading and "ready")."""
+    import socket
+
+    from qace.cli import main
+
+    loaded = []
+    monkeypatch.setattr("qace.reward.QACEReward", lambda **kwargs: loaded.append(kwargs))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--token", TOKEN]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err and loaded == []
+
+
+def test_serve_holds_its_port_while_the_models_load(monkeypatch) -> None:
+    """Nothing else can take the port between the check and the serving: it is bound from the start."""
+    import argparse
+    import socket
+
+    from qace.serve.cli import register
+
+    taken = []
+
+    class Reward:
+        def __init__(self, **kwargs):
+            with socket.socket() as other:
+                try:
+                    other.bind(("127.0.0.1", port))
+                except OSError:
+                    taken.append(True)
+            self.device, self.signature = "cpu", "sig"
+            self.scorer = argparse.Namespace(uses_test_models=False)
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr("qace.reward.QACEReward", Reward)
+    monkeypatch.setattr("qace.serve.app.create_app", lambda *a, **k: None)
+    monkeypatch.setattr("qace.serve.cli.serve", lambda app, sock: taken.append(sock.getsockname()[1]))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--port", str(port), "--token", TOKEN])
+    assert args.func(args) == 0 and taken == [True, port]
+
+
 def test_rewards_ids_echoed_and_invalid_captions_get_zero(fake, serve) -> None:
     with serve(fake, max_caption_chars=50) as url:
         body = _v1("req-1", ["a dog", "", "   ", "x" * 51])
