@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qace.data.records import RecordError, caption_problem
+from qace.data.records import RecordError, caption_problem, unicode_problem
 from qace.errors import ConfigError, InputError
 from qace.scoring import list_ids
 from qace.signature import Signature
@@ -189,6 +189,13 @@ class ScorerReward:
         for i, value in enumerate(given):
             if not (_references_ok(value) if self.reads == "references" else _filled(value)):
                 raise InputError(missing, record_id=f"sample {i}")
+            texts = value if self.reads == "references" else [str(value)]
+            what = {"references": "a reference", "image_id": "the image id", "image": "the image path"}[
+                self.reads
+            ]
+            problem = next(filter(None, (unicode_problem(text, what) for text in texts)), None)
+            if problem is not None:
+                raise InputError(problem, record_id=f"sample {i}")
 
 
 CONTEXTS = {

@@ -57,6 +57,14 @@ def test_invisible_and_invalid_unicode_captions_are_invalid(reward: QACEReward) 
     assert results[6].reward == pytest.approx(reward(["a girl runs on the beach"], references=[REFS]).item())
 
 
+def test_contexts_that_are_not_valid_unicode_raise_naming_the_sample(reward: QACEReward) -> None:
+    """A lone surrogate in a reference used to fail the batch inside the tokenizer (TypeError)."""
+    with pytest.raises(
+        InputError, match=r"sample 1.*a reference is not valid Unicode: lone surrogate U\+DC00"
+    ):
+        reward(["a dog", "a cat"], references=[REFS, ["a cat \udc00"]])
+
+
 def test_caption_over_the_scorer_limit_is_invalid_not_a_crash(reward: QACEReward) -> None:
     """A runaway 1.2 MB generation (spaCy's E088 used to raise) is invalid, with or without max_chars."""
     huge = "a dog " * 200_000
