@@ -133,6 +133,18 @@ def test_butd_tsv_both_layouts_sidecar_index_and_invalidation(sample, tmp_path: 
     np.testing.assert_allclose(rebuilt.get("77.jpg"), _expected(features, boxes, W, H))
 
 
+def test_an_id_of_superscript_digits_is_missing_not_a_crash(sample, tmp_path: Path) -> None:
+    """'²' is a digit to str.isdigit but not to int(): QACE-Img's lookup raised ValueError, failing the
+    reward service's whole batch."""
+    features, boxes = sample
+    path = tmp_path / "f.tsv"
+    path.write_bytes(_tsv_line("2", features, boxes))
+    store = open_feature_store(path)
+    assert "²" not in store and "2" in store
+    with pytest.raises(FeatureError, match="no region features for image '²'"):
+        store.get("²")
+
+
 def test_butd_tsv_fewer_than_36_boxes_is_an_error(sample, tmp_path: Path) -> None:
     features, boxes = sample
     path = tmp_path / "adaptive.tsv"
