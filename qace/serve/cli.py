@@ -101,7 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         scorers.warn_if_test_models(reward.scorer, entry)
         app = create_app(reward, token=token, settings=limits, warm_up=args.warm_up, tokenizer=tokenizer)
-        print(f"serving {reward.signature} on http://{args.host}:{args.port}")
+        print(f"serving {reward.signature} on http://{args.host}:{sock.getsockname()[1]}")  # --port 0 too
         if args.warm_up:
             print("warming up (CUDA graphs on a GPU, spaCy workers): /health answers 503 until it is done")
         serve(app, sock)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_health(args: argparse.Namespace) -> int:
     from qace.serve.client import wait_ready
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per poll
     payload = wait_ready(args.url, timeout_s=args.timeout if args.wait else 0.0)
     print(json.dumps(payload))
     return 0
