@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from qace.data.records import unicode_problem
 from qace.errors import ConfigError
 from qace.reward import DEFAULT_STRIP, RewardResult, completion_text
 from qace.serve.batcher import Item
@@ -55,8 +56,9 @@ class PromptMatcher:
         for form in forms:  # the common cases, without a pattern
             if query.startswith(form):
                 return completion_text(query[len(form) :], self.strip)
+        visible = "".join(query.split())
         for form in forms:
-            end = _end_of_prefix(query, form)
+            end = _end_of_prefix(query, form) if visible.startswith("".join(form.split())) else None
             if end is not None:
                 return completion_text(query[end:], self.strip)
         return None
@@ -65,7 +67,9 @@ class PromptMatcher:
         """The prompt as written and as the tokenizer decodes its ids, each also without its trailing
         whitespace."""
         forms = [prompt]
-        if self.tokenizer is not None:
+        if (
+            self.tokenizer is not None and unicode_problem(prompt, "prompt") is None
+        ):  # else it can't be encoded
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             forms.append(self.tokenizer.decode(ids, skip_special_tokens=False))
         return tuple(dict.fromkeys(f for form in forms for f in (form, form.rstrip())))
@@ -79,9 +83,16 @@ def _pattern(prompt: str) -> re.Pattern[str]:
 
 def _end_of_prefix(query: str, prompt: str) -> int | None:
     """Where ``query`` continues after ``prompt``, whitespace ignored in both; None if it does not
-    start with it."""
+    start with it, or the prompt is too long to match so (`MAX_PATTERN_CHARS`)."""
+    if len(prompt) > MAX_PATTERN_CHARS:
+        return None
     match = _pattern(prompt).match(query)
     return None if match is None else match.end()
+
+
+MAX_PATTERN_CHARS = 100_000
+"""Longer prompts match only as written or decoded, whitespace included (a pattern of millions of
+characters would hold the service)."""
 
 
 def load_tokenizer(name: str) -> Any:
