@@ -56,6 +56,12 @@ OPTIONAL_COMMANDS = {
         ("fastapi", "uvicorn"),
         "serve a registered scorer as rewards over HTTP (own API and OpenRLHF's /get_reward)",
     ),
+    "health": OptionalCommand(
+        "qace.serve.health",
+        "serve",
+        ("httpx",),
+        "check a reward service's /health, or --wait until it is ready",
+    ),
     "score-ray": OptionalCommand(
         "qace.scale.cli", "ray", ("ray",), "score Parquet/JSONL on a Ray cluster into a Parquet directory"
     ),

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qace.data.records import RecordError, caption_problem
+from qace.data.records import RecordError, caption_problem, surrogate_problem
 from qace.errors import ConfigError, InputError
 from qace.scoring import list_ids
 from qace.signature import Signature
@@ -45,8 +45,8 @@ COMPONENTS = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
 LOGGED_COMPONENTS = ("qace_f1", "qace_bs", "qace_an")
 """The parts of QACE a trainer logs next to the reward."""
 
-# trainers stream the policy's raw text; these end markers are not part of the caption
-DEFAULT_STRIP = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>", "<pad>")
+# trainers stream the policy's raw text; these end markers (and the unknown token) are not the caption
+DEFAULT_STRIP = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>", "<pad>", "<unk>")
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,13 @@ class ScorerReward:
         for i, value in enumerate(given):
             if not (_references_ok(value) if self.reads == "references" else _filled(value)):
                 raise InputError(missing, record_id=f"sample {i}")
+            texts = value if self.reads == "references" else [str(value)]
+            what = {"references": "a reference", "image_id": "the image id", "image": "the image path"}[
+                self.reads
+            ]
+            problem = next(filter(None, (surrogate_problem(what, text) for text in texts)), None)
+            if problem is not None:
+                raise InputError(problem, record_id=f"sample {i}")
 
 
 CONTEXTS = {

@@ -27,6 +27,7 @@ import csv
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -81,11 +82,18 @@ class RecordError:
 
 
 def caption_problem(caption: Any, max_chars: int | None = None) -> str | None:
-    """Why ``caption`` cannot be scored (``None`` when it can); ``max_chars`` bounds its length."""
+    """Why ``caption`` cannot be scored (``None`` when it can); ``max_chars`` bounds its length.
+
+    Not a string, empty, nothing but whitespace, zero-width, format or control characters (a caption
+    nobody can see), over ``max_chars``, or not valid Unicode (a lone surrogate, which no tokenizer can
+    encode) are each a problem.
+    """
     if not isinstance(caption, str):
         return f"caption must be a string, got {type(caption).__name__}"
     if not caption.strip():
         return "empty or whitespace-only caption"
+    if all(ch.isspace() or unicodedata.category(ch) in INVISIBLE for ch in caption):
+        return "caption has only invisible characters (zero-width, format or control characters)"
     if max_chars is not None and len(caption) > max_chars:
         return f"caption has {len(caption)} characters; the limit is {max_chars}"
     return surrogate_problem("caption", caption)
@@ -103,6 +111,11 @@ def surrogate_problem(name: str, text: str) -> str | None:
         f"{name} holds a lone surrogate (\\u{code:04x} at character {found.start() + 1}), which is no text "
         "and cannot be written as UTF-8: write the character it stands for, or pair the surrogate"
     )
+
+
+INVISIBLE = frozenset({"Cc", "Cf"})
+"""Unicode categories of characters that show nothing: control (``Cc``) and format (``Cf``: zero-width
+spaces and joiners, the byte-order mark, bidirectional marks, the soft hyphen)."""
 
 
 def require(record: Record, *, references: bool, image: bool) -> str | None:

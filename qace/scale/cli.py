@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from qace import scorers
+from qace.errors import ConfigError
 from qace.options import add_metric_option, add_scorer_options, entry_for
 from qace.progress import summary as say
 
@@ -67,6 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_score_ray)
 
 
+AUTH_HINT = (
+    "If the cluster uses token authentication (Ray 2.60's `ray start` turns it on where a token exists, "
+    "~/.ray/auth_token), set RAY_AUTH_MODE=token here too, with the cluster's token in RAY_AUTH_TOKEN or "
+    "~/.ray/auth_token; else check --address and that the cluster runs"
+)
+"""Why a connection to a running cluster fails without saying so: Ray logs only "InvalidAuthToken"."""
+
+
 def cmd_score_ray(args: argparse.Namespace) -> int:
     entry = entry_for(args)
     entry.require()
@@ -77,7 +86,10 @@ def cmd_score_ray(args: argparse.Namespace) -> int:
 
     sizes = [int(x) for x in args.actors.split(",")]
     actors: int | tuple[int, int] = sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
-    ray.init(address=args.address, ignore_reinit_error=True)
+    try:
+        ray.init(address=args.address, ignore_reinit_error=True)
+    except ConnectionError as exc:
+        raise ConfigError(f"{exc}. {AUTH_HINT}") from exc
     result = score_to_parquet(
         args.inputs, args.output, scorer_kwargs=kwargs, entry=entry, fmt=args.format, resume=args.resume,
         actors=actors, gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size,

@@ -210,6 +210,9 @@ def score_to_parquet(
         raise ConfigError(
             f"{out} already holds Parquet files; pass resume=True (--resume) or pick another directory"
         )
+    if not ray.is_initialized():
+        ray.init()  # what Ray Data would do on first use (RAY_ADDRESS, else a local Ray)
+    check_resources(ray.nodes(), actors, gpus_per_actor, cpus_per_actor)
     done = _done_keys(existing)
     ds = _read(ray, inputs, fmt)
     if done:
@@ -230,6 +233,47 @@ def score_to_parquet(
     written = sum(_rows(path) for path in set(out.glob("*.parquet")) - before)
     log.info("wrote %d rows to %s (%d ids were already done)", written, out, len(done))
     return {"scored": written, "skipped": len(done), "seconds": time.perf_counter() - start}
+
+
+def check_resources(
+    nodes: Sequence[dict[str, Any]],
+    actors: int | tuple[int, int],
+    gpus_per_actor: float,
+    cpus_per_actor: float,
+) -> None:
+    """`ConfigError` naming the flag to change when the cluster's live ``nodes`` (``ray.nodes()``) cannot
+    place the pool's (smallest) number of actors: Ray would wait for them forever, saying only "No
+    available node types can fulfill resource request". Counts the nodes alive now, not those an
+    autoscaler could add."""
+    need = actors if isinstance(actors, int) else actors[0]
+    alive = [node.get("Resources", {}) for node in nodes if node.get("Alive")]
+
+    def placed(gpus: float, cpus: float) -> int:
+        """Actors the live nodes hold, each needing ``gpus`` GPUs and ``cpus`` CPUs on one node."""
+        total = 0
+        for res in alive:
+            fits = [
+                int(res.get(kind, 0.0) / each + 1e-9) for kind, each in (("GPU", gpus), ("CPU", cpus)) if each
+            ]
+            total += min(fits) if fits else need
+        return total
+
+    if placed(gpus_per_actor, cpus_per_actor) >= need:
+        return
+    have = {kind: sum(res.get(kind, 0.0) for res in alive) for kind in ("GPU", "CPU")}
+    where = (
+        f"the Ray cluster has {have['GPU']:g} GPU(s) and {have['CPU']:g} CPU(s) on {len(alive)} live node(s)"
+    )
+    if placed(gpus_per_actor, 0.0) < need:
+        raise ConfigError(
+            f"{where}: {need} actor(s) with --gpus-per-actor {gpus_per_actor:g} (gpus_per_actor=) cannot be "
+            "placed and would wait forever; pass --gpus-per-actor 0 to score on CPUs, start fewer --actors, "
+            "or add GPU nodes"
+        )
+    raise ConfigError(
+        f"{where}: {need} actor(s) of {cpus_per_actor:g} CPU(s) each cannot be placed and would wait "
+        "forever; start fewer --actors (actors=), or add nodes"
+    )
 
 
 def read_scores(output_dir: str | Path, columns: Sequence[str] = SCORE_FIELDS) -> Any:

@@ -12,22 +12,19 @@ route offers it):
   "component"?}`` -> ``{"request_id", "signature", "component", "results": [{"id", "reward",
   "valid", "reason", "scores"}]}``; ids are echoed so a client can check every reward's owner.
 - ``POST /get_reward`` and ``POST /t/<token>/get_reward``: OpenRLHF's remote reward protocol,
-  ``{"query", "prompts", "labels"}`` -> ``{"rewards", "scores"[, "extra_logs"]}``. OpenRLHF's clients
-  send no header, so the second form carries the token in the URL they are given. The caption is the
-  query minus its prompt (a query that does not start with its prompt is scored whole, counted in
-  ``/metrics`` and logged); each label carries the context: an image id (QACE-Img) or an image path,
-  references as a list, a JSON list string or a single string, or ``{"references": [...]}`` /
-  ``{"image_id": ...}`` / ``{"image": ...}``.
-  ``extra_logs`` (the components) holds one number per name and comes only with one-query requests
-  (OpenRLHF 0.11 sends one query per request and makes a tensor of each value; 0.8 sends a batch and
-  can only ``torch.cat`` tensors, which JSON cannot carry, so a list there crashes it).
+  ``{"query", "prompts", "labels"}`` -> ``{"rewards", "scores"[, "extra_logs"]}`` (`qace.serve.openrlhf`:
+  how the caption is cut from the query, what labels carry, when ``extra_logs`` come). OpenRLHF's clients
+  send no header, so the second form carries the token in the URL they are given.
 - ``GET /health``: liveness and queue depth (503 ``warming_up`` while the engine warms up, then 200);
   ``GET /metrics``: Prometheus text.
 
 Refusals are explicit, never a hang: 401 (token), 413 (body or item count too large, naming the flag
 that raises the limit), 400/422 (malformed input), 429 (queue full) and 503 (stopping, or waited past the
 timeout), the last two with ``Retry-After``. Reward requests that arrive during the warm-up are held until
-it ends (OpenRLHF retries a 503 only five times a second apart), within the same timeout.
+it ends (OpenRLHF retries a 503 only five times a second apart), within the same timeout; an empty one is
+answered at once. An item that cannot be scored (its caption, a reference over the limit, an error of the
+scorer on it alone) is rewarded as invalid with the reason, and its neighbours are scored
+(`qace.serve.batcher`). A bug answers 500 and keeps the connection open; the service goes on.
 """
 
 from __future__ import annotations
@@ -47,9 +44,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from qace.errors import ConfigError, InputError
-from qace.reward import COMPONENTS, LOGGED_COMPONENTS, completion_text
+from qace.errors import ConfigError
+from qace.reward import COMPONENTS, LOGGED_COMPONENTS, RewardResult
+from qace.serve import openrlhf
 from qace.serve.batcher import Item, MicroBatcher, Overloaded
+from qace.serve.items import RequestError, make_item
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,10 @@ class ServeSettings:
     max_body_bytes: int = 64 << 20
     """Request body size limit (413 beyond it); ``max_items`` queries with prompts and references fit."""
     max_caption_chars: int = 2000
-    """Longer captions are rewarded as invalid (a runaway generation, not a caption)."""
+    """Longer captions, references, image ids or image paths are rewarded as invalid (a runaway
+    generation, or a context that would hold the engine)."""
+    max_references: int = 64
+    """References per item; an item with more is rewarded as invalid."""
     timeout_s: float = 60.0
     """A request waiting longer gets 503."""
     retry_after_s: float = 1.0
@@ -89,6 +91,8 @@ class _Served:
     """The components of OpenRLHF's ``extra_logs``."""
     key: str
     """The score column: ``/v1/reward``'s default component, ``<key>_valid`` in ``extra_logs``."""
+    invalid_reward: float
+    """The reward of an item that cannot be scored."""
 
     @classmethod
     def of(cls, reward: Any) -> _Served:
@@ -100,17 +104,12 @@ class _Served:
             tuple(getattr(reward, "components", COMPONENTS)),
             tuple(getattr(reward, "logged", LOGGED_COMPONENTS)),
             getattr(reward, "score_key", "qace"),
+            float(getattr(reward, "invalid_reward", 0.0)),
         )
 
 
 CONTEXT_KEYWORDS = {"references": "references", "image_id": "image_ids", "image": "images"}
 """The reward's ``score`` keyword of each kind of context."""
-
-
-class _HTTPError(Exception):
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.detail, self.headers = status, detail, headers or {}
 
 
 MIN_TOKEN_CHARS = 16
@@ -140,10 +139,15 @@ WARM_UP_RETRY_AFTER_S = 5
 
 
 def create_app(
-    reward: Any, *, token: str, settings: ServeSettings | None = None, warm_up: bool = False
+    reward: Any,
+    *,
+    token: str,
+    settings: ServeSettings | None = None,
+    warm_up: bool = False,
+    tokenizer: Any = None,
 ) -> FastAPI:
     """The FastAPI app serving ``reward`` (a `qace.reward.ScorerReward`, such as `QACEReward`, or anything
-    with its ``score``).
+    with its ``score``). ``tokenizer`` is the policy's, for OpenRLHF's queries (`qace.serve.openrlhf`).
 
     ``warm_up``: on start, run ``reward.warm_up()`` (`QACEReward.warm_up`) in a thread while the server
     already answers: ``/health`` says 503 ``warming_up`` and reward requests are held until it is done
@@ -161,16 +165,30 @@ def create_app(
     counts: dict[str, int] = {"prompt_mismatch": 0}
     served = _Served.of(reward)
 
+    matcher = openrlhf.PromptMatcher(tokenizer)
+    limits = {"max_chars": settings.max_caption_chars, "max_references": settings.max_references}
+
+    def invalid(reason: str) -> RewardResult:
+        return RewardResult(served.invalid_reward, False, reason)
+
     def score_items(items: list[Item]) -> list[Any]:
-        captions = [item.caption for item in items]
-        contexts = {}
-        if served.reads is not None:
-            values = [getattr(item, served.reads) for item in items]
-            contexts[CONTEXT_KEYWORDS[served.reads]] = values
-        return reward.score(captions, max_chars=settings.max_caption_chars, **contexts)
+        """Items with a problem are invalid; the others go to the reward in one call."""
+        results: list[Any] = [None if item.problem is None else invalid(item.problem) for item in items]
+        todo = [i for i, result in enumerate(results) if result is None]
+        if todo:
+            contexts = {}
+            if served.reads is not None:
+                values = [getattr(items[i], served.reads) for i in todo]
+                contexts[CONTEXT_KEYWORDS[served.reads]] = values
+            captions = [items[i].caption for i in todo]
+            scored = reward.score(captions, max_chars=settings.max_caption_chars, **contexts)
+            for i, result in zip(todo, scored, strict=True):
+                results[i] = result
+        return results
 
     batcher = MicroBatcher(
         score_items,
+        on_error=lambda item, exc: invalid(f"could not be scored: {type(exc).__name__}: {exc}"),
         max_batch=settings.max_batch,
         max_wait_s=settings.max_wait_ms / 1000,
         max_queue=settings.max_queue,
@@ -208,7 +226,7 @@ def create_app(
         yield
         await batcher.stop()
 
-    app = FastAPI(title="QACE reward service", lifespan=lifespan)
+    app = FastAPI(title="QACE reward service", lifespan=lifespan, default_response_class=_JSON)
     app.state.batcher = batcher
 
     @app.middleware("http")
@@ -217,13 +235,16 @@ def create_app(
         try:
             if request.url.path != "/health" and not _path_token_ok(request.url.path, token):
                 if not authorized(request.headers.get("authorization", ""), token):
-                    raise _HTTPError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+                    raise RequestError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             length = request.headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-                raise _HTTPError(413, _too_big(settings.max_body_bytes))
+                raise RequestError(413, _too_big(settings.max_body_bytes))
             response = await call_next(request)
-        except _HTTPError as exc:
+        except RequestError as exc:
             response = _error(exc)
+        except Exception:  # noqa: BLE001 - answered here, so the server keeps the connection open
+            log.exception("%s %s failed", request.method, request.url.path)
+            response = _error(RequestError(500, "internal error of the reward service (logged)"))
         counts[str(response.status_code)] = counts.get(str(response.status_code), 0) + 1
         return response
 
@@ -233,40 +254,44 @@ def create_app(
         async for part in request.stream():
             data += part
             if len(data) > settings.max_body_bytes:
-                raise _HTTPError(413, _too_big(settings.max_body_bytes))
+                raise RequestError(413, _too_big(settings.max_body_bytes))
         try:
             return json.loads(data)
         except ValueError as exc:
-            raise _HTTPError(400, f"body is not JSON: {exc}") from exc
+            raise RequestError(400, f"body is not JSON: {exc}") from exc
+        except RecursionError:
+            raise RequestError(400, "body is not JSON this service reads: nested too deeply") from None
 
     async def run(items: list[Item]) -> list[Any]:
         if len(items) > settings.max_items:
-            raise _HTTPError(
+            raise RequestError(
                 413, f"{len(items)} items in one request; the limit is {settings.max_items} (--max-items)"
             )
+        if not items:
+            return []
         if not ready.is_set():
             try:  # hold it: OpenRLHF's clients give up after five 503s a second apart
                 await asyncio.wait_for(ready.wait(), settings.timeout_s)
             except TimeoutError:
                 retry = {"Retry-After": str(WARM_UP_RETRY_AFTER_S)}
-                raise _HTTPError(
+                raise RequestError(
                     503, "the reward engine is still warming up (spaCy workers; CUDA graphs on a GPU)", retry
                 ) from None
         try:
             return await batcher.submit(items)
         except Overloaded as exc:
             status = 429 if type(exc) is Overloaded else 503
-            raise _HTTPError(status, str(exc), {"Retry-After": str(max(1, round(exc.retry_after)))}) from exc
-        except InputError as exc:
-            raise _HTTPError(422, str(exc)) from exc
+            raise RequestError(
+                status, str(exc), {"Retry-After": str(max(1, round(exc.retry_after)))}
+            ) from exc
 
     @app.post("/v1/reward")
     async def v1_reward(request: Request) -> Any:
         try:
             payload = await body(request)
-            request_id, ids, items, component = _parse_v1(payload, served)
+            request_id, ids, items, component = _parse_v1(payload, served, limits)
             results = await run(items)
-        except _HTTPError as exc:
+        except RequestError as exc:
             return _error(exc)
         return {
             "request_id": request_id,
@@ -289,25 +314,19 @@ def create_app(
     async def get_reward(request: Request) -> Any:
         try:
             payload = await body(request)
-            items, mismatched = _parse_openrlhf(payload, served.reads)
+            items, mismatched = openrlhf.parse(payload, served.reads, matcher, **limits)
             if mismatched:
                 counts["prompt_mismatch"] += len(mismatched)
                 log.warning(
-                    "%d of %d queries do not start with their prompt (first: sample %d); scored whole",
+                    "%d of %d queries do not start with their prompt (first: sample %d); rewarded as invalid "
+                    "(pass the policy's tokenizer: qace serve --tokenizer)",
                     len(mismatched), len(items), mismatched[0],
                 )  # fmt: skip
             results = await run(items)
-        except _HTTPError as exc:
+        except RequestError as exc:
             return _error(exc)
-        rewards = [r.reward for r in results]
-        out: dict[str, Any] = {"rewards": rewards, "scores": rewards}
-        if len(results) == 1:  # see the module docstring: what OpenRLHF 0.11 and 0.8 both accept
-            (r,) = results
-            logs = {name: float(r.scores.get(name, 0.0)) for name in served.logged}
-            out["extra_logs"] = {**logs, f"{served.key}_valid": 1.0 if r.valid else 0.0}
-        if isinstance(payload, dict) and "request_id" in payload:
-            out["request_id"] = payload["request_id"]
-        return out
+        wants_logs = request.query_params.get("extra_logs") == "1"
+        return openrlhf.reply(payload, results, served.logged, served.key, wants_logs)
 
     @app.get("/health")
     async def health() -> Any:
@@ -315,7 +334,7 @@ def create_app(
         payload = {"status": state, "signature": reward.signature, "queued_items": batcher.stats.queued_items}
         if warm_up_error:
             payload["warm_up_error"] = warm_up_error[0]
-        return JSONResponse(payload, status_code=200 if state == "ok" else 503)
+        return _JSON(payload, status_code=200 if state == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -331,6 +350,7 @@ def create_app(
             f"qace_rejected_total {s.rejected}",
             f"qace_timed_out_total {s.timed_out}",
             f"qace_failed_batches_total {s.failed}",
+            f"qace_failed_items_total {s.failed_items}",
             f"qace_score_seconds_total {s.score_seconds:.6f}",
             f"qace_uptime_seconds {time.monotonic() - started:.3f}",
         ]
@@ -356,85 +376,36 @@ def _too_big(limit: int) -> str:
     return f"request body over {limit} bytes (--max-body-bytes)"
 
 
-def _error(exc: _HTTPError) -> JSONResponse:
-    return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+class _JSON(JSONResponse):
+    """JSON with every non-ASCII character escaped, so text that is not valid Unicode (a lone surrogate,
+    echoed in an id or a reason) is still sent, as JSON's ``\\ud800``."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
-def _parse_v1(payload: Any, served: _Served) -> tuple[str, list[str], list[Item], str]:
+def _error(exc: RequestError) -> JSONResponse:
+    return _JSON({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+
+
+def _parse_v1(
+    payload: Any, served: _Served, limits: dict[str, int]
+) -> tuple[str, list[str], list[Item], str]:
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
-        raise _HTTPError(422, 'expected {"request_id": str, "items": [{"id", "caption", ...}]}')
+        raise RequestError(422, 'expected {"request_id": str, "items": [{"id", "caption", ...}]}')
     request_id = payload.get("request_id")
     if not isinstance(request_id, str) or not request_id:
-        raise _HTTPError(422, "request_id must be a non-empty string (it is echoed back)")
+        raise RequestError(422, "request_id must be a non-empty string (it is echoed back)")
     component = payload.get("component", served.key)
     if component not in served.components:
         choices = ", ".join(served.components)
-        raise _HTTPError(422, f"unknown component {component!r}; choose one of {choices}")
+        raise RequestError(422, f"unknown component {component!r}; choose one of {choices}")
     ids, items = [], []
     for n, entry in enumerate(payload["items"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            raise _HTTPError(422, f"item {n} needs a string 'id'")
+            raise RequestError(422, f"item {n} needs a string 'id'")
         ids.append(entry["id"])
-        items.append(_item(entry.get("caption"), entry, served.reads, f"item {entry['id']!r}"))
+        items.append(make_item(entry.get("caption"), entry, served.reads, f"item {entry['id']!r}", **limits))
     if len(set(ids)) != len(ids):
-        raise _HTTPError(422, "item ids must be unique within a request")
+        raise RequestError(422, "item ids must be unique within a request")
     return request_id, ids, items, component
-
-
-def _parse_openrlhf(payload: Any, reads: str | None) -> tuple[list[Item], list[int]]:
-    """The items of an OpenRLHF request, and the samples whose query does not start with its prompt."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("query"), list):
-        raise _HTTPError(422, 'expected {"query": [...], "prompts": [...], "labels": [...]}')
-    queries = payload["query"]
-    prompts = payload.get("prompts") or [None] * len(queries)
-    labels = payload.get("labels")
-    if not isinstance(prompts, list) or len(prompts) != len(queries):
-        raise _HTTPError(422, "prompts must be a list as long as query")
-    if reads is None and labels is None:
-        labels = [{}] * len(queries)
-    if not isinstance(labels, list) or len(labels) != len(queries):
-        raise _HTTPError(
-            422, "labels must be a list as long as query (they carry the references, image id or image)"
-        )
-    items, mismatched = [], []
-    for n, (query, prompt, label) in enumerate(zip(queries, prompts, labels, strict=True)):
-        caption = query
-        if isinstance(query, str) and isinstance(prompt, str) and prompt:
-            if query.startswith(prompt):
-                caption = query[len(prompt) :]
-            else:
-                mismatched.append(n)
-        items.append(_item(completion_text(caption), _label_context(label, reads), reads, f"sample {n}"))
-    return items, mismatched
-
-
-def _label_context(label: Any, reads: str | None) -> dict[str, Any]:
-    """Read an OpenRLHF label into ``{"references"}``, ``{"image_id"}`` or ``{"image"}``."""
-    if isinstance(label, str) and label.lstrip().startswith(("[", "{")):
-        try:
-            label = json.loads(label)
-        except ValueError:
-            pass
-    if isinstance(label, dict) or reads is None:
-        return label if isinstance(label, dict) else {}
-    if reads == "references":
-        return {"references": [label] if isinstance(label, str) else label}
-    return {reads: label}
-
-
-def _item(caption: Any, context: dict[str, Any], reads: str | None, where: str) -> Item:
-    """Check the context (a bad one is the caller's bug: 422); the caption is judged by the reward."""
-    if reads == "references":
-        refs = context.get("references")
-        if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
-            raise _HTTPError(422, f"{where}: references must be a non-empty list of non-empty strings")
-        return Item(caption, references=tuple(refs))
-    if reads is None:
-        return Item(caption)
-    value = context.get(reads)
-    if reads == "image_id" and isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or not value.strip():
-        kind = "(string or integer)" if reads == "image_id" else "(a file path on the server)"
-        raise _HTTPError(422, f"{where}: needs an {reads} {kind}")
-    return Item(caption, image_id=value) if reads == "image_id" else Item(caption, image=value)

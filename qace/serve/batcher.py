@@ -8,7 +8,11 @@ event loop keeps answering health checks and rejecting excess load), then resolv
 Back-pressure instead of hangs: admission counts queued items, and a request that would push the
 count past ``max_queue`` is refused at once (`Overloaded` -> HTTP 429 with Retry-After); a request
 that waits longer than ``timeout_s`` is abandoned (`Unavailable` -> HTTP 503 with Retry-After) and
-skipped if the worker reaches it later.
+skipped if the worker reaches it later. An empty request is answered at once with no results.
+
+One item never fails the others: when scoring a batch raises, its halves are scored apart, down to
+single items, and an item that fails alone gets ``on_error(item, exc)`` as its result (the service's
+invalid reward, with the reason). No exception leaves the worker, so it serves until it is stopped.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from qace.errors import InputError, QACEError
+from qace.errors import QACEError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,8 @@ class Item:
     image_id: str | None = None
     references: tuple[str, ...] | None = None
     image: str | None = None
+    problem: str | None = None
+    """Why the item cannot be scored, found as it was read (it is then rewarded as invalid), or None."""
 
 
 @dataclass
@@ -64,20 +70,26 @@ class Stats:
     rejected: int = 0
     timed_out: int = 0
     failed: int = 0
+    """Batches whose scoring raised (their items were then scored apart)."""
+    failed_items: int = 0
+    """Items that could not be scored even alone (rewarded as invalid)."""
     score_seconds: float = 0.0
     queued_items: int = 0
 
 
 ScoreFn = Callable[[list[Item]], list[Any]]
+ErrorFn = Callable[[Item, Exception], Any]
 
 
 class MicroBatcher:
-    """Collect requests into batches for ``score_fn`` (one list of items in, one result per item out)."""
+    """Collect requests into batches for ``score_fn`` (one list of items in, one result per item out);
+    ``on_error(item, exc)`` is the result of an item that fails alone (see the module docstring)."""
 
     def __init__(
         self,
         score_fn: ScoreFn,
         *,
+        on_error: ErrorFn,
         max_batch: int = 64,
         max_wait_s: float = 0.005,
         max_queue: int = 1024,
@@ -86,7 +98,7 @@ class MicroBatcher:
     ) -> None:
         if max_batch < 1 or max_queue < 1 or timeout_s <= 0:
             raise QACEError("max_batch and max_queue must be positive, timeout_s above zero")
-        self.score_fn = score_fn
+        self.score_fn, self.on_error = score_fn, on_error
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
         self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
         self.stats = Stats()
@@ -125,7 +137,9 @@ class MicroBatcher:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, items: Sequence[Item]) -> list[Any]:
-        """Queue ``items`` as one request and wait for their results (in order)."""
+        """Queue ``items`` as one request and wait for their results (in order); no items, no results."""
+        if not items:
+            return []
         if not self.running or self._queue is None:
             raise Unavailable("the reward service is not running", self.retry_after_s)
         if self.stats.queued_items + len(items) > self.max_queue:
@@ -151,28 +165,35 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         while True:
             batch = self._inflight = await self._gather(loop)
-            live = [r for r in batch if not r.future.done()]
-            items = [item for r in live for item in r.items]
-            started = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self._executor, self._score, live, items)
-            except Exception as exc:  # keep serving; each request of the batch gets the error
-                log.exception("scoring a batch of %d items failed", len(items))
+                await self._serve(loop, batch)
+            except Exception as exc:  # noqa: BLE001 - a bug here must fail its requests, not the service
+                log.exception("serving a batch of %d requests failed", len(batch))
                 self.stats.failed += 1
-                results = [exc] * len(live)
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
             finally:
                 self.stats.queued_items -= sum(len(r.items) for r in batch)
-            self.stats.batches += 1
-            self.stats.batched_items += len(items)
-            self.stats.score_seconds += time.perf_counter() - started
-            for request, result in zip(live, results, strict=True):
-                if request.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    request.future.set_exception(result)
-                else:
-                    request.future.set_result(result)
-            self._inflight = []
+            self._inflight = []  # kept when cancelled: stop() fails the requests still waiting
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
+        """Score the live requests of ``batch`` in one call on the worker thread and resolve them."""
+        live = [r for r in batch if not r.future.done()]
+        items = [item for r in live for item in r.items]
+        started = time.perf_counter()
+        failures: list[int] = []  # the worker thread counts here; this thread adds it up
+        results = await loop.run_in_executor(self._executor, self._score, items, failures)
+        self.stats.failed += bool(failures)
+        self.stats.failed_items += sum(failures)
+        self.stats.batches += 1
+        self.stats.batched_items += len(items)
+        self.stats.score_seconds += time.perf_counter() - started
+        at = 0
+        for request in live:
+            if not request.future.done():
+                request.future.set_result(results[at : at + len(request.items)])
+            at += len(request.items)
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[_Request]:
         """The first waiting request plus what arrives within ``max_wait_s``, up to ``max_batch`` items."""
@@ -195,22 +216,22 @@ class MicroBatcher:
             size += len(request.items)
         return batch
 
-    def _score(self, requests: list[_Request], items: list[Item]) -> list[list[Any] | BaseException]:
-        """Score the whole batch; if one request's input is bad, score requests alone so only it fails."""
+    def _score(self, items: list[Item], failures: list[int]) -> list[Any]:
+        """One result per item: the batch scored whole, else its halves apart, down to single items; an
+        item that fails alone gets ``on_error``'s result and a 1 in ``failures`` (a failed call, 0)."""
         if not items:
             return []
         try:
-            flat = self.score_fn(items)
-        except InputError:
-            out: list[list[Any] | BaseException] = []
-            for request in requests:
-                try:
-                    out.append(self.score_fn(list(request.items)))
-                except InputError as exc:
-                    out.append(exc)
-            return out
-        out, at = [], 0
-        for request in requests:
-            out.append(flat[at : at + len(request.items)])
-            at += len(request.items)
-        return out
+            results = list(self.score_fn(items))
+            if len(results) != len(items):
+                raise QACEError(f"the scorer returned {len(results)} results for {len(items)} items")
+            return results
+        except Exception as exc:  # noqa: BLE001 - isolated below; one bad item must not fail the others
+            if len(items) == 1:
+                log.warning("an item could not be scored: %s: %s", type(exc).__name__, exc, exc_info=True)
+                failures.append(1)
+                return [self.on_error(items[0], exc)]
+            log.info("a batch of %d items failed (%s); scoring its halves apart", len(items), exc)
+            failures.append(0)
+            half = len(items) // 2
+            return self._score(items[:half], failures) + self._score(items[half:], failures)

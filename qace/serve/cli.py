@@ -7,9 +7,12 @@ import argparse
 import logging
 import os
 import secrets
+import socket
+from typing import Any
 
 from qace import scorers
 from qace.checks import check_device
+from qace.errors import ConfigError
 from qace.options import add_metric_option, add_scorer_options, entry_for
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "qace, qace_f1, qace_bs, qace_an, qace_max)",
     )
     p.add_argument("--invalid-reward", type=float, default=0.0, help="reward of empty/invalid captions")
+    p.add_argument(
+        "--tokenizer",
+        help="the policy's tokenizer (a directory or hub id): OpenRLHF's queries are matched to their "
+        "prompts as it decodes them too (a prompt it cannot spell as written matches only so)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (use 0.0.0.0 only behind a firewall)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -61,8 +69,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from qace.serve.app import ServeSettings, check_token, create_app
 
     entry = entry_for(args)  # arguments first: nothing below may fail after the models load
@@ -74,11 +80,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         token = secrets.token_hex(16)
         print(f"no --token or QACE_SERVE_TOKEN given; clients must send: Authorization: Bearer {token}")
-    settings = {**entry.settings_from(args), "progress": False}
-    reward = entry.build_reward(
-        args.device, component=args.component, invalid_reward=args.invalid_reward, **settings
-    )
-    scorers.warn_if_test_models(reward.scorer, entry)
     limits = ServeSettings(
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
@@ -87,13 +88,47 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         timeout_s=args.timeout,
     )
-    print(f"serving {reward.signature} on http://{args.host}:{args.port}")
-    if args.warm_up:
-        print("warming up (CUDA graphs on a GPU, spaCy workers): /health answers 503 until it is done")
-    uvicorn.run(
-        create_app(reward, token=token, settings=limits, warm_up=args.warm_up),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-    )
+    sock = bind(args.host, args.port)  # held from here on: loading cannot lose the port to another process
+    try:
+        tokenizer = None
+        if args.tokenizer:
+            from qace.serve.openrlhf import load_tokenizer
+
+            tokenizer = load_tokenizer(args.tokenizer)
+        settings = {**entry.settings_from(args), "progress": False}
+        reward = entry.build_reward(
+            args.device, component=args.component, invalid_reward=args.invalid_reward, **settings
+        )
+        scorers.warn_if_test_models(reward.scorer, entry)
+        app = create_app(reward, token=token, settings=limits, warm_up=args.warm_up, tokenizer=tokenizer)
+        print(f"serving {reward.signature} on http://{args.host}:{sock.getsockname()[1]}")  # --port 0 too
+        if args.warm_up:
+            print("warming up (CUDA graphs on a GPU, spaCy workers): /health answers 503 until it is done")
+        serve(app, sock)
+    finally:
+        sock.close()
     return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not yet listening: connections are refused until the service
+    serves); `ConfigError` naming ``--port`` / ``--host`` when the address is taken or not this host's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses the port
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick a free --port, or stop what "
+            "holds it; --host must be an address of this machine"
+        ) from exc
+    return sock
+
+
+def serve(app: Any, sock: socket.socket) -> None:
+    """Serve ``app`` with uvicorn on the bound ``sock`` until the process is told to stop."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -1,4 +1,5 @@
-"""Client of the reward service: retries on back-pressure, and never attaches a reward to the wrong sample.
+"""Client of the reward service: retries on back-pressure, and never attaches a reward to the wrong sample;
+`wait_ready` waits until a service answers (``qace health URL --wait``).
 
 Every call sends a fresh ``request_id`` and per-item ids; the response must echo both, in order,
 with one result per item, or `RewardServiceError` is raised instead of returning numbers. Retries
@@ -124,6 +125,34 @@ class RewardClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_ready(url: str, *, timeout_s: float, interval_s: float = 0.5) -> dict[str, Any]:
+    """Poll the ``/health`` of the service at ``url`` (its base URL or any of its URLs: only the scheme,
+    host and port count) until it answers 200 ``ok``; its payload. A closed port (the service still
+    loading its models) and 503 (warming up) are waited out; `RewardServiceError` with the last state
+    after ``timeout_s``."""
+    origin = httpx.URL(url)
+    health = str(origin.copy_with(path="/health", query=None, fragment=None))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            response = httpx.get(health, timeout=max(1.0, interval_s))
+            state = f"{response.status_code}: {_detail_or_status(response)}"
+            if response.status_code == 200:
+                return response.json()
+        except httpx.TransportError as exc:
+            state = f"unreachable ({type(exc).__name__}: {exc})"
+        if time.monotonic() + interval_s > deadline:
+            raise RewardServiceError(f"{health} not ready within {timeout_s:g} s; last: {state}")
+        time.sleep(interval_s)
+
+
+def _detail_or_status(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("status", response.text[:200]))
+    except (ValueError, AttributeError):
+        return response.text[:200]
 
 
 def _checked(answer: Any, request_id: str, ids: list[str]) -> list[dict[str, Any]]:

@@ -14,14 +14,17 @@ from typing import Any
 
 
 @contextmanager
-def serving(app: Any, *, start_timeout_s: float = 30.0) -> Iterator[str]:
-    """Serve ``app`` (an ASGI app) with uvicorn in a daemon thread; yield its base URL; always stop it.
+def serving(app: Any, *, start_timeout_s: float = 30.0, port: int = 0) -> Iterator[str]:
+    """Serve ``app`` (an ASGI app) with uvicorn in a daemon thread on loopback ``port`` (0: a free one);
+    yield its base URL; always stop it.
 
     Raises ``RuntimeError`` when the server has not started within ``start_timeout_s``.
     """
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, name="qace-reward-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

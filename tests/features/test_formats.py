@@ -128,6 +128,18 @@ def test_butd_tsv_both_layouts_sidecar_index_and_invalidation(sample, tmp_path: 
     np.testing.assert_allclose(rebuilt.get("77.jpg"), _expected(features, boxes, W, H))
 
 
+def test_an_id_of_superscript_digits_is_missing_not_a_crash(sample, tmp_path: Path) -> None:
+    """'²' is a digit to str.isdigit but not to int(): QACE-Img's lookup raised ValueError, failing the
+    reward service's whole batch."""
+    features, boxes = sample
+    path = tmp_path / "f.tsv"
+    path.write_bytes(_tsv_line("2", features, boxes))
+    store = open_feature_store(path)
+    assert "²" not in store and "2" in store
+    with pytest.raises(FeatureError, match="no region features for image '²'"):
+        store.get("²")
+
+
 def test_butd_tsv_fewer_than_36_boxes_is_an_error(sample, tmp_path: Path) -> None:
     features, boxes = sample
     path = tmp_path / "adaptive.tsv"
@@ -156,6 +168,8 @@ def test_pack_converts_a_published_file_to_the_fast_store(sample, tmp_path: Path
         ("1000092795.jpg", "1000092795"),
         ("1056338697_4f7d7ce270.jpg", "1056338697_4f7d7ce270"),
         ("dog", "dog"),
+        ("²", "²"),  # a digit to str.isdigit, not to int(): an id as written, not a ValueError
+        ("12³", "12³"),
     ],
 )
 def test_canonical_id(given: object, canonical: str) -> None:

@@ -37,6 +37,34 @@ def test_tensor_matches_scorer_and_invalid_captions_get_zero(reward: QACEReward)
     assert results[4].row["flags"] == ["no_questions"]  # a real caption without candidates: 0.0 by the spec
 
 
+def test_invisible_and_invalid_unicode_captions_are_invalid(reward: QACEReward) -> None:
+    """Zero-width, format or control characters alone show nothing: invalid, like an empty caption (they
+    used to pass and score as a caption). A lone surrogate, which JSON can carry, is invalid instead of
+    failing the whole batch in spaCy."""
+    captions = [
+        "\u200b",
+        "\u200b\u200d\ufeff",
+        "\x00\x07\x1b",
+        " \u200b\n\u2060 ",
+        "a dog \ud800 runs",
+        "a\u200bdog",
+    ]
+    results = reward.score([*captions, "a girl runs on the beach"], references=[REFS] * (len(captions) + 1))
+    assert [r.valid for r in results] == [False] * 5 + [True, True]
+    assert [r.reward for r in results[:5]] == [0.0] * 5
+    assert all("invisible characters" in r.reason for r in results[:4])
+    assert results[4].reason.startswith("caption holds a lone surrogate (\\ud800 at character 7)")
+    assert results[6].reward == pytest.approx(reward(["a girl runs on the beach"], references=[REFS]).item())
+
+
+def test_contexts_that_are_not_valid_unicode_raise_naming_the_sample(reward: QACEReward) -> None:
+    """A lone surrogate in a reference used to fail the batch inside the tokenizer (TypeError)."""
+    with pytest.raises(
+        InputError, match=r"sample 1.*a reference holds a lone surrogate \(\\udc00"
+    ):
+        reward(["a dog", "a cat"], references=[REFS, ["a cat \udc00"]])
+
+
 def test_caption_over_the_scorer_limit_is_invalid_not_a_crash(reward: QACEReward) -> None:
     """A runaway 1.2 MB generation (spaCy's E088 used to raise) is invalid, with or without max_chars."""
     huge = "a dog " * 200_000

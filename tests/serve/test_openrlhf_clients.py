@@ -13,15 +13,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import threading
 import types
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import httpx
 import pytest
+import torch
 
 from qace.reward import QACEReward
 from qace.serve.app import ServeSettings, create_app
@@ -94,10 +99,21 @@ class CharTokenizer:
         return "".join(map(chr, ids))
 
 
+class TokenizerEngine:
+    """vLLM's ``generate`` answering with a fixed caption in a real tokenizer's ids, ended by its EOS."""
+
+    def __init__(self, caption: str, tokenizer: Any) -> None:
+        self.ids = tokenizer(caption, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    async def generate(self, prompt_ids: list[int], params: Any, multi_modal_data: Any = None) -> Any:
+        out = types.SimpleNamespace(token_ids=self.ids, finish_reason="stop", logprobs=None)
+        return types.SimpleNamespace(outputs=[out])
+
+
 class OneCaptionEngine:
     """vLLM's ``generate`` answering with a fixed caption."""
 
-    def __init__(self, caption: str) -> None:
+    def __init__(self, caption: str, tokenizer: Any = None) -> None:
         self.caption = caption
 
     async def generate(self, prompt_ids: list[int], params: Any, multi_modal_data: Any = None) -> Any:
@@ -106,40 +122,58 @@ class OneCaptionEngine:
         return types.SimpleNamespace(outputs=[out])
 
 
-def test_openrlhf_0_11_single_turn_executor_gets_qace_rewards(reward: QACEReward, url: str) -> None:
-    """0.11: ``SingleTurnAgentExecutor.execute`` (which calls ``_fetch_rewards_via_http`` and turns any error
-    into ``reward=None``), then its own conversion of the response into an ``Experience``."""
-    want = reward(CAPTIONS, references=[REFS] * len(CAPTIONS)).tolist()
+def _rollouts_0_11(url: str, captions: list[str], tokenizer: Any = None, prompt: str = PROMPT) -> list[Any]:
+    """0.11's ``SingleTurnAgentExecutor.execute`` per caption (it calls ``_fetch_rewards_via_http`` and turns
+    any error into ``reward=None``), then its own conversion of each response into an ``Experience``
+    (run inside ``openrlhf("0.11")``)."""
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+    executor = SingleTurnAgentExecutor(url)
+    params = types.SimpleNamespace(max_tokens=64, logprobs=None)
+    tokenizer = tokenizer or CharTokenizer()
+    engine = TokenizerEngine if not isinstance(tokenizer, CharTokenizer) else OneCaptionEngine
+
+    async def rollouts() -> list[dict[str, Any]]:
+        return await asyncio.gather(
+            *(
+                executor.execute(prompt, json.dumps(REFS), params, 256, tokenizer, engine(c, tokenizer))
+                for c in captions
+            )
+        )
+
+    return [SamplesGenerator._process_response_into_experience(None, r) for r in asyncio.run(rollouts())]
+
+
+@pytest.mark.parametrize("n", [1, 2, 300])
+@pytest.mark.parametrize("logs", [False, True])
+def test_openrlhf_0_11_executor_and_make_experience_batch(
+    reward: QACEReward, url: str, n: int, logs: bool
+) -> None:
+    """0.11 as it trains: one request per rollout, each reply made an ``Experience``, the experiences of a
+    step batched by its own ``make_experience_batch``; with ``?extra_logs=1`` the components too."""
+    captions = [CAPTIONS[i % 3] for i in range(n)]
+    want = reward(captions, references=[REFS] * n).tolist()
     with openrlhf("0.11"):
-        from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
-        from openrlhf.utils.agent import SingleTurnAgentExecutor
+        from openrlhf.trainer.ppo_utils.experience import make_experience_batch
 
-        executor = SingleTurnAgentExecutor(url)
-        params = types.SimpleNamespace(max_tokens=64, logprobs=None)
-
-        async def rollout(caption: str) -> dict[str, Any]:
-            return await executor.execute(PROMPT, json.dumps(REFS), params, 256, CharTokenizer(),
-                                          OneCaptionEngine(caption))  # fmt: skip
-
-        async def rollouts() -> list[dict[str, Any]]:
-            return await asyncio.gather(*(rollout(c) for c in CAPTIONS))
-
-        responses = asyncio.run(rollouts())
-        experiences = [SamplesGenerator._process_response_into_experience(None, r) for r in responses]
-    assert [r["reward"] for r in responses] == [[pytest.approx(w, abs=1e-6)] for w in want]  # a list each
-    for response, experience, value in zip(responses, experiences, want, strict=True):
-        assert experience.rewards.flatten().tolist() == pytest.approx([value], abs=1e-6)
-        assert set(response["extra_logs"]) == {"qace_f1", "qace_bs", "qace_an", "qace_valid"}
-        assert experience.info["qace_f1"].shape == (1,)
-    assert [e.info["qace_valid"].item() for e in experiences] == [1.0, 1.0, 0.0]
+        experiences = _rollouts_0_11(url + ("?extra_logs=1" if logs else ""), captions)
+        batch = make_experience_batch(experiences)
+    assert batch.rewards.flatten().tolist() == pytest.approx(want, abs=1e-6)
+    assert [e.rewards.flatten().item() for e in experiences] == pytest.approx(want, abs=1e-6)
+    if logs:
+        assert {"qace_f1", "qace_bs", "qace_an", "qace_valid"} <= set(batch.info)
+        valid = [float(caption != "") for caption in captions]
+        assert torch.cat(batch.info["qace_valid"]).tolist() == valid
+    else:
+        assert "qace_valid" not in batch.info
 
 
-def test_openrlhf_0_8_request_api_wrapper_and_batch_update(reward: QACEReward, url: str) -> None:
-    """0.8: ``remote_rm_utils.request_api_wrapper`` posts a whole rollout batch, and
-    ``update_samples_with_rewards`` (``torch.cat`` of every response field) must take the answer."""
-    import torch
-
-    n = 300  # more than the old per-request limit of 256
+@pytest.mark.parametrize("n", [1, 2, 300])
+def test_openrlhf_0_8_request_api_wrapper_and_batch_update(reward: QACEReward, url: str, n: int) -> None:
+    """0.8: ``remote_rm_utils.request_api_wrapper`` posts a whole rollout batch (one query when the batch
+    is 1, or as many URLs as queries), and ``update_samples_with_rewards`` (``torch.cat`` of every
+    response field) must take the answer; extra_logs asked for or not."""
     captions = [CAPTIONS[i % 3] for i in range(n)]
     want = reward(captions, references=[REFS] * n).tolist()
     with openrlhf("0.8"):
@@ -149,10 +183,65 @@ def test_openrlhf_0_8_request_api_wrapper_and_batch_update(reward: QACEReward, u
         data = {"query": [PROMPT + c + "</s>" for c in captions], "prompts": [PROMPT] * n,
                 "labels": [json.dumps(REFS)] * n}  # fmt: skip
         answer = request_api_wrapper(url, data, try_max_times=1)
-        samples = [types.SimpleNamespace(sequences=torch.zeros(100, 4), info={}) for _ in range(n // 100)]
+        sizes = [n // 2, n - n // 2] if n > 1 else [1]
+        samples = [types.SimpleNamespace(sequences=torch.zeros(size, 4), info={}) for size in sizes]
         update_samples_with_rewards([answer], samples)
     got = torch.cat([s.rewards for s in samples]).tolist()
     assert got == pytest.approx(want, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def t5(test_models_dir: Path) -> Any:
+    """A real T5 (SentencePiece) tokenizer: the test models', as a T5 policy would have."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(test_models_dir / "qg")
+
+
+@pytest.fixture(scope="module")
+def url_t5(reward: QACEReward, t5: Any) -> Iterator[str]:
+    """The service told the policy's tokenizer (``qace serve --tokenizer``)."""
+    with serving(create_app(reward, token=TOKEN, tokenizer=t5), start_timeout_s=10) as base:
+        yield f"{base}/t/{TOKEN}/get_reward?extra_logs=1"
+
+
+def test_openrlhf_0_11_with_a_t5_policy_an_empty_completion_is_invalid(
+    reward: QACEReward, url: str, t5: Any
+) -> None:
+    """T5 decodes ``"Describe the image: "`` as ``"Describe the image:</s>"`` after an empty completion (no
+    trailing space): still the prompt, so the caption is empty and invalid. So are completions of only
+    zero-width or control characters (T5 spells them ``<unk>``), with or without the tokenizer."""
+    caption = "a girl runs on the beach"
+    assert (
+        t5.decode(t5(PROMPT, add_special_tokens=False)["input_ids"] + [t5.eos_token_id])
+        == PROMPT.rstrip() + "</s>"
+    )
+    with openrlhf("0.11"):
+        experiences = _rollouts_0_11(
+            url + "?extra_logs=1", ["", caption, "\u200b\u200b", "\x07"], tokenizer=t5
+        )
+    want = reward([caption], references=[REFS]).item()
+    assert [e.rewards.item() for e in experiences] == pytest.approx([0.0, want, 0.0, 0.0], abs=1e-6)
+    assert [e.info["qace_valid"].item() for e in experiences] == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_openrlhf_prompts_matched_as_the_policy_tokenizer_decodes_them(
+    reward: QACEReward, url: str, url_t5: str, t5: Any
+) -> None:
+    """A prompt with characters T5 cannot spell comes back with ``<unk>`` in them: without the tokenizer no
+    query matches (invalid, never scored whole with the prompt's words); with it, each is cut where the
+    policy's completion starts."""
+    prompt = "Caption «this» image — briefly:  "
+    caption = "a girl runs on the beach"
+    assert "<unk>" in t5.decode(t5(prompt, add_special_tokens=False)["input_ids"])
+    with openrlhf("0.11"):
+        without = _rollouts_0_11(url + "?extra_logs=1", ["", caption], tokenizer=t5, prompt=prompt)
+        told = _rollouts_0_11(url_t5, ["", caption], tokenizer=t5, prompt=prompt)
+    want = reward([caption], references=[REFS]).item()
+    assert [e.rewards.item() for e in without] == [0.0, 0.0]
+    assert [e.info["qace_valid"].item() for e in without] == [0.0, 0.0]
+    assert [e.rewards.item() for e in told] == pytest.approx([0.0, want], abs=1e-6)
+    assert [e.info["qace_valid"].item() for e in told] == [0.0, 1.0]
 
 
 def test_openrlhf_0_8_during_warm_up_is_held_not_refused(reward: QACEReward) -> None:
@@ -181,3 +270,46 @@ def test_openrlhf_without_the_path_token_is_refused(url: str) -> None:
         data = {"query": [PROMPT + CAPTIONS[0]], "prompts": [PROMPT], "labels": [REFS]}
         with pytest.raises(Exception, match="Request error for 1 times"):
             request_api_wrapper(url.replace(f"/t/{TOKEN}", ""), data, try_max_times=1)
+
+
+def test_scripts_wait_for_the_service_with_qace_health(reward: QACEReward, capsys) -> None:
+    """Before the service listens, 0.8 raises (0.11 would train on ``reward=None``); ``qace health URL
+    --wait`` waits out the closed port (models loading) and the warm-up's 503, then 0.8's client gets
+    rewards with a single try."""
+    from qace.cli import main
+
+    with socket.socket() as probe:  # a free loopback port, closed again
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/t/{TOKEN}/get_reward"
+    data = {"query": [PROMPT + CAPTIONS[0]], "prompts": [PROMPT], "labels": [REFS]}
+    with openrlhf("0.8"):
+        from openrlhf.utils.remote_rm_utils import request_api_wrapper
+
+        with pytest.raises(Exception, match="Request error for 1 times"):
+            request_api_wrapper(url, data, try_max_times=1)
+        assert main(["health", url]) == 2 and "unreachable" in capsys.readouterr().err
+        polled, warmed = threading.Event(), threading.Event()
+        real_get = httpx.get
+
+        def get(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return real_get(*args, **kwargs)
+            finally:
+                polled.set()
+
+        warming = types.SimpleNamespace(
+            score=reward.score, variant="ref", signature=reward.signature, warm_up=lambda: warmed.wait(10)
+        )
+        app = create_app(warming, token=TOKEN, warm_up=True)
+        with ThreadPoolExecutor(1) as pool, mock.patch("httpx.get", get):
+            waiting = pool.submit(main, ["health", url, "--wait", "--timeout", "60"])
+            assert polled.wait(10) and not waiting.done()  # it met the closed port and waits on
+            with serving(app, start_timeout_s=10, port=port):
+                polled.clear()
+                assert polled.wait(10) and not waiting.done()  # it met 503 warming_up and waits on
+                warmed.set()
+                assert waiting.result(timeout=30) == 0
+                answer = request_api_wrapper(url, data, try_max_times=1)
+    assert json.loads(capsys.readouterr().out)["status"] == "ok"
+    assert answer["rewards"] == pytest.approx(reward([CAPTIONS[0]], references=[REFS]).tolist(), abs=1e-6)

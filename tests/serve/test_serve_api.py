@@ -80,11 +80,11 @@ def _serve_command(monkeypatch, argv: list[str]) -> tuple[int, dict]:
 
     monkeypatch.setattr("qace.reward.QACEReward", Reward)
     monkeypatch.setattr("qace.serve.app.create_app", lambda *a, **k: seen.update(k))
-    monkeypatch.setattr("uvicorn.run", lambda *a, **k: None)
+    monkeypatch.setattr("qace.serve.cli.serve", lambda *a, **k: None)
     monkeypatch.delenv("QACE_SERVE_TOKEN", raising=False)
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", *argv])
+    args = parser.parse_args(["serve", "--port", "0", *argv])
     return args.func(args), seen
 
 
@@ -99,6 +99,54 @@ def test_serve_command_refuses_a_short_token_before_loading_models(monkeypatch) 
 
     with pytest.raises(ConfigError, match="at least 16 characters"):
         _serve_command(monkeypatch, ["--token", "12345"])
+
+
+def test_serve_on_a_busy_port_fails_before_any_model_loads(monkeypatch, capsys) -> None:
+    """The port is bound before the models load (it used to fail only after loading and "ready")."""
+    import socket
+
+    from qace.cli import main
+
+    loaded = []
+    monkeypatch.setattr("qace.reward.QACEReward", lambda **kwargs: loaded.append(kwargs))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--token", TOKEN]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err and loaded == []
+
+
+def test_serve_holds_its_port_while_the_models_load(monkeypatch) -> None:
+    """Nothing else can take the port between the check and the serving: it is bound from the start."""
+    import argparse
+    import socket
+
+    from qace.serve.cli import register
+
+    taken = []
+
+    class Reward:
+        def __init__(self, **kwargs):
+            with socket.socket() as other:
+                try:
+                    other.bind(("127.0.0.1", port))
+                except OSError:
+                    taken.append(True)
+            self.device, self.signature = "cpu", "sig"
+            self.scorer = argparse.Namespace(uses_test_models=False)
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr("qace.reward.QACEReward", Reward)
+    monkeypatch.setattr("qace.serve.app.create_app", lambda *a, **k: None)
+    monkeypatch.setattr("qace.serve.cli.serve", lambda app, sock: taken.append(sock.getsockname()[1]))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--port", str(port), "--token", TOKEN])
+    assert args.func(args) == 0 and taken == [True, port]
 
 
 def test_rewards_ids_echoed_and_invalid_captions_get_zero(fake, serve) -> None:
@@ -202,11 +250,12 @@ def test_openrlhf_protocol(fake, serve) -> None:
             "labels": [json.dumps(REFS), REFS, {"references": REFS}],
             "request_id": 17,
         }
-        got = httpx.post(f"{url}/get_reward", json=body, headers=AUTH).json()
+        got = httpx.post(f"{url}/get_reward?extra_logs=1", json=body, headers=AUTH).json()
         assert got["rewards"] == [0.05, 0.0, 0.05] and got["scores"] == got["rewards"]
         assert "extra_logs" not in got and got["request_id"] == 17  # OpenRLHF 0.8 cannot take lists
         one = {"query": ["Describe: a dog"], "prompts": ["Describe: "], "labels": [REFS]}
-        logs = httpx.post(f"{url}/get_reward", json=one, headers=AUTH).json()["extra_logs"]
+        assert "extra_logs" not in httpx.post(f"{url}/get_reward", json=one, headers=AUTH).json()
+        logs = httpx.post(f"{url}/get_reward?extra_logs=1", json=one, headers=AUTH).json()["extra_logs"]
         assert logs == {"qace_f1": 1.0, "qace_bs": 0.0, "qace_an": 0.0, "qace_valid": 1.0}  # scalars
         short = httpx.post(f"{url}/get_reward", json={"query": ["a"], "labels": []}, headers=AUTH)
         assert short.status_code == 422
@@ -221,12 +270,15 @@ def test_openrlhf_token_in_the_path(fake, serve) -> None:
         assert httpx.post(f"{url}/t/{TOKEN}/v1/reward", json=_v1("r", ["a"])).status_code in (401, 404)
 
 
-def test_query_not_starting_with_its_prompt_is_counted(fake, serve, caplog) -> None:
+def test_query_not_starting_with_its_prompt_is_invalid_and_counted(fake, serve, caplog) -> None:
     body = {"query": ["Describe: a dog", "<s> Describe: a cat"], "prompts": ["Describe: "] * 2}
     with serve(fake) as url:
         got = httpx.post(f"{url}/get_reward", json={**body, "labels": [REFS] * 2}, headers=AUTH).json()
         metrics = httpx.get(f"{url}/metrics", headers=AUTH).text
-    assert got["rewards"] == [0.05, 0.19]  # the second is scored whole, and counted
+    assert got["rewards"] == [
+        0.05,
+        0.0,
+    ]  # the second is invalid (scored whole, its prompt would earn it), counted
     assert "qace_prompt_mismatch_total 1" in metrics
     assert "1 of 2 queries do not start with their prompt (first: sample 1)" in caplog.text
 
@@ -320,7 +372,7 @@ def test_stopping_batcher_fails_queued_requests_instead_of_hanging() -> None:
         return [0.0] * len(items)
 
     async def scenario() -> list:
-        batcher = MicroBatcher(slow, max_wait_s=0)
+        batcher = MicroBatcher(slow, on_error=lambda item, exc: exc, max_wait_s=0)
         await batcher.start()
         first = asyncio.create_task(batcher.submit([Item("a")]))
         await asyncio.sleep(0.1)  # first is being scored; second waits in the queue
@@ -365,7 +417,9 @@ def test_serve_command_passes_only_the_speed_settings_given(monkeypatch) -> None
     monkeypatch.setattr("qace.reward.QACEReward", reward)
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", "--token", TOKEN, "--spacy-workers", "3", "--batch-rows", "512"])
+    args = parser.parse_args(
+        ["serve", "--port", "0", "--token", TOKEN, "--spacy-workers", "3", "--batch-rows", "512"]
+    )
     with pytest.raises(Built):
         args.func(args)
     assert (seen["spacy_workers"], seen["max_batch_rows"]) == (3, 512)
@@ -387,10 +441,10 @@ def test_serve_command_warms_the_engine_up_unless_told_not_to(monkeypatch, flags
 
     monkeypatch.setattr("qace.reward.QACEReward", Reward)
     monkeypatch.setattr("qace.serve.app.create_app", lambda *a, **k: seen.update(k))
-    monkeypatch.setattr("uvicorn.run", lambda *a, **k: seen.update(served=True))
+    monkeypatch.setattr("qace.serve.cli.serve", lambda *a, **k: seen.update(served=True))
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", "--token", TOKEN, *flags])
+    args = parser.parse_args(["serve", "--port", "0", "--token", TOKEN, *flags])
     assert args.func(args) == 0
     assert seen["warm_up"] is warm_up and seen["served"]
 

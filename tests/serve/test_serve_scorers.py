@@ -34,7 +34,7 @@ def test_the_service_serves_visce2_rewards(visce2_reward: ScorerReward) -> None:
     with TestClient(create_app(visce2_reward, token=TOKEN)) as client:
         got = client.post("/v1/reward", json={"request_id": "r1", "items": items}, headers=AUTH).json()
         label = {"query": [f"Caption: {CAPTIONS[0]}"], "prompts": ["Caption: "], "labels": [images[0]]}
-        openrlhf = client.post("/get_reward", json=label, headers=AUTH).json()
+        openrlhf = client.post("/get_reward?extra_logs=1", json=label, headers=AUTH).json()
         no_image = {"request_id": "r2", "items": [{"id": "x", "caption": "a dog"}]}
         refused = client.post("/v1/reward", json=no_image, headers=AUTH)
     assert got["signature"] == visce2_reward.signature and got["component"] == "visce2"
@@ -60,10 +60,20 @@ def test_qace_serve_metric_visce2_builds_the_judges_reward(test_vlm_dir: Path, m
 
     seen: dict = {}
     monkeypatch.setattr("qace.serve.app.create_app", lambda reward, **k: seen.update(reward=reward, **k))
-    monkeypatch.setattr("uvicorn.run", lambda *a, **k: None)
+    monkeypatch.setattr("qace.serve.cli.serve", lambda *a, **k: None)
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    argv = ["serve", "--metric", "visce2", "--vlm", str(test_vlm_dir), "--visce2-context-tokens", "16"]
+    argv = [
+        "serve",
+        "--port",
+        "0",
+        "--metric",
+        "visce2",
+        "--vlm",
+        str(test_vlm_dir),
+        "--visce2-context-tokens",
+        "16",
+    ]
     args = parser.parse_args([*argv, "--token", TOKEN, "--component", "visce2_expected", "--visce2-expected"])
     assert args.func(args) == 0
     reward = seen["reward"]
@@ -78,7 +88,7 @@ def test_the_service_serves_a_registered_toy_metric() -> None:
     items = [{"id": str(i), "caption": c} for i, c in enumerate(["a dog runs", "", "one"])]
     with TestClient(create_app(reward, token=TOKEN)) as client:
         got = client.post("/v1/reward", json={"request_id": "r", "items": items}, headers=AUTH).json()
-        openrlhf = client.post("/get_reward", json={"query": ["two words"]}, headers=AUTH).json()
+        openrlhf = client.post("/get_reward?extra_logs=1", json={"query": ["two words"]}, headers=AUTH).json()
         wrong = client.post("/v1/reward", json={"request_id": "r", "items": items, "component": "qace"},
                             headers=AUTH)  # fmt: skip
     assert [r["reward"] for r in got["results"]] == [3.0, -1.0, 1.0]
