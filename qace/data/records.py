@@ -23,6 +23,7 @@ import csv
 import json
 import logging
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -202,12 +203,19 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
                 text, bad_bytes = raw.decode("utf-8", errors="surrogateescape"), True
             try:
                 obj = _parse_line(text)
-            except json.JSONDecodeError as exc:
-                reason = f"malformed JSON ({exc.msg} at column {exc.colno})"
+            except json.JSONDecodeError as exc:  # some messages end in "at": "Invalid control character at"
+                reason = f"malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
                 yield number, where, _Bad("non-UTF-8 bytes" if bad_bytes else reason)
                 continue
-            except (ValueError, RecursionError):  # e.g. nesting too deep to parse
+            except RecursionError:
                 yield number, where, _Bad("malformed JSON (too deeply nested)")
+                continue
+            except ValueError:  # the one other error the parser raises: an integer too long to convert
+                reason = (
+                    f"a number of more than {sys.get_int_max_str_digits()} digits; "
+                    "write such an id or value as a string"
+                )
+                yield number, where, _Bad(reason)
                 continue
             if bad_bytes:
                 obj = _Bad("non-UTF-8 bytes", obj.get("id") if isinstance(obj, dict) else None)

@@ -58,6 +58,8 @@ BAD_JSONL: list[tuple[bytes | str, str | None, str]] = [  # (line, id of its err
     ('{"id": "good", "caption": "duplicate of this id follows"}', "", ""),
     ('{"id": "i1", "caption": "x", "image_id": [1]}', "i1", "image_id must be"),
     ("[" * 100_000, None, "too deeply nested"),
+    ('{"id": ' + "7" * 5000 + ', "caption": "x"}', None, "a number of more than 4300 digits; write such"),
+    ('{"id": "t1", "caption": "a\x01b"}', None, "(Invalid control character at column 27)"),
 ]
 
 
@@ -81,7 +83,7 @@ def test_jsonl_bad_inputs_each_named_and_reading_continues(tmp_path: Path) -> No
         assert reason in error.reason
     # errors name their physical line
     assert errors[0].reason.startswith("line 2:")
-    assert errors[-1].reason.startswith("line 18:") and "first on line 15" in errors[-1].reason
+    assert errors[-1].reason.startswith("line 20:") and "first on line 15" in errors[-1].reason
 
 
 def test_csv_references_json_column(tmp_path: Path) -> None:
