@@ -153,6 +153,33 @@ def test_bad_arguments_answer_at_once_before_any_model_loads(flags, message, tes
     assert imported == [], f"loaded {imported} before refusing"
 
 
+@pytest.mark.parametrize(
+    ("source", "flags", "message"),
+    [
+        ("missing.jsonl", [], "input file 'missing.jsonl' does not exist"),
+        ("folder", [], "input 'folder' is a folder; give the file of records in it"),
+        ("no_caption.csv", [], "has no 'caption' column"),
+        ("broken.json", [], "cannot read COCO results 'broken.json'"),
+        ("in.jsonl", ["--references", "missing.json"], "cannot read references file 'missing.json'"),
+        ("in.jsonl", ["--variant", "img", "--features", "nope.h5"], "--features 'nope.h5' does not exist"),
+        ("in.jsonl", ["--models", "missing"], "--models 'missing' does not exist"),
+    ],
+)
+def test_bad_paths_answer_at_once_and_leave_nothing(source, flags, message, test_models_dir, tmp_path):
+    """Every path is checked before any model loads: exit 2, one line, no output or .partial left,
+    so the corrected rerun is not refused."""
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "image_id": "x", "caption": "a", "references": ["a"]}\n')
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "no_caption.csv").write_text("id,text\n1,a dog\n")
+    (tmp_path / "broken.json").write_text('[{"image_id": 1, "caption": "a dog"')
+    before = sorted(tmp_path.iterdir())
+    argv = ["score", source, "-o", "out.jsonl", "--no-progress", "--models", str(test_models_dir), *flags]
+    code, err, imported = _fast_refusal(argv, tmp_path)
+    assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert imported == [], f"loaded {imported} before refusing"
+    assert sorted(tmp_path.iterdir()) == before
+
+
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root may write anywhere")
 def test_an_output_folder_that_cannot_be_written_answers_at_once(test_models_dir, tmp_path):
     locked = tmp_path / "locked"

@@ -121,6 +121,8 @@ def read_records(
     path = Path(path)
     if fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if path.is_dir():
+        raise InputError(f"input {str(path)!r} is a folder; give the file of records in it")
     if not path.is_file():
         raise InputError(f"input file {str(path)!r} does not exist")
     if fmt == "auto":
@@ -135,6 +137,13 @@ def read_records(
     else:
         rows = _coco_rows(path)
     yield from _records(rows, refs, base_dir=path.parent)
+
+
+def check_readable(path: str | Path, *, references: str | Path | None = None, fmt: str = "auto") -> None:
+    """Raise the `InputError` that reading ``path`` would (a missing file or a folder, a references file
+    that cannot be read, a CSV without a caption column, a COCO file that is not JSON, ...), reading
+    no further than its first record: what a run checks before any model loads or any output exists."""
+    next(iter(read_records(path, references=references, fmt=fmt)), None)
 
 
 def detect_format(path: Path) -> str:

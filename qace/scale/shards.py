@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from qace.config import auto_spacy_workers
+from qace.data.output import errors_path
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
 from qace.scorers import load_callable as load_factory
@@ -116,6 +117,9 @@ def score_file_sharded(
         raise ConfigError("devices must name at least one torch device")
     if scorer_factory is not None:
         load_factory(scorer_factory)  # fail here, before any work, on a wrong name
+    from qace.data.records import check_readable
+
+    check_readable(input_path, references=references, fmt=fmt)  # before the shard folder exists
     kwargs = shard_settings(scorer_kwargs or {}, devices, scorer_factory, cpu_pool)
     output = Path(output_path)
     work = output.with_name(output.name + ".shards")
@@ -416,7 +420,7 @@ def _merge(
                 total += row[score_key]
                 if row["id"] not in done:
                     writer.add(row)
-            for line in _lines(shard.with_name(shard.stem + ".errors.jsonl")):
+            for line in _lines(errors_path(shard)):
                 error = json.loads(line)
                 errors += 1
                 at = error.get("line")
@@ -428,8 +432,7 @@ def _merge(
 def _final_counts(output: Path, score_key: str) -> tuple[int, int, float | None]:
     import pyarrow.parquet as pq
 
-    errors_path = output.with_name(output.stem + ".errors.jsonl")
-    errors = sum(1 for _ in _lines(errors_path))
+    errors = sum(1 for _ in _lines(errors_path(output)))
     if output.suffix.lower() == ".parquet":
         values = pq.read_table(output, columns=[score_key]).column(score_key).to_pylist()
     else:
