@@ -11,10 +11,12 @@ Layout under ``<output>.shards/``:
 
 Why contiguous slices: concatenating the shard outputs in shard order *is* input order, so the
 merge streams files and needs no sort. Each worker is a fresh ``spawn`` process (CUDA cannot
-survive ``fork``) that builds its own scorer on its device. A killed run resumes per shard: each
-shard skips the ids its writer has committed. The merge writes the final output through a
-`ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so a killed merge resumes
-too; the shard directory is removed only after the final output exists.
+survive ``fork``) that builds its own scorer on its device, and dies with the parent
+(`die_with_parent`), so a killed run leaves no worker writing; each shard output is locked while it
+is written (`qace.data.output.ResultWriter`), so a rerun cannot write a shard an old worker holds.
+A killed run resumes per shard: each shard skips the ids its writer has committed. The merge writes
+the final output through a `ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so
+a killed merge resumes too; the shard directory is removed only after the final output exists.
 
 ``scorer_factory`` (``"package.module:function"``, default `QACE`) builds each worker's scorer from
 ``device=`` and ``scorer_kwargs``: ``qace score --gpus`` names a registered metric's factory
@@ -23,12 +25,16 @@ too; the shard directory is removed only after the final output exists.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import multiprocessing
 import os
 import queue
 import shutil
+import signal
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -329,7 +335,8 @@ PROGRESS_EVERY_S = 1.0
 
 def _worker(job: ShardJob, results: Any) -> None:
     """Entry point of a shard process: report progress (record counts, at most every `PROGRESS_EVERY_S`),
-    then a summary dict or an error; never raise."""
+    then a summary dict or an error; never raise. It dies with its parent (`die_with_parent`)."""
+    die_with_parent()
     unreported, last = 0, time.monotonic()
 
     def progress(n: int) -> None:
@@ -346,6 +353,33 @@ def _worker(job: ShardJob, results: Any) -> None:
     if unreported:
         results.put((job.index, unreported))
     results.put((job.index, outcome))
+
+
+PR_SET_PDEATHSIG = 1
+"""Linux ``prctl`` option: the signal this process gets when the thread that started it ends."""
+
+
+def die_with_parent() -> None:
+    """End this process when the process that spawned it dies, however it dies (``kill -9`` included),
+    so that no orphaned worker keeps scoring and writing its shard. On Linux the kernel sends it
+    SIGKILL (the parent-death signal: its parent's starting thread, here `_run_workers`'s, ending);
+    elsewhere a daemon thread waits on the parent's sentinel and exits the process."""
+    parent = multiprocessing.parent_process()
+    if parent is None:  # not a multiprocessing child
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent.pid:  # the parent died before the signal was armed
+            os._exit(1)
+        return
+
+    def wait_for_parent() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=wait_for_parent, name="qace-parent-watch", daemon=True).start()
 
 
 def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) -> dict[str, Any]:
