@@ -31,6 +31,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+from qace.data.sniff import first_line, json_layout, read_json_lines
 from qace.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -147,31 +148,39 @@ def check_readable(path: str | Path, *, references: str | Path | None = None, fm
 
 
 def detect_format(path: Path) -> str:
-    """Guess the format from the extension, else from the first non-blank byte."""
+    """The format by the name (CSV, Parquet), else by the content: a JSON array is COCO results, one
+    object a line JSONL (``.json``, ``.jsonl`` or any other name)."""
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        return "jsonl"
     if suffix in (".csv", ".tsv"):
         return "csv"
     if suffix == ".parquet":
         return "parquet"
-    with path.open("rb") as f:
-        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    head = first_line(path)
     if head.startswith(b"["):
         return "coco"
-    if head.startswith(b"{"):
+    if head.startswith(b"{") or suffix in (".jsonl", ".ndjson"):
         return "jsonl"
     if suffix == ".json":
         raise InputError(f"{str(path)!r}: a .json input must be a results array or JSON lines")
     return "csv"
 
 
-def load_references(path: str | Path) -> dict[str, tuple[str, ...]]:
-    """Map image id -> its unique reference captions in first-seen order (bad entries are logged)."""
+def load_references(path: str | Path, fmt: str = "auto") -> dict[str, tuple[str, ...]]:
+    """Map image id -> its unique reference captions in first-seen order (bad entries are logged).
+
+    The file is one JSON document or JSON lines of ``{image_id, caption}``, told by its content
+    (`qace.data.sniff.json_layout`) unless ``fmt`` (``json`` or ``jsonl``) says."""
     path = Path(path)
+    if fmt not in ("auto", "json", "jsonl"):
+        raise InputError(f"unknown references format {fmt!r}; use auto, json or jsonl")
     try:
-        with path.open("rb") as f:
-            data = json.load(f)
+        if (fmt if fmt != "auto" else json_layout(path)) == "jsonl":
+            data: Any = read_json_lines(path)
+            if len(data) == 1 and isinstance(data[0], dict) and "annotations" in data[0]:
+                data = data[0]  # a COCO annotations file on one line
+        else:
+            with path.open("rb") as f:
+                data = json.load(f)
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read references file {str(path)!r}: {exc}") from exc
     if isinstance(data, dict):

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from qace.data.records import Record, RecordError, _parse_line, read_records, require
+from qace.data.records import (
+    Record,
+    RecordError,
+    _parse_line,
+    detect_format,
+    load_references,
+    read_records,
+    require,
+)
 from qace.errors import InputError
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -350,3 +358,19 @@ def test_jsonl_lines_parse_as_json_loads(text: str) -> None:
             return "RecursionError", ""
 
     assert outcome(_parse_line) == outcome(json.loads)
+
+
+def test_json_and_json_lines_are_told_by_content(tmp_path: Path) -> None:
+    entries = [{"image_id": 1, "caption": "a dog"}, {"image_id": 1, "caption": "a brown dog"}]
+    lines = tmp_path / "refs.json"  # JSON lines under a .json name
+    lines.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    assert load_references(lines) == {"1": ("a dog", "a brown dog")}
+    one_line = tmp_path / "annotations.jsonl"  # a COCO annotations file on one line
+    one_line.write_text(json.dumps({"annotations": entries}))
+    assert load_references(one_line) == {"1": ("a dog", "a brown dog")}
+    with pytest.raises(InputError, match="cannot read references file"):
+        load_references(lines, fmt="json")  # the override rules
+    results = tmp_path / "results.jsonl"  # a COCO results array under a .jsonl name
+    results.write_text(json.dumps([{"image_id": 1, "caption": "a dog"}], indent=1))
+    assert detect_format(results) == "coco"
+    assert [r.id for r in read_records(results, references=lines)] == ["0"]
