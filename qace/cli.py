@@ -136,14 +136,15 @@ def cmd_score(args: argparse.Namespace) -> int:
 def _check_paths(args: argparse.Namespace) -> None:
     """Every path a ``qace score`` run reads, checked before any model loads and before any output
     exists: the input and references files up to their first record (`check_readable`), and the
-    features and models locations QACE is given."""
+    features and local model locations QACE is given."""
     from qace.data.records import check_readable
 
     check_readable(args.input, references=args.references, fmt=args.format)
     features = getattr(args, "features", None)
     if features and not str(features).startswith("random:"):
         check_exists("--features", features)
-    check_exists("--models", getattr(args, "models", None))
+    for flag in ("--models", "--vqa"):  # local only (--qg and --tqa may name hub ids)
+        check_exists(flag, getattr(args, flag[2:], None))
 
 
 def _report(signature: str, result: Summary, output: str) -> int:

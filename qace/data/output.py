@@ -118,10 +118,13 @@ class ResultWriter:
         self._closed = False
         self._manifest: dict[str, Any] = {}
         self._lock: BinaryIO | None = None  # the open file holding the partial directory's lock
+        created = not self.partial.exists()
         try:
             self._open(resume)
-        except BaseException:
+        except BaseException:  # e.g. no space for the first manifest: leave nothing behind
             self._unlock()
+            if created:
+                shutil.rmtree(self.partial, ignore_errors=True)
             raise
 
     def _open(self, resume: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from qace.data.output import ResultWriter, errors_path
-from qace.errors import QACEError, ResumeError
+from qace.errors import OutputError, QACEError, ResumeError
 
 ROOT = Path(__file__).resolve().parents[2]
 SIG = "QACE-Ref|qg:t5-base|version:0.1.0"
@@ -377,3 +378,14 @@ def test_out_of_space_is_one_line_removes_temporaries_and_resume_continues(
         assert len(resumed.done_ids()) + len(resumed.done_lines()) == N
         _feed(resumed, range(N))
     assert path.read_bytes() == reference.read_bytes()
+
+
+def test_a_full_disk_at_the_first_manifest_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    path = tmp_path / "out.jsonl"
+    with pytest.raises(OutputError, match=r"manifest.json: no space left on its disk: \d+ bytes needed"):
+        ResultWriter(path, signature=SIG)
+    assert list(tmp_path.iterdir()) == []
