@@ -426,7 +426,8 @@ class ResultWriter:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        """Assemble on normal exit; on an exception keep the committed work (and pending rows) for resume."""
+        """Assemble on normal exit; on an exception keep the committed work (and pending rows, unless
+        out of space) for resume, and remove the partial directory when nothing was committed."""
         if exc_type is None:
             self.close()
             return
@@ -519,7 +520,7 @@ def _space_for(tmp: Path, target: Path, needed: Callable[[], int]) -> Iterator[N
         tmp.unlink(missing_ok=True)
         size = needed()
         if exc.errno == errno.EFBIG:
-            why = f"the file size limit (ulimit -f) is below the {size:,} bytes it needs"
+            why = f"the file size limit (ulimit -f, or the file system's) is below its {size:,} bytes"
         else:
             free = shutil.disk_usage(tmp.parent).free
             why = f"no space left on its disk: {size:,} bytes needed, {free:,} free"

@@ -72,8 +72,5 @@ def read_json_lines(path: str | Path) -> list[object]:
             try:
                 values.append(json.loads(line))
             except ValueError as exc:
-                raise InputError(
-                    f"{path}: line {number} is not JSON ({exc}); if the file is one JSON document, "
-                    "pass --format json"
-                ) from exc
+                raise InputError(f"{path}: line {number} of these JSON lines is not JSON ({exc})") from exc
     return values

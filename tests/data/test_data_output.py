@@ -371,8 +371,8 @@ def test_out_of_space_is_one_line_removes_temporaries_and_resume_continues(
     )
     _, err = child.communicate(timeout=120)
     assert child.returncode == 1 and "Traceback" not in err, err
-    assert err.startswith(f"error: cannot write {path}: the file size limit (ulimit -f) is below the ")
-    assert "bytes it needs; what was committed is kept, so make room and rerun with --resume" in err
+    assert err.startswith(f"error: cannot write {path}: the file size limit (ulimit -f, or the file")
+    assert " bytes; what was committed is kept, so make room and rerun with --resume" in err
     assert not path.exists() and not list(tmp_path.rglob("*.tmp"))
     with ResultWriter(path, signature=SIG, resume=True, chunk_size=4) as resumed:
         assert len(resumed.done_ids()) + len(resumed.done_lines()) == N
