@@ -90,6 +90,7 @@ def forced_scorer(
     score_records = scorer.score_records
 
     def timed(records: Any) -> Iterator[Any]:
+        ready = time.time()
         _wait_for_all(Path(timings_dir), workers)
         start, rows = time.time(), 0
         for row in score_records(records):
@@ -101,6 +102,7 @@ def forced_scorer(
             "pid": os.getpid(),
             "load_seconds": loaded - started,
             "warmup_seconds": warmed - loaded,
+            "ready": ready,
             "start": start,
             "end": time.time(),
             "rows": rows,
@@ -181,6 +183,7 @@ def run(
     steady = max(w["end"] for w in workers) - min(w["start"] for w in workers)
     for w in workers:  # each worker's own rate; their sum ignores how far apart the workers started
         w["captions_per_s"] = w["rows"] / (w["end"] - w["start"])
+        w["ready_after_seconds"] = w.pop("ready") - called
         w["started_after_seconds"] = w.pop("start") - called
         w["ended_after_seconds"] = w.pop("end") - called
     scores = _scores(output)

@@ -58,6 +58,12 @@ def check_output_file(path: str | Path) -> None:
         raise ConfigError(f"cannot write output {str(path)!r}: no permission to write in {str(parent)!r}")
 
 
+def check_exists(flag: str, path: str | Path | None) -> None:
+    """`ConfigError` when ``flag`` names a ``path`` that does not exist (``None``: not given)."""
+    if path is not None and not Path(path).expanduser().exists():
+        raise ConfigError(f"{flag} {str(path)!r} does not exist")
+
+
 def check_img_features(variant: str, features: str | None) -> None:
     """QACE-Img reads region features: `ConfigError` when ``variant`` is ``img`` and none are given."""
     if variant == "img" and not features:

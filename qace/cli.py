@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from qace import __version__, scorers
-from qace.checks import check_device, check_output_file
+from qace.checks import check_device, check_exists, check_output_file
+from qace.data.output import errors_path
 from qace.errors import BackendUnavailableError, QACEError
 from qace.extras import require_extra
 from qace.options import add_metric_option, add_scorer_options, entry_for
@@ -125,6 +126,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     check_output_file(args.output)
     if not args.gpus:  # --gpus checks its devices in resolve_devices
         check_device(args.device)
+    _check_paths(args)
     _features_on_demand(args)
     if args.gpus:
         from qace.scale.cli import cmd_score_sharded
@@ -146,12 +148,24 @@ def cmd_score(args: argparse.Namespace) -> int:
     return _report(scorer.signature, summary, args.output)
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """Every path a ``qace score`` run reads, checked before any model loads and before any output
+    exists: the input and references files up to their first record (`check_readable`), and the
+    features and local model locations QACE is given."""
+    from qace.data.records import check_readable
+
+    check_readable(args.input, references=args.references, fmt=args.format)
+    features = getattr(args, "features", None)
+    if features and not str(features).startswith("random:"):
+        check_exists("--features", features)
+    for flag in ("--models", "--vqa"):  # local only (--qg and --tqa may name hub ids)
+        check_exists(flag, getattr(args, flag[2:], None))
+
+
 def _report(signature: str, result: Summary, output: str) -> int:
     lines = [f"signature: {signature}", result.line()]
     if result.errors:
-        lines.append(
-            f"{result.errors} record(s) could not be scored; see the .errors.jsonl file next to {output}"
-        )
+        lines.append(f"{result.errors} record(s) could not be scored; see {errors_path(output)}")
     summary("\n".join(lines), signature=signature, output=output, **result.fields())
     return 0
 

@@ -14,6 +14,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from qace.data.output import errors_path
 from qace.errors import ModelNotFoundError
 from qace.scorers import TEST_MODEL_WARNING, get, warn_if_test_models
 from qace.testing.home import test_models_home
@@ -75,7 +76,7 @@ def run_demo(
     captions = _example_captions()
     for variant, scorer in scorers.items():
         out = output_dir / f"example.{variant}.jsonl"
-        for stale in (out, out.with_suffix(".errors.jsonl")):
+        for stale in (out, errors_path(out)):
             stale.unlink(missing_ok=True)
         summary = scorer.score_file(example_path(), out)
         print(f"\n{scorer.signature}")
@@ -104,7 +105,7 @@ def run_judge_demo(output_dir: Path, metric: str, *, device: str = "cpu", downlo
     scorer = entry.build_demo(device=device, download=download)
     warn_if_test_models(scorer, entry)
     out = output_dir / f"example.{metric}.jsonl"
-    for stale in (out, out.with_name(out.stem + ".errors.jsonl")):
+    for stale in (out, errors_path(out)):
         stale.unlink(missing_ok=True)
     summary = score_file(scorer, example_path(), out)
     key = scorer.score_key
@@ -140,7 +141,7 @@ def _example_captions() -> dict[str, str]:
 
 def _print_errors(out: Path, limit: int | None = None) -> None:
     """The records of ``out``'s errors file, each with its reason (cut to ``limit`` characters)."""
-    errors = out.with_name(out.stem + ".errors.jsonl")
+    errors = errors_path(out)
     if errors.exists():
         for line in errors.open():
             err = json.loads(line)

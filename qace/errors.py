@@ -50,3 +50,8 @@ class ExportValidationError(QACEError):
 
 class ResumeError(QACEError):
     """Existing output cannot be resumed (different signature, foreign or corrupt files)."""
+
+
+class OutputError(QACEError):
+    """An output cannot be written: its disk is full or a file size limit (``ulimit -f``) was reached.
+    The message names the file and the bytes it needed; what was committed before is kept."""

@@ -101,9 +101,10 @@ def score_file(
     ``force`` lets ``resume`` continue an output that cannot be checked: a partial output without an
     input fingerprint, or a finished one without a signature (`qace.data.output`)."""
     from qace.data.output import ResultWriter
-    from qace.data.records import read_records
+    from qace.data.records import check_readable, read_records
 
     start = time.perf_counter()
+    check_readable(input_path, references=references, fmt=fmt)  # before an output exists
     with ResultWriter(
         output_path,
         signature=scorer.signature,

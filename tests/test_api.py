@@ -150,7 +150,15 @@ def test_resumed_file_run_equals_uninterrupted_run(test_models_dir, tmp_path, mo
 def test_resume_refuses_output_of_other_settings(test_models_dir, tmp_path, monkeypatch):
     out = tmp_path / "out.jsonl"
     first = QACE(models=test_models_dir, variant="ref", progress=False, chunk_size=3)
-    monkeypatch.setattr(api, "score_chunk", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    real, calls = api.score_chunk, {"n": 0}
+
+    def dying(*args, **kwargs):  # killed in the second chunk: the first is committed
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "score_chunk", dying)
     with pytest.raises(KeyboardInterrupt):
         first.score_file(example_path(), out)
     monkeypatch.undo()

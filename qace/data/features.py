@@ -52,6 +52,8 @@ BOX_TOLERANCE = 1e-5
 """How far outside ``[0, 1]`` a normalised box number may lie and be clamped (VL-T5's check)."""
 IDENTITY_SAMPLE = 16
 """Images whose features a content identity hashes (`content_identity`)."""
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+"""The first bytes of an HDF5 file (without a user block, as every store qace writes)."""
 
 
 @runtime_checkable
@@ -296,6 +298,14 @@ class HDF5Store:
             raise ConfigError(f"feature file {str(self.path)!r} does not exist")
         try:
             self._file = h5py.File(self.path, "r")
+        except OSError as exc:
+            with self.path.open("rb") as f:
+                hdf5 = f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+            what = "an HDF5 file that is truncated or damaged" if hdf5 else "not an HDF5 file"
+            raise ConfigError(
+                f"{str(self.path)!r} is {what} ({exc}); make it again (pack_features, qace features pack)"
+            ) from exc
+        try:
             self._features = self._file["features"]
             names = self._file["ids"].asstr()[:]
         except (OSError, KeyError) as exc:

@@ -19,38 +19,49 @@ manifest-listed chunks plus maybe a stray ``.tmp`` or an unlisted chunk file; on
 are deleted and their rows are simply produced again.
 
 `close()` concatenates the chunks in order into ``<path>.tmp`` and replaces ``<path>`` with it;
-errors go to ``<stem>.errors.jsonl`` the same way (written only when there are errors); then the
-partial directory is removed. JSONL output is the concatenated lines. Parquet output is the parts
-joined into one table whose schema is unified over all rows (`qace.data.parquet_parts`: typed
-columns, lists, dicts and mixed kinds as JSON strings named in ``qace.json_columns``,
+errors go to `errors_path` (``out.jsonl`` -> ``out.errors.jsonl``, ``out.parquet`` ->
+``out.parquet.errors.jsonl``: two outputs never share one) the same way, written only when there are
+errors; then the partial directory is removed. JSONL output is the concatenated lines. Parquet output
+is the parts joined into one table whose schema is unified over all rows (`qace.data.parquet_parts`:
+typed columns, lists, dicts and mixed kinds as JSON strings named in ``qace.json_columns``,
 ``qace.signature`` in the metadata, fixed-size row groups), so a resumed run writes the same bytes as
 an uninterrupted one; joining parses no JSON, so closing a long run takes a fraction of a second.
 
+While it is open, a writer holds an exclusive lock (``lockf``, where the platform has it) on
+``<path>.partial/writer.lock``, so a writer of the same output in another process (a rerun while a
+killed run's worker still writes, two ``--resume`` runs) is refused instead of mixing chunks. A
+write that fails for want of space (disk full, ``ulimit -f``, a quota) removes its temporary file and raises
+`OutputError` naming the file and the bytes it needed; the chunks committed before stay, so
+``--resume`` continues. A run that fails before its first commit leaves nothing behind.
+
 Resume rules: the scorer adds rows in input order and skips what is done (scored rows by id,
 `done_ids()`; errors by input line, `done_lines()`), so a resumed output is byte-identical to an
-uninterrupted run. ``resume=True`` continues an existing partial directory (its signature and format
-must match, else `ResumeError` naming both; with ``input_log=True`` it must have an input log, unless
-``force=True``); with a complete final output it reports all its ids as done and rewrites nothing (a
-complete output with rows but no signature is refused unless ``force=True``: nothing says how it was
-scored); adding a new row to a complete output is refused (`ResumeError`: write to a new path or
-remove the old output), because reopening a finished file in place would break the
-never-half-written guarantee. ``resume=False`` refuses to touch any existing output.
+uninterrupted run. ``resume=True`` continues an existing partial directory (its signature, format
+and chunk size must match, else `ResumeError` naming both: a scorer batches within a chunk, so
+another chunk size moves scores by float rounding; with ``input_log=True`` it must have an input
+log, unless ``force=True``); with a complete final output it reports all its ids as done and
+rewrites nothing (a complete output with rows but no signature is refused unless ``force=True``:
+nothing says how it was scored); adding a new row to a complete output is refused (`ResumeError`:
+write to a new path or remove the old output), because reopening a finished file in place would
+break the never-half-written guarantee. ``resume=False`` refuses to touch any existing output.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from json.encoder import encode_basestring as _encode_string
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from qace.errors import QACEError, ResumeError
+from qace.errors import OutputError, QACEError, ResumeError
 
 if TYPE_CHECKING:
     from qace.data.fingerprint import InputMark
@@ -59,6 +70,16 @@ log = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
 _FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
+LOCK_NAME = "writer.lock"
+_NO_SPACE = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def errors_path(path: str | Path) -> Path:
+    """Where the errors of output ``path`` go: ``out.jsonl`` -> ``out.errors.jsonl``, any other
+    output ``out.parquet`` -> ``out.parquet.errors.jsonl``, so two outputs never share one."""
+    path = Path(path)
+    name = path.stem if path.suffix.lower() == ".jsonl" else path.name
+    return path.with_name(name + ".errors.jsonl")
 
 
 class ResultWriter:
@@ -82,7 +103,7 @@ class ResultWriter:
             raise QACEError(f"chunk_size must be at least 1, got {chunk_size}")
         self.chunk_size = chunk_size
         self.partial = self.path.with_name(self.path.name + ".partial")
-        self.errors_path = self.path.with_name(self.path.stem + ".errors.jsonl")
+        self.errors_path = errors_path(self.path)
         self.input_log = input_log
         self.force = force
         self._rows: list[str] = []  # JSONL lines
@@ -96,7 +117,15 @@ class ResultWriter:
         self._complete = False
         self._closed = False
         self._manifest: dict[str, Any] = {}
-        self._open(resume)
+        self._lock: BinaryIO | None = None  # the open file holding the partial directory's lock
+        created = not self.partial.exists()
+        try:
+            self._open(resume)
+        except BaseException:  # e.g. no space for the first manifest: leave nothing behind
+            self._unlock()
+            if created:
+                shutil.rmtree(self.partial, ignore_errors=True)
+            raise
 
     def _open(self, resume: bool) -> None:
         """Apply the resume rules: start fresh, continue a partial run, or accept a finished one."""
@@ -106,22 +135,28 @@ class ResultWriter:
             raise ResumeError(f"output already exists ({names}); pass --resume to continue it or remove it")
         if self.path.exists():
             self._open_complete()
-        elif self.partial.is_dir() and (self.partial / "manifest.json").exists():
+            return
+        self.partial.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock(self.partial / LOCK_NAME, self.path)
+        if (self.partial / "manifest.json").exists():
             self._open_partial()
-        else:
-            if self.partial.exists():
-                shutil.rmtree(self.partial)  # killed before its first manifest: nothing committed
-            self.partial.mkdir(parents=True)
-            self._manifest = {
-                "version": MANIFEST_VERSION,
-                "signature": self.signature,
-                "format": self.fmt,
-                "input_log": self.input_log,
-                "chunks": [],
-                "rows": 0,
-                "errors": 0,
-            }
-            self._write_manifest()
+            return
+        for leftover in self.partial.iterdir():  # killed before its first manifest: nothing committed
+            if leftover.is_dir():
+                shutil.rmtree(leftover)
+            elif leftover.name != LOCK_NAME:
+                leftover.unlink()
+        self._manifest = {
+            "version": MANIFEST_VERSION,
+            "signature": self.signature,
+            "format": self.fmt,
+            "input_log": self.input_log,
+            "chunk_size": self.chunk_size,
+            "chunks": [],
+            "rows": 0,
+            "errors": 0,
+        }
+        self._write_manifest()
 
     def _open_complete(self) -> None:
         """A finished output: check its signature when it records one, and load its ids."""
@@ -167,6 +202,12 @@ class ResultWriter:
             raise ResumeError(
                 f"{self.partial} holds {manifest.get('format')} output but {self.fmt} was requested"
             )
+        if manifest.get("chunk_size", self.chunk_size) != self.chunk_size:
+            raise ResumeError(
+                f"{self.partial} was written with --chunk-size {manifest['chunk_size']} but this run has "
+                f"{self.chunk_size}; scores batched in other chunks differ by float rounding: resume "
+                f"with --chunk-size {manifest['chunk_size']}, or remove {self.partial} to start over"
+            )
         if self.input_log and not manifest.get("input_log"):
             if not self.force:
                 raise ResumeError(
@@ -191,7 +232,7 @@ class ResultWriter:
 
     def _check_chunks(self, manifest: dict[str, Any]) -> set[str]:
         """Load the ids of every committed chunk; return the file names the manifest owns."""
-        listed = {"manifest.json"}
+        listed = {"manifest.json", LOCK_NAME}
         for chunk in manifest["chunks"]:
             rows = _rows_file(chunk)
             errors = f"{chunk['name']}.errors.jsonl"
@@ -340,6 +381,12 @@ class ResultWriter:
         self._closed = True
         if self._complete:
             return
+        try:
+            self._assemble()
+        finally:
+            self._unlock()
+
+    def _assemble(self) -> None:
         self.flush()
         chunks = self._manifest["chunks"]
         error_files = [self.partial / f"{c['name']}.errors.jsonl" for c in chunks if c["errors"]]
@@ -351,8 +398,10 @@ class ResultWriter:
             _concatenate([self.partial / f"{c['name']}.rows.jsonl" for c in chunks], self.path)
         else:
             tmp = self.path.with_name(self.path.name + ".tmp")
-            _parts().assemble([self._part(c) for c in chunks if c["rows"]], tmp, self.signature)
-            _fsync_path(tmp)
+            parts = [self._part(c) for c in chunks if c["rows"]]
+            with _space_for(tmp, self.path, lambda: sum(p.stat().st_size for p in parts)):
+                _parts().assemble(parts, tmp, self.signature)
+                _fsync_path(tmp)
             os.replace(tmp, self.path)
             _fsync_dir(self.path.parent)
         shutil.rmtree(self.partial)
@@ -377,7 +426,8 @@ class ResultWriter:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        """Assemble on normal exit; on an exception keep the committed work (and pending rows) for resume."""
+        """Assemble on normal exit; on an exception keep the committed work (and pending rows, unless
+        out of space) for resume, and remove the partial directory when nothing was committed."""
         if exc_type is None:
             self.close()
             return
@@ -385,9 +435,21 @@ class ResultWriter:
         if self._complete:
             return
         try:
-            self.flush()
+            if not isinstance(exc, OutputError):  # out of space: the pending rows cannot be written now
+                self.flush()
         except Exception:  # the original exception matters more; the pending rows will be redone
             log.exception("could not commit pending rows of %s", self.path)
+        try:
+            if not self._manifest.get("chunks"):  # nothing committed: leave nothing behind
+                shutil.rmtree(self.partial, ignore_errors=True)
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        """Release the partial directory's lock (closing its file)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
 
 def _format_for(path: Path, fmt: str) -> str:
@@ -425,11 +487,54 @@ def _mark_line(mark: InputMark) -> str:
     return f"[{line}, {record_id}, {_encode_string(mark.digest)}]\n"
 
 
+def _lock(path: Path, output: Path) -> BinaryIO | None:
+    """``path`` opened and holding an exclusive POSIX lock (``lockf``; None where there is none), or
+    `ResumeError` when another process holds it. The lock belongs to this process (a writer of this
+    process reopening the output, as a test of a killed run does, is not refused) and goes with the
+    file: closed, or at the process's end, however it ends."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks here
+        return None
+    f = path.open("ab")
+    try:
+        fcntl.lockf(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise ResumeError(
+            f"{output} is being written by another process (it holds {path}); wait for it to finish or "
+            "stop it, then rerun with --resume"
+        ) from None
+    return f
+
+
+@contextmanager
+def _space_for(tmp: Path, target: Path, needed: Callable[[], int]) -> Iterator[None]:
+    """Turn a write into ``tmp`` that fails for want of space (disk full, ``ulimit -f``, quota) into
+    one `OutputError` naming ``target`` and the bytes it needed (``needed()``); ``tmp`` is removed."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        tmp.unlink(missing_ok=True)
+        size = needed()
+        if exc.errno == errno.EFBIG:
+            why = f"the file size limit (ulimit -f, or the file system's) is below its {size:,} bytes"
+        else:
+            free = shutil.disk_usage(tmp.parent).free
+            why = f"no space left on its disk: {size:,} bytes needed, {free:,} free"
+        raise OutputError(
+            f"cannot write {target}: {why}; what was committed is kept, so make room and rerun with --resume"
+        ) from None
+
+
 def _atomic_write(path: Path, lines: list[str]) -> None:
     """Write `path` via an fsynced `.tmp` sibling and os.replace, so it is whole or absent."""
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8", newline="") as f:
-        f.writelines(lines)
+    data = "".join(lines).encode("utf-8")
+    with _space_for(tmp, path, lambda: len(data)), tmp.open("wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -447,8 +552,9 @@ def _parts() -> Any:
 def _atomic_part(path: Path, table: Any) -> None:
     """Write an Arrow part via an fsynced `.tmp` sibling and os.replace, so it is whole or absent."""
     tmp = path.with_name(path.name + ".tmp")
-    _parts().write_part(table, tmp)
-    _fsync_path(tmp)
+    with _space_for(tmp, path, lambda: int(table.nbytes)):
+        _parts().write_part(table, tmp)
+        _fsync_path(tmp)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
 
@@ -463,7 +569,7 @@ def _rows_file(chunk: dict[str, Any]) -> str:
 def _concatenate(sources: list[Path], target: Path) -> None:
     """Concatenate `sources` byte for byte into `target` through an fsynced `.tmp`."""
     tmp = target.with_name(target.name + ".tmp")
-    with tmp.open("wb") as out:
+    with _space_for(tmp, target, lambda: sum(s.stat().st_size for s in sources)), tmp.open("wb") as out:
         for source in sources:
             with source.open("rb") as f:
                 shutil.copyfileobj(f, out)

@@ -27,6 +27,7 @@ import csv
 import json
 import logging
 import re
+import sys
 import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+from qace.data.sniff import first_line, json_layout, read_json_lines
 from qace.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -165,6 +167,8 @@ def read_records(
     path = Path(path)
     if fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if path.is_dir():
+        raise InputError(f"input {str(path)!r} is a folder; give the file of records in it")
     if not path.is_file():
         raise InputError(f"input file {str(path)!r} does not exist")
     if fmt == "auto":
@@ -181,32 +185,47 @@ def read_records(
     yield from _records(rows, refs, base_dir=path.parent)
 
 
+def check_readable(path: str | Path, *, references: str | Path | None = None, fmt: str = "auto") -> None:
+    """Raise the `InputError` that reading ``path`` would (a missing file or a folder, a references file
+    that cannot be read, a CSV without a caption column, a COCO file that is not JSON, ...), reading
+    no further than its first record: what a run checks before any model loads or any output exists."""
+    next(iter(read_records(path, references=references, fmt=fmt)), None)
+
+
 def detect_format(path: Path) -> str:
-    """Guess the format from the extension, else from the first non-blank byte."""
+    """The format by the name (CSV, Parquet), else by the content: a JSON array is COCO results, one
+    object a line JSONL (``.json``, ``.jsonl`` or any other name)."""
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        return "jsonl"
     if suffix in (".csv", ".tsv"):
         return "csv"
     if suffix == ".parquet":
         return "parquet"
-    with path.open("rb") as f:
-        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    head = first_line(path)
     if head.startswith(b"["):
         return "coco"
-    if head.startswith(b"{"):
+    if head.startswith(b"{") or suffix in (".jsonl", ".ndjson"):
         return "jsonl"
     if suffix == ".json":
         raise InputError(f"{str(path)!r}: a .json input must be a results array or JSON lines")
     return "csv"
 
 
-def load_references(path: str | Path) -> dict[str, tuple[str, ...]]:
-    """Map image id -> its unique reference captions in first-seen order (bad entries are logged)."""
+def load_references(path: str | Path, fmt: str = "auto") -> dict[str, tuple[str, ...]]:
+    """Map image id -> its unique reference captions in first-seen order (bad entries are logged).
+
+    The file is one JSON document or JSON lines of ``{image_id, caption}``, told by its content
+    (`qace.data.sniff.json_layout`) unless ``fmt`` (``json`` or ``jsonl``) says."""
     path = Path(path)
+    if fmt not in ("auto", "json", "jsonl"):
+        raise InputError(f"unknown references format {fmt!r}; use auto, json or jsonl")
     try:
-        with path.open("rb") as f:
-            data = json.load(f)
+        if (fmt if fmt != "auto" else json_layout(path)) == "jsonl":
+            data: Any = read_json_lines(path)
+            if len(data) == 1 and isinstance(data[0], dict) and "annotations" in data[0]:
+                data = data[0]  # a COCO annotations file on one line
+        else:
+            with path.open("rb") as f:
+                data = json.load(f)
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read references file {str(path)!r}: {exc}") from exc
     if isinstance(data, dict):
@@ -247,12 +266,19 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
                 text, bad_bytes = raw.decode("utf-8", errors="surrogateescape"), True
             try:
                 obj = _parse_line(text)
-            except json.JSONDecodeError as exc:
-                reason = f"malformed JSON ({exc.msg} at column {exc.colno})"
+            except json.JSONDecodeError as exc:  # some messages end in "at": "Invalid control character at"
+                reason = f"malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
                 yield number, where, _Bad("non-UTF-8 bytes" if bad_bytes else reason)
                 continue
-            except (ValueError, RecursionError):  # e.g. nesting too deep to parse
+            except RecursionError:
                 yield number, where, _Bad("malformed JSON (too deeply nested)")
+                continue
+            except ValueError:  # the one other error the parser raises: an integer too long to convert
+                reason = (
+                    f"a number of more than {sys.get_int_max_str_digits()} digits; "
+                    "write such an id or value as a string"
+                )
+                yield number, where, _Bad(reason)
                 continue
             if bad_bytes:
                 obj = _Bad("non-UTF-8 bytes", obj.get("id") if isinstance(obj, dict) else None)

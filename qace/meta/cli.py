@@ -37,6 +37,17 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute metric scores, write no cache")
 
 
+def _add_format(p: argparse.ArgumentParser, flag: str, what: str) -> None:
+    from qace.data.sniff import TABLE_FORMATS
+
+    p.add_argument(
+        flag,
+        default="auto",
+        choices=TABLE_FORMATS,
+        help=f"format of {what} (default auto: CSV and Parquet by name, JSON vs JSON lines by content)",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``meta`` with its subcommands to an existing subparsers object."""
     from qace.meta.baselines import BASELINES
@@ -116,6 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "file", nargs="?", type=Path, help="JSONL/CSV/Parquet with judge columns (default: Flickr8k-Expert)"
     )
     p.add_argument("--judges", nargs="+", help="judge score columns of FILE")
+    _add_format(p, "--format", "FILE")
     _add_data_dir(p)
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     p.add_argument("--plot", type=Path, help="also write a judge-versus-judge PNG here")
@@ -156,7 +168,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="COL",
         help="metric score columns already in FILE (none by default)",
     )
+    _add_format(p, "--format", "FILE")
     p.add_argument("--references", type=Path, metavar="REFS", help="references file, joined on the item")
+    _add_format(p, "--references-format", "REFS")
     p.add_argument("--ref-item-col", help="item column of REFS (matches --item-col)")
     p.add_argument("--ref-text-col", help="reference column of REFS: one caption per row or a list")
     p.add_argument(
@@ -280,7 +294,7 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     else:
         if not args.judges:
             raise QACEError("name the judge columns of FILE with --judges")
-        data = load_generic(args.file, args.judges, metric_cols=[])
+        data = load_generic(args.file, args.judges, metric_cols=[], fmt=args.format)
     rep = agreement_report(data.human, data.judges)
     out = rep.to_dict()
     _print_agreement(out)
@@ -338,6 +352,8 @@ def cmd_correlate(args: argparse.Namespace) -> int:
         ref_item_col=args.ref_item_col,
         ref_text_col=args.ref_text_col,
         where=args.where,
+        fmt=args.format,
+        references_format=args.references_format,
     )
     data, sel = j.data, j.selected
     scores: dict[str, np.ndarray] = {k: v[sel] for k, v in data.metrics.items()}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qace.data.sniff import read_json_lines, table_format
 from qace.errors import ConfigError, InputError
 
 logger = logging.getLogger(__name__)
@@ -262,34 +263,31 @@ def _to_float(value: object, column: str, record_id: str) -> float:
         raise InputError(f"column {column!r} is not numeric: {value!r}", record_id) from exc
 
 
-def read_records(path: Path | str) -> list[dict]:
-    """Rows of a JSONL, JSON (list), CSV or Parquet file as dicts."""
+def read_records(path: Path | str, fmt: str = "auto") -> list[dict]:
+    """Rows of a JSONL, JSON (list), CSV or Parquet file as dicts: ``fmt``, or by the name and, for
+    JSON, the content (`qace.data.sniff.table_format`)."""
     p = Path(path)
-    if not p.exists():
+    if not p.is_file():
         raise InputError(f"file not found: {p}")
-    suffix = p.suffix.lower()
-    if suffix == ".parquet":
+    kind = table_format(p, fmt)
+    if kind == "parquet":
         import pyarrow.parquet as pq
 
         return pq.read_table(p).to_pylist()
-    if suffix == ".csv":
+    if kind == "csv":
         with open(p, newline="") as fh:
             return list(csv.DictReader(fh))
-    if suffix == ".json":
-        with open(p) as fh:
-            data = json.load(fh)
-        if not isinstance(data, list):
-            raise InputError(f"{p}: expected a JSON list of records")
-        return data
-    records = []
-    with open(p) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{p}:{lineno} is not valid JSON: {exc}") from exc
-    return records
+    if kind == "jsonl":
+        return read_json_lines(p)  # type: ignore[return-value]
+    try:
+        data = json.loads(p.read_bytes())
+    except ValueError as exc:
+        raise InputError(
+            f"{p} is not JSON ({exc}); if it holds one object a line, pass --format jsonl"
+        ) from exc
+    if not isinstance(data, list):
+        raise InputError(f"{p}: expected a JSON list of records")
+    return data
 
 
 def load_generic(
@@ -301,15 +299,16 @@ def load_generic(
     system_col: str = "system",
     candidate_col: str = "candidate",
     references_col: str = "references",
+    fmt: str = "auto",
 ) -> CaptionSet:
-    """A user file (JSONL/JSON/CSV/Parquet) with one row per judged caption.
+    """A user file (JSONL/JSON/CSV/Parquet, or ``fmt``) with one row per judged caption.
 
     ``human_cols`` name the judge columns (one or more); ``metric_cols`` name metric-score
     columns to carry along (default: every other numeric column). Text columns are optional,
     since agreement needs only the human scores; ``references`` may be a JSON list or a
     ``|||``-separated string. Missing ids become the row number.
     """
-    records = read_records(path)
+    records = read_records(path, fmt)
     if not records:
         raise InputError(f"{path}: no records")
     if not human_cols:

@@ -18,36 +18,34 @@ from typing import Any
 
 import numpy as np
 
+from qace.data.sniff import read_json_lines, table_format
 from qace.errors import ConfigError, InputError
 from qace.meta.datasets import CaptionSet, _parse_refs
 
-#: File suffixes :func:`read_table` reads.
-FORMATS = (".jsonl", ".json", ".csv", ".parquet")
 #: Name of the criterion formed by several judges' columns of one criterion.
 JUDGES_CRITERION = "human"
 
 
-def read_table(path: Path | str) -> Any:
-    """A JSONL, JSON (list of records), CSV or Parquet file as a pandas DataFrame."""
+def read_table(path: Path | str, fmt: str = "auto") -> Any:
+    """A JSONL, JSON (list of records), CSV or Parquet file as a pandas DataFrame: ``fmt``, or by the
+    name and, for JSON, the content (`qace.data.sniff.table_format`)."""
     import pandas as pd
 
     p = Path(path)
-    if not p.exists():
+    if not p.is_file():
         raise InputError(f"file not found: {p}")
-    suffix = p.suffix.lower()
+    kind = table_format(p, fmt)
     try:
-        if suffix == ".jsonl":
-            df = pd.read_json(p, lines=True, dtype=False)
-        elif suffix == ".json":
-            df = pd.DataFrame(json.loads(p.read_text()))
-        elif suffix == ".csv":
+        if kind == "jsonl":
+            df = pd.DataFrame(read_json_lines(p))
+        elif kind == "json":
+            df = pd.DataFrame(json.loads(p.read_bytes()))
+        elif kind == "csv":
             df = pd.read_csv(p, keep_default_na=True, dtype=object)
-        elif suffix == ".parquet":
-            df = pd.read_parquet(p)
         else:
-            raise InputError(f"{p}: unknown format {suffix!r}; use one of {', '.join(FORMATS)}")
+            df = pd.read_parquet(p)
     except (ValueError, json.JSONDecodeError) as exc:
-        raise InputError(f"{p} could not be read as {suffix[1:]}: {exc}") from exc
+        raise InputError(f"{p} could not be read as {kind}: {exc}") from exc
     if df.empty:
         raise InputError(f"{p}: no rows")
     df.columns = [str(c) for c in df.columns]
@@ -108,8 +106,10 @@ class Judgments:
         return self.data.human[self.selected][:, self.criteria[criterion]]
 
 
-def _references_from_file(path: Path | str, item_col: str, text_col: str) -> dict[str, list[str]]:
-    refs = read_table(path)
+def _references_from_file(
+    path: Path | str, item_col: str, text_col: str, fmt: str = "auto"
+) -> dict[str, list[str]]:
+    refs = read_table(path, fmt)
     _require_columns(refs, path, {"--ref-item-col": item_col, "--ref-text-col": text_col})
     out: dict[str, list[str]] = {}
     for item, text in zip(refs[item_col].astype(str), refs[text_col], strict=True):
@@ -135,8 +135,11 @@ def load_judgments(
     ref_item_col: str | None = None,
     ref_text_col: str | None = None,
     where: str | None = None,
+    fmt: str = "auto",
+    references_format: str = "auto",
 ) -> Judgments:
-    """Read ``path`` with the given column mapping; validate every named column.
+    """Read ``path`` with the given column mapping; validate every named column. ``fmt`` and
+    ``references_format`` override the formats `read_table` tells by name and content.
 
     Errors (:class:`InputError` / :class:`ConfigError`) name the column or record and the fix:
     a missing column lists the available ones, a human or metric column that is empty or
@@ -152,7 +155,7 @@ def load_judgments(
         raise ConfigError("--references needs --item-col, --ref-item-col and --ref-text-col")
     if references_file is not None and references_col:
         raise ConfigError("take references from a column or from --references, not both")
-    df = read_table(path)
+    df = read_table(path, fmt)
     wanted = {f"--human-cols {c}": c for c in human_cols} | {f"--judge-cols {c}": c for c in judge_cols}
     wanted |= {f"--metric-cols {c}": c for c in metric_cols}
     for opt, col in (
@@ -220,7 +223,9 @@ def load_judgments(
             for v, rid in zip(df[references_col].where(df[references_col].notna(), None), ids, strict=True)
         ]
     elif references_file is not None:
-        by_item = _references_from_file(references_file, str(ref_item_col), str(ref_text_col))
+        by_item = _references_from_file(
+            references_file, str(ref_item_col), str(ref_text_col), references_format
+        )
         missing = sorted({items[i] for i in np.flatnonzero(selected) if items[i] not in by_item})
         if missing:
             raise InputError(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qace import scorers
+from qace.data.output import errors_path
 from qace.errors import InputError
 
 THUMBNAIL_PIXELS = 160
@@ -70,7 +71,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def load_system(path: Path, name: str | None = None) -> System:
-    """Read a score file and its ``<stem>.errors.jsonl`` (if any) into a `System`."""
+    """Read a score file and its errors file (`qace.data.output.errors_path`, if any) into a `System`."""
     rows = read_rows(path)
     if not rows:
         raise InputError(f"score file {str(path)!r} has no rows")
@@ -86,10 +87,10 @@ def load_system(path: Path, name: str | None = None) -> System:
         if row_id in by_id:
             raise InputError(f"{path}: id {row_id!r} appears twice")
         by_id[row_id] = row
-    errors_path = path.with_name(path.stem + ".errors.jsonl")
+    errors_file = errors_path(path)
     errors = []
-    if errors_path.is_file():
-        errors = [json.loads(line) for line in errors_path.open(encoding="utf-8") if line.strip()]
+    if errors_file.is_file():
+        errors = [json.loads(line) for line in errors_file.open(encoding="utf-8") if line.strip()]
     signatures = list(dict.fromkeys(str(r.get("signature", "")) for r in rows if r.get("signature")))
     judged = entry.reads == "image"
     return System(name or path.name, entry.score_key, entry.parts, by_id, signatures, errors, judged)

@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from qace import scorers
+from qace.data.output import errors_path
 from qace.errors import ConfigError
 from qace.options import add_metric_option, add_scorer_options, entry_for
 from qace.progress import summary as say
@@ -42,9 +43,7 @@ def cmd_score_sharded(
     )  # fmt: skip
     lines = [summary.line()]
     if summary.errors:
-        lines.append(
-            f"{summary.errors} record(s) not scored; see the .errors.jsonl file next to {args.output}"
-        )
+        lines.append(f"{summary.errors} record(s) not scored; see {errors_path(args.output)}")
     say("\n".join(lines), output=args.output, devices=devices, **summary.fields())
     return 0
 

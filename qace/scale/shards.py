@@ -11,10 +11,12 @@ Layout under ``<output>.shards/``:
 
 Why contiguous slices: concatenating the shard outputs in shard order *is* input order, so the
 merge streams files and needs no sort. Each worker is a fresh ``spawn`` process (CUDA cannot
-survive ``fork``) that builds its own scorer on its device. A killed run resumes per shard: each
-shard skips the ids its writer has committed. The merge writes the final output through a
-`ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so a killed merge resumes
-too; the shard directory is removed only after the final output exists.
+survive ``fork``) that builds its own scorer on its device, and dies with the parent
+(`die_with_parent`), so a killed run leaves no worker writing; each shard output is locked while it
+is written (`qace.data.output.ResultWriter`), so a rerun cannot write a shard an old worker holds.
+A killed run resumes per shard: each shard skips the ids its writer has committed. The merge writes
+the final output through a `ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so
+a killed merge resumes too; the shard directory is removed only after the final output exists.
 
 ``scorer_factory`` (``"package.module:function"``, default `QACE`) builds each worker's scorer from
 ``device=`` and ``scorer_kwargs``: ``qace score --gpus`` names a registered metric's factory
@@ -23,12 +25,16 @@ too; the shard directory is removed only after the final output exists.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import multiprocessing
 import os
 import queue
 import shutil
+import signal
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -38,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from qace.config import auto_host_workers, auto_spacy_workers
+from qace.data.output import errors_path
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
 from qace.scorers import load_callable as load_factory
@@ -116,6 +123,9 @@ def score_file_sharded(
         raise ConfigError("devices must name at least one torch device")
     if scorer_factory is not None:
         load_factory(scorer_factory)  # fail here, before any work, on a wrong name
+    from qace.data.records import check_readable
+
+    check_readable(input_path, references=references, fmt=fmt)  # before the shard folder exists
     kwargs = shard_settings(scorer_kwargs or {}, devices, scorer_factory, cpu_pool)
     output = Path(output_path)
     work = output.with_name(output.name + ".shards")
@@ -328,7 +338,8 @@ PROGRESS_EVERY_S = 1.0
 
 def _worker(job: ShardJob, results: Any) -> None:
     """Entry point of a shard process: report progress (record counts, at most every `PROGRESS_EVERY_S`),
-    then a summary dict or an error; never raise."""
+    then a summary dict or an error; never raise. It dies with its parent (`die_with_parent`)."""
+    die_with_parent()
     unreported, last = 0, time.monotonic()
 
     def progress(n: int) -> None:
@@ -345,6 +356,33 @@ def _worker(job: ShardJob, results: Any) -> None:
     if unreported:
         results.put((job.index, unreported))
     results.put((job.index, outcome))
+
+
+PR_SET_PDEATHSIG = 1
+"""Linux ``prctl`` option: the signal this process gets when the thread that started it ends."""
+
+
+def die_with_parent() -> None:
+    """End this process when the process that spawned it dies, however it dies (``kill -9`` included),
+    so that no orphaned worker keeps scoring and writing its shard. On Linux the kernel sends it
+    SIGKILL (the parent-death signal: its parent's starting thread, here `_run_workers`'s, ending);
+    elsewhere a daemon thread waits on the parent's sentinel and exits the process."""
+    parent = multiprocessing.parent_process()
+    if parent is None:  # not a multiprocessing child
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent.pid:  # the parent died before the signal was armed
+            os._exit(1)
+        return
+
+    def wait_for_parent() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=wait_for_parent, name="qace-parent-watch", daemon=True).start()
 
 
 def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) -> dict[str, Any]:
@@ -419,7 +457,7 @@ def _merge(
                 total += row[score_key]
                 if row["id"] not in done:
                     writer.add(row)
-            for line in _lines(shard.with_name(shard.stem + ".errors.jsonl")):
+            for line in _lines(errors_path(shard)):
                 error = json.loads(line)
                 errors += 1
                 at = error.get("line")
@@ -431,8 +469,7 @@ def _merge(
 def _final_counts(output: Path, score_key: str) -> tuple[int, int, float | None]:
     import pyarrow.parquet as pq
 
-    errors_path = output.with_name(output.stem + ".errors.jsonl")
-    errors = sum(1 for _ in _lines(errors_path))
+    errors = sum(1 for _ in _lines(errors_path(output)))
     if output.suffix.lower() == ".parquet":
         values = pq.read_table(output, columns=[score_key]).column(score_key).to_pylist()
     else:

@@ -167,6 +167,19 @@ def test_open_feature_store_errors(tmp_path: Path) -> None:
         open_feature_store(not_ours)
 
 
+def test_a_truncated_or_foreign_hdf5_store_is_named_so(tmp_path: Path) -> None:
+    random, whole = RandomFeatureStore(seed=1), tmp_path / "f.h5"
+    pack_features(((i, random.get(i)) for i in ("a", "b")), whole, progress=False)
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(ConfigError, match="is an HDF5 file that is truncated or damaged .*make it again"):
+        open_feature_store(cut)
+    text = tmp_path / "text.h5"
+    text.write_text("not hdf5 at all")
+    with pytest.raises(ConfigError, match="is not an HDF5 file"):
+        open_feature_store(text)
+
+
 def test_a_damaged_hdf5_chunk_fails_its_image_only(tmp_path: Path) -> None:
     ids = ["a", "b", "c"]
     store = HDF5Store(hdf5_with_damaged_row(tmp_path / "f.h5", ids, damaged="b"))

@@ -132,7 +132,8 @@ def test_resume_refuses_a_changed_input_naming_what_changed(test_models_dir, tmp
 def test_resume_of_an_output_without_fingerprint_needs_force(test_models_dir, tmp_path, capsys) -> None:
     source = _write(tmp_path / "in.jsonl", RECORDS[:3])
     out = tmp_path / "out.jsonl"
-    older = ResultWriter(out, signature=QACE(models=test_models_dir, progress=False).signature)
+    scorer = QACE(models=test_models_dir, progress=False)
+    older = ResultWriter(out, signature=scorer.signature, chunk_size=scorer.chunk_size)
     older.add_error("a", "written by an older qace")  # committed without an input fingerprint
     older.flush()
     assert _score(test_models_dir, source, out, "--resume") == 2

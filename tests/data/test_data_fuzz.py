@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from qace.cli import main
+from qace.data.output import errors_path
 from tests.data.fuzz_corpus import BAD_PER_CORPUS, check_invariant, make_corpus
 
 
@@ -26,8 +27,7 @@ def score_corpus(corpus, models: Path, out: Path, capsys) -> tuple[list[str], li
         ids = [str(i) for i in pq.read_table(out, columns=["id"]).column("id").to_pylist()]
     else:
         ids = [json.loads(line)["id"] for line in out.open(encoding="utf-8")]
-    errors_path = out.with_name(out.stem + ".errors.jsonl")
-    errors = [json.loads(line) for line in errors_path.open(encoding="utf-8")]
+    errors = [json.loads(line) for line in errors_path(out).open(encoding="utf-8")]
     assert f"scored {len(ids)} captions ({len(errors)} errors, 0 already done)" in printed
     return ids, errors
 

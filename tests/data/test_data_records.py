@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from qace.data.records import Record, RecordError, _parse_line, read_records, require
+from qace.data.records import (
+    Record,
+    RecordError,
+    _parse_line,
+    detect_format,
+    load_references,
+    read_records,
+    require,
+)
 from qace.errors import InputError
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -58,6 +66,8 @@ BAD_JSONL: list[tuple[bytes | str, str | None, str]] = [  # (line, id of its err
     ('{"id": "good", "caption": "duplicate of this id follows"}', "", ""),
     ('{"id": "i1", "caption": "x", "image_id": [1]}', "i1", "image_id must be"),
     ("[" * 100_000, None, "too deeply nested"),
+    ('{"id": ' + "7" * 5000 + ', "caption": "x"}', None, "a number of more than 4300 digits; write such"),
+    ('{"id": "t1", "caption": "a\x01b"}', None, "(Invalid control character at column 27)"),
 ]
 
 
@@ -81,7 +91,7 @@ def test_jsonl_bad_inputs_each_named_and_reading_continues(tmp_path: Path) -> No
         assert reason in error.reason
     # errors name their physical line
     assert errors[0].reason.startswith("line 2:")
-    assert errors[-1].reason.startswith("line 18:") and "first on line 15" in errors[-1].reason
+    assert errors[-1].reason.startswith("line 20:") and "first on line 15" in errors[-1].reason
 
 
 def test_csv_references_json_column(tmp_path: Path) -> None:
@@ -441,3 +451,19 @@ def test_an_integer_image_id_comes_back_as_an_integer(tmp_path: Path) -> None:
     assert isinstance(first, Record) and isinstance(second, Record)
     assert (first.image_id, first.image_id_value) == ("184613", 184613)
     assert (second.image_id, second.image_id_value) == ("184613", "184613")
+
+
+def test_json_and_json_lines_are_told_by_content(tmp_path: Path) -> None:
+    entries = [{"image_id": 1, "caption": "a dog"}, {"image_id": 1, "caption": "a brown dog"}]
+    lines = tmp_path / "refs.json"  # JSON lines under a .json name
+    lines.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    assert load_references(lines) == {"1": ("a dog", "a brown dog")}
+    one_line = tmp_path / "annotations.jsonl"  # a COCO annotations file on one line
+    one_line.write_text(json.dumps({"annotations": entries}))
+    assert load_references(one_line) == {"1": ("a dog", "a brown dog")}
+    with pytest.raises(InputError, match="cannot read references file"):
+        load_references(lines, fmt="json")  # the override rules
+    results = tmp_path / "results.jsonl"  # a COCO results array under a .jsonl name
+    results.write_text(json.dumps([{"image_id": 1, "caption": "a dog"}], indent=1))
+    assert detect_format(results) == "coco"
+    assert [r.id for r in read_records(results, references=lines)] == ["0"]

@@ -56,16 +56,18 @@ def test_a_runner_emits_forced_tokens_and_times_its_stages(test_models_dir) -> N
 
 
 def test_stage_timer_tells_waiting_from_working() -> None:
-    """A stage that sleeps has wall time but next to no CPU time; one that computes has both."""
+    """A stage that sleeps has wall time but next to no CPU time; one that computes has both. The work
+    is counted in CPU time, not wall time, so a loaded machine (less CPU per wall second) changes
+    nothing asserted here."""
     timer = StageTimer()
     with timer("wait"):
         time.sleep(0.05)
     with timer("work"):
-        deadline = time.perf_counter() + 0.05
-        while time.perf_counter() < deadline:
+        until = time.thread_time() + 0.05
+        while time.thread_time() < until:
             pass
     assert timer.seconds["wait"] >= 0.05 and timer.cpu_seconds["wait"] < 0.02
-    assert timer.cpu_seconds["work"] > 0.5 * timer.seconds["work"] > 0.02
+    assert timer.seconds["work"] >= timer.cpu_seconds["work"] >= 0.05
 
 
 def test_collector_pauses_count_collections_until_closed() -> None:

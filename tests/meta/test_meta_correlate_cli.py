@@ -266,3 +266,21 @@ def test_formats_jsonl_and_parquet_and_reference_lists(tmp_path: Path) -> None:
         study = json.loads((out / "correlate.json").read_text())
         seg = study["segment"]["human"]["mymetric"]["kendall_c"]
         assert seg["n"] == 2 * len(df) and seg["n_units"] == len(df) and seg["n_items"] == 6
+
+
+def test_json_lines_named_json_are_read_by_content_and_format_overrides(tmp_path: Path) -> None:
+    """Published judgment releases ship one object a line under a ``.json`` name."""
+    data, refs = _write_study(tmp_path, n_images=4)
+    judged, ref_json = tmp_path / "judged.json", tmp_path / "refs.json"
+    judged.write_text(pd.read_csv(data).to_json(orient="records", lines=True))
+    ref_json.write_text(refs.read_text())  # JSON lines under a .json name
+    argv = ["correlate", str(judged), "--id-col", "cap_id", "--item-col", "IMG", "--human-cols", "P"]
+    argv += ["--metric-cols", "mymetric", "--references", str(ref_json), "--ref-item-col", "image"]
+    argv += ["--ref-text-col", "caption", "--bootstrap", "0", "--permutations", "0", "--no-plots"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "correlate.json").read_text())["n_rows"] == 16
+    array = tmp_path / "judged.jsonl"  # and one JSON array, pretty-printed, under a .jsonl name
+    array.write_text(json.dumps(pd.read_csv(data).to_dict(orient="records"), indent=1))
+    argv[1] = str(array)
+    assert main([*argv, "--out", str(tmp_path / "again")]) == 0
+    assert main([*argv, "--format", "jsonl", "--out", str(tmp_path / "forced")]) == 2  # the override rules

@@ -106,7 +106,7 @@ def test_killed_shard_resumes_and_parquet_merge(
     want = [json.loads(line) for line in expected[0].decode().splitlines()]
     assert table.column("id").to_pylist() == [row["id"] for row in want]
     assert table.column("qace").to_pylist() == pytest.approx([row["qace"] for row in want], abs=1e-6)
-    assert (tmp_path / "out.errors.jsonl").read_bytes() == expected[1]
+    assert (tmp_path / "out.parquet.errors.jsonl").read_bytes() == expected[1]
 
 
 def test_failed_worker_is_reported(inputs, tmp_path) -> None:
