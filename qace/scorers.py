@@ -308,3 +308,39 @@ register(
         help="image regeneration score: redraw the caption, compare with the image",
     )
 )
+
+
+def _clip(name: str, family: str, references: bool) -> ScorerEntry:
+    metric = {"clip": "CLIP-S", "pac": "PAC-S"}[family]
+    key = ("ref" if references else "") + f"{family}_s"
+    parts = (f"{family}_s", f"{family}_ref") if references else ()
+    hint = (
+        "pass --clip-model with the PAC-S checkpoint (a Transformers CLIPModel directory)"
+        if family == "pac"
+        else "pass --clip-model (hub id or directory), or `huggingface-cli download "
+        "openai/clip-vit-base-patch32` while online (the default, ViT-B/32)"
+    )
+    return ScorerEntry(
+        name=name,
+        factory=f"qace.judges.clip:{key}",
+        settings="qace.judges.clip:" + ("pac_cli_settings" if family == "pac" else "cli_settings"),
+        options="qace.judges.clip:add_cli_arguments",
+        score_key=key,
+        columns=(key, *parts),
+        parts=parts,
+        signature=("Ref" if references else "") + metric,
+        reads="image",
+        extra="judges",
+        needs=("PIL",),
+        demo=f"qace.testing.demos:{key}_demo",
+        hint=hint,
+        help=("the harmonic mean of " if references else "")
+        + f"{metric}: CLIP cosine of caption and image"
+        + (" and the best reference cosine" if references else ""),
+    )
+
+
+register(_clip("clip-s", "clip", False))
+register(_clip("refclip-s", "clip", True))
+register(_clip("pac-s", "pac", False))
+register(_clip("refpac-s", "pac", True))
