@@ -240,8 +240,11 @@ JUDGE_TEST_MODEL_WARNING = """
 
 def warn_if_test_models(scorer: Any, entry: ScorerEntry) -> None:
     """Log the loud test-model warning (a JSON record with ``--log-format json``) when ``scorer`` runs on
-    qace's test models: QACE's own, or the entry's hint on how to get real models."""
-    if not getattr(scorer, "uses_test_models", False):
+    qace's test models: QACE's own, or the entry's hint on how to get real models. A combined run
+    (`qace.combined.CombinedScorer`) warns for each of its metrics that does."""
+    for member_entry, member in getattr(scorer, "members", ()):
+        warn_if_test_models(member, member_entry)
+    if hasattr(scorer, "members") or not getattr(scorer, "uses_test_models", False):
         return
     if entry.hint is None:
         log.warning(TEST_MODEL_WARNING)

@@ -69,10 +69,11 @@ class ClipScoreConfig:
     device: str = "cpu"
     workers: int | None = None
     """Processes decoding images; None: 0 on the CPU, else the cores less two (at most 8)."""
-    image_batch: int = 64
-    """Images per vision-encoder call (speed only)."""
-    text_batch: int = 1024
-    """Texts per text-encoder call (speed only)."""
+    image_batch: int | None = None
+    """Images per vision-encoder call, always that many (speed, and the last float bits); None: 8 on
+    the CPU, else 64."""
+    text_batch: int | None = None
+    """Texts per text-encoder call, always that many (likewise); None: 32 on the CPU, else 256."""
     chunk_size: int = 4096
     """Captions per committed output chunk."""
     progress: bool = True
@@ -88,7 +89,7 @@ class ClipScoreConfig:
         if "|" in self.prompt:
             raise ConfigError(f"the prompt may not contain '|' (it goes into the signature): {self.prompt!r}")
         for name in ("image_batch", "text_batch", "chunk_size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"workers must be 0 or more, got {self.workers}")
@@ -108,6 +109,14 @@ class ClipScoreConfig:
     @property
     def checkpoint(self) -> str:
         return self.model or DEFAULT_CLIP
+
+    @property
+    def images_per_batch(self) -> int:
+        return self.image_batch or (8 if self.device == "cpu" else 64)
+
+    @property
+    def texts_per_batch(self) -> int:
+        return self.text_batch or (32 if self.device == "cpu" else 256)
 
     @property
     def decode_workers(self) -> int:
@@ -243,7 +252,7 @@ class ClipScore(FileScorer):
                 results[pos] = RecordError(item.id, reason, item.line)
             else:
                 valid.append((pos, item, self._image_of(item) or ""))
-        embedded = self.encoder.image_embeddings([path for _, _, path in valid], cfg.image_batch)
+        embedded = self.encoder.image_embeddings([path for _, _, path in valid], cfg.images_per_batch)
         work = []
         for pos, record, path in valid:
             found = embedded[path]
@@ -255,7 +264,9 @@ class ClipScore(FileScorer):
             captions = [with_prompt(cfg.prompt, record.caption) for _, record, _ in work]
             refs = [[with_prompt(cfg.prompt, r) for r in record.references or () if r.strip()]
                     for _, record, _ in work] if cfg.references else []  # fmt: skip
-            texts, cut = self.encoder.embed_texts(captions + [r for rs in refs for r in rs], cfg.text_batch)
+            texts, cut = self.encoder.embed_texts(
+                captions + [r for rs in refs for r in rs], cfg.texts_per_batch
+            )
             image = torch.stack([e for _, _, e in work])
             caption = texts[: len(work)]
             clip = (cfg.weight * (caption * image).sum(-1).clamp(min=0)).tolist()

@@ -3,14 +3,17 @@
 Any Transformers ``CLIPModel`` checkpoint (a hub id or a local directory holding ``config.json``, the
 tokenizer and ``preprocessor_config.json``) loads offline-first like the other judges' models.
 
-- **Images** are decoded, resized and centre-cropped by the checkpoint's image processor (its Pillow
-  implementation, the same pixels on every machine) into uint8 arrays, in ``workers`` processes when
-  ``workers > 0``; rescaling and normalisation run on the model's device. Each image is embedded once
+- **Images** are decoded, resized and centre-cropped as the checkpoint's image processor says
+  (`qace.judges.clip_images`: Pillow, as Transformers' Pillow processor does, the same pixels on every
+  machine) into uint8 arrays, in ``workers`` processes when ``workers > 0``; rescaling and
+  normalisation run on the model's device. Each image is embedded once
   per `ClipEncoder`: an LRU cache by file path keeps its unit embedding (or the reason it could not be
   read), and every scorer sharing the encoder (`shared_encoder`) reads it.
 - **Texts** are tokenised (truncated to the model's 77 positions; `embed_texts` says which were cut),
-  de-duplicated, sorted by length and embedded in batches of ``text_batch`` rows, each padded to its
-  longest text.
+  de-duplicated, grouped by length and embedded in batches of ``text_batch`` rows.
+- **Fixed shapes**: every batch has a shape that depends only on its members' own lengths, so an
+  embedding is the same bits whatever else shares its batch (resumed runs and ``--gpus`` shards write
+  what one run writes).
 """
 
 from __future__ import annotations
@@ -26,50 +29,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qace.errors import InputError
-from qace.judges.images import load_image
+from qace.judges.clip_images import ClipPixels
 from qace.judges.regen_loading import _load_offline_first, tree_fingerprint
 from qace.precision import torch_dtype
 
 log = logging.getLogger(__name__)
+
+WIDTH_STEP = 8
+"""Text batches are padded to a multiple of this many tokens (see `ClipEncoder.embed_texts`)."""
 
 FIX = (
     "pass --clip-model with a hub id you have cached or a local CLIPModel directory (config.json, "
     "tokenizer files, preprocessor_config.json), or build the tiny test model with "
     "qace.testing.clip.make_clip_test_model (its scores mean nothing)"
 )
-
-
-def pil_image_processor(source: str, local_only: bool) -> Any:
-    """The checkpoint's CLIP image processor, Pillow implementation (transformers 5 names it
-    ``CLIPImageProcessorPil``; before, ``CLIPImageProcessor`` was the Pillow one)."""
-    import transformers
-
-    cls = getattr(transformers, "CLIPImageProcessorPil", None) or transformers.CLIPImageProcessor
-    return cls.from_pretrained(source, local_files_only=local_only)
-
-
-def decode(processor: Any, path: str) -> np.ndarray | str:
-    """The uint8 ``(3, H, W)`` resized, centre-cropped pixels of ``path``, or why it cannot be read."""
-    try:
-        image = load_image(path)
-    except InputError as exc:
-        return exc.reason if hasattr(exc, "reason") else str(exc)
-    pixels = processor(images=image, do_rescale=False, do_normalize=False, return_tensors="np")
-    return np.ascontiguousarray(pixels["pixel_values"][0], dtype=np.uint8)
-
-
-_WORKER_PROCESSOR: Any = None
-
-
-def _init_worker(processor: Any) -> None:
-    global _WORKER_PROCESSOR
-    _WORKER_PROCESSOR = processor
-    torch.set_num_threads(1)
-
-
-def _decode_in_worker(path: str) -> np.ndarray | str:
-    return decode(_WORKER_PROCESSOR, path)
 
 
 class ClipEncoder:
@@ -79,7 +52,7 @@ class ClipEncoder:
         self,
         model: Any,
         tokenizer: Any,
-        processor: Any,
+        pixels: ClipPixels,
         *,
         name: str,
         fingerprint: str,
@@ -92,7 +65,7 @@ class ClipEncoder:
         self.device = torch.device(device)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
-        self.processor = processor
+        self.pixels = pixels
         self.name = name
         self.fingerprint = fingerprint
         self.max_tokens = int(model.config.text_config.max_position_embeddings)
@@ -103,36 +76,35 @@ class ClipEncoder:
         self._images: OrderedDict[str, torch.Tensor | str] = OrderedDict()
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
-        mean = torch.tensor(processor.image_mean, dtype=torch.float32).view(1, -1, 1, 1)
-        std = torch.tensor(processor.image_std, dtype=torch.float32).view(1, -1, 1, 1)
+        mean = torch.tensor(pixels.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(pixels.std, dtype=torch.float32).view(1, -1, 1, 1)
         self._mean, self._std = mean.to(self.device), std.to(self.device)
-        self._rescale = float(processor.rescale_factor)
 
     @classmethod
     def load(cls, name_or_path: str, **settings: Any) -> ClipEncoder:
         """Load a ``CLIPModel`` checkpoint (hub id or directory), offline-first."""
 
-        def load(source: str, local_only: bool) -> tuple[Any, Any, Any]:
-            from transformers import AutoTokenizer, CLIPModel
+        def load(source: str, local_only: bool) -> tuple[Any, Any, ClipPixels]:
+            from transformers import AutoTokenizer, CLIPModel, ImageProcessingMixin
 
             model = CLIPModel.from_pretrained(source, local_files_only=local_only)
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-            return model, tokenizer, pil_image_processor(source, local_only)
+            config, _ = ImageProcessingMixin.get_image_processor_dict(source, local_files_only=local_only)
+            return model, tokenizer, ClipPixels.from_config(config)
 
-        model, tokenizer, processor = _load_offline_first(
-            name_or_path, "CLIP model", "config.json", load, FIX
-        )
+        model, tokenizer, pixels = _load_offline_first(name_or_path, "CLIP model", "config.json", load, FIX)
         fingerprint = tree_fingerprint(name_or_path)
         commit = getattr(model.config, "_commit_hash", None)
         if fingerprint == str(name_or_path) and commit:  # a hub id: name the exact revision
             fingerprint = f"{name_or_path}@{commit[:12]}"
-        return cls(model, tokenizer, processor, name=str(name_or_path), fingerprint=fingerprint, **settings)
+        return cls(model, tokenizer, pixels, name=str(name_or_path), fingerprint=fingerprint, **settings)
 
     # -- images ----------------------------------------------------------------------------------
 
     def image_embeddings(self, paths: Sequence[str], batch_size: int = 64) -> dict[str, torch.Tensor | str]:
         """Unit float32 embedding (on the device), or the reason it failed, per distinct path; each file
-        is decoded and embedded once while it stays in the cache."""
+        is decoded and embedded once while it stays in the cache, in a batch of always ``batch_size``
+        images (filled up with black ones), so its embedding does not depend on its companions."""
         with self._lock:
             found: dict[str, torch.Tensor | str] = {}
             todo = []
@@ -152,8 +124,9 @@ class ClipEncoder:
                         found[path] = reason
                         self._remember(path, reason)
                 if good:
-                    pixels = torch.from_numpy(np.stack([a for _, a in good]))
-                    embeddings = self.embed_pixels(pixels)
+                    pixels = np.zeros((batch_size, *good[0][1].shape), dtype=np.uint8)  # fixed shape
+                    pixels[: len(good)] = np.stack([a for _, a in good])
+                    embeddings = self.embed_pixels(torch.from_numpy(pixels))[: len(good)]
                     for (path, _), embedding in zip(good, embeddings, strict=True):
                         found[path] = embedding
                         self._remember(path, embedding)
@@ -162,21 +135,19 @@ class ClipEncoder:
 
     def _decode(self, paths: Sequence[str]) -> list[np.ndarray | str]:
         if self.workers < 1:
-            return [decode(self.processor, p) for p in paths]
+            return [self.pixels(p) for p in paths]
         if self._pool is None:
             import multiprocessing
 
             context = multiprocessing.get_context("spawn")  # no fork of a process holding CUDA or threads
-            self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=_init_worker, initargs=(self.processor,)
-            )
-        return list(self._pool.map(_decode_in_worker, paths, chunksize=max(1, len(paths) // self.workers)))
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+        return list(self._pool.map(self.pixels, paths, chunksize=max(1, len(paths) // self.workers)))
 
     @torch.inference_mode()
     def embed_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """Unit float32 embeddings of uint8 ``(N, 3, H, W)`` processed images (rescaled and normalised
         here, on the device)."""
-        x = pixels.to(self.device, non_blocking=True).float() * self._rescale
+        x = pixels.to(self.device, non_blocking=True).float() * self.pixels.rescale
         x = ((x - self._mean) / self._std).to(self.dtype)
         pooled = self.model.vision_model(pixel_values=x).pooler_output
         return F.normalize(self.model.visual_projection(pooled).float(), dim=-1)
@@ -198,27 +169,36 @@ class ClipEncoder:
         ], cut
 
     @torch.inference_mode()
-    def embed_texts(self, texts: Sequence[str], batch_size: int = 1024) -> tuple[torch.Tensor, list[bool]]:
+    def embed_texts(self, texts: Sequence[str], batch_size: int = 256) -> tuple[torch.Tensor, list[bool]]:
         """Unit float32 embeddings (on the device) of ``texts`` in order, and whether each was truncated.
 
-        Distinct texts are embedded once, longest first, ``batch_size`` rows a batch padded to its
-        longest (CLIP's text encoder is causal and pools at the end token, so padding changes nothing)."""
+        Distinct texts are embedded once. A text's batch has a shape that depends on the text alone: its
+        length rounded up to a multiple of `WIDTH_STEP` tokens (at most the model's positions), and
+        always ``batch_size`` rows (filled up with padding rows), so its embedding is the same bits
+        whichever texts share the batch: a resumed run or a ``--gpus`` shard writes what one run
+        writes. CLIP's text encoder is causal and pools at the end token, so the padding changes
+        nothing but the float rounding."""
         unique = list(dict.fromkeys(texts))
         ids, cut = self.tokenize(unique)
-        order = sorted(range(len(unique)), key=lambda i: -len(ids[i]))
         pad = int(self.model.config.text_config.pad_token_id or 0)
         out = torch.empty(len(unique), self.model.config.projection_dim, device=self.device)
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            width = len(ids[rows[0]])
-            batch = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for n, i in enumerate(rows):
-                batch[n, : len(ids[i])] = torch.tensor(ids[i])
-                mask[n, : len(ids[i])] = 1
-            text = self.model.text_model(input_ids=batch.to(self.device), attention_mask=mask.to(self.device))
-            features = self.model.text_projection(text.pooler_output).float()
-            out[torch.tensor(rows, device=self.device)] = F.normalize(features, dim=-1)
+        buckets: dict[int, list[int]] = {}
+        for i, row in enumerate(ids):
+            buckets.setdefault(min(-(-len(row) // WIDTH_STEP) * WIDTH_STEP, self.max_tokens), []).append(i)
+        for width, members in sorted(buckets.items()):
+            for start in range(0, len(members), batch_size):
+                rows = members[start : start + batch_size]
+                batch = torch.full((batch_size, width), pad, dtype=torch.long)
+                mask = torch.zeros((batch_size, width), dtype=torch.long)
+                mask[:, 0] = 1  # padding rows attend to one token
+                for n, i in enumerate(rows):
+                    batch[n, : len(ids[i])] = torch.tensor(ids[i])
+                    mask[n, : len(ids[i])] = 1
+                text = self.model.text_model(
+                    input_ids=batch.to(self.device), attention_mask=mask.to(self.device)
+                )
+                features = F.normalize(self.model.text_projection(text.pooler_output).float(), dim=-1)
+                out[torch.tensor(rows, device=self.device)] = features[: len(rows)]
         where = {text: n for n, text in enumerate(unique)}
         index = torch.tensor([where[t] for t in texts], dtype=torch.long, device=self.device)
         return out[index], [cut[where[t]] for t in texts]

@@ -179,3 +179,29 @@ def test_rows_are_json_with_image_and_signature(clip_dir):
         ["a dog"], images=[str(EXAMPLE.parent / "images" / "dog.png")]
     )
     assert json.loads(json.dumps(row))["signature"].startswith("CLIP-S|clip:sha256-")
+
+
+def test_pixels_are_transformers_pillow_processor_s(clip_dir, drawn_images):
+    """Our light decoding (worker processes import no Transformers) gives the processor's 8-bit pixels,
+    on images wider, taller and smaller than the crop."""
+    import json as json_module
+
+    import numpy as np
+    import transformers
+
+    from qace.judges.clip_images import ClipPixels
+
+    config = json_module.loads((clip_dir / "preprocessor_config.json").read_text())
+    cls = getattr(transformers, "CLIPImageProcessorPil", None) or transformers.CLIPImageProcessor
+    processor = cls(**{**config, "size": {"shortest_edge": 24}, "crop_size": {"height": 24, "width": 24}})
+    ours = ClipPixels.from_config(processor.to_dict())
+    from PIL import Image
+
+    for path in [*drawn_images.values(), *sorted((EXAMPLE.parent / "images").glob("*.png"))]:
+        with Image.open(path) as image:
+            want = processor(
+                images=image.convert("RGB"), do_rescale=False, do_normalize=False, return_tensors="np"
+            )
+        np.testing.assert_array_equal(
+            ours(str(path)), want["pixel_values"][0].astype(np.uint8), err_msg=str(path)
+        )
