@@ -52,10 +52,20 @@ logger = logging.getLogger(__name__)
 #: Published figures the report prints beside ours (Flickr8k-Expert tau-c x 100 from the
 #: CLIPScore/PAC-S tables; PASCAL-50S accuracies from the CLIPScore paper, 5 sampled references).
 PUBLISHED: dict[str, dict[str, Any]] = {
-    "flickr8k_tau_c": {"bleu4": 30.8, "rouge_l": 32.3, "meteor": 41.8, "cider": 43.9, "spice": 44.9},
+    "flickr8k_tau_c": {
+        "bleu4": 30.8,
+        "rouge_l": 32.3,
+        "meteor": 41.8,
+        "cider": 43.9,
+        "spice": 44.9,
+        "clip-s": 51.2,
+        "refclip-s": 53.0,
+    },
     "pascal50s": {
         "bleu4": {"HC": 53.0, "HI": 92.4, "HM": 86.7, "MM": 59.4},
         "cider": {"HC": 53.0, "HI": 98.0, "HM": 91.5, "MM": 64.5},
+        "clip-s": {"HC": 56.5, "HI": 99.3, "HM": 96.4, "MM": 70.4},
+        "refclip-s": {"HC": 64.5, "HI": 99.6, "HM": 95.4, "MM": 72.8},
     },
     "flickr8k_judges": {"fleiss_kappa": 0.52, "gamma_mean": 0.98},
 }
@@ -92,6 +102,10 @@ class ReportConfig:
     """Folder with qg/, tqa/, vqa/ for ``scorers`` (None: the paper's models)."""
     features: Path | None = None
     """Region-feature store of the benchmark images (needed by ``qace-img``)."""
+    images: Path | None = None
+    """The benchmark images, named by image id (a folder or list file): for ``scorers`` that read images."""
+    scorer_settings: tuple[tuple[str, Any], ...] = ()
+    """Keyword arguments of the ``scorers`` that read images (``("model", DIR)``)."""
     device: str = "cpu"
     """Torch device of ``scorers``."""
     limit: int | None = None
@@ -300,7 +314,7 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
     unknown = set(cfg.datasets) - {"flickr8k", "pascal50s"}
     if unknown:
         raise ConfigError(f"unknown data set(s) {sorted(unknown)}; choose flickr8k and/or pascal50s")
-    check_scorers(cfg.scorers, cfg.features)
+    check_scorers(cfg.scorers, cfg.features, cfg.images)
     score_rows = [read_score_file(p) for p in cfg.score_files]
     scorer_runs = [
         ScorerRun(
@@ -310,6 +324,8 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
             device=cfg.device,
             cache_dir=cfg.cache_dir,
             use_cache=cfg.use_cache,
+            images=cfg.images,
+            settings=dict(cfg.scorer_settings),
         )
         for name in cfg.scorers
     ]
