@@ -86,23 +86,23 @@ def test_a_combined_run_resumes_against_its_combined_signature(clip_dir, tmp_pat
     assert main([*argv, "--no-progress", "--resume", "--clip-w", "3"]) == 2  # another signature: refused
 
 
-def test_combined_runs_on_several_devices_byte_for_byte(clip_dir, tmp_path, monkeypatch):
-    """``--gpus`` workers (two CPU processes here) build the combination from its entry's strings."""
-    import qace.scale.shards
+def test_records_split_like_gpus_shards_score_the_same_bits(clip_dir):
+    """``--gpus`` shards (and a resumed run) score parts of the input in fresh processes: each part,
+    scored alone by a fresh model and an empty image cache, gives the bits of the whole run."""
+    from qace.combined import CombinedScorer
+    from qace.data.records import read_records
+    from qace.judges import clip_model
 
-    monkeypatch.setattr(qace.scale.shards, "resolve_devices", lambda gpus: ["cpu", "cpu"])
-    base = [
-        "score",
-        str(EXAMPLE),
-        "--metric",
-        "clip-s,refclip-s",
-        "--clip-model",
-        str(clip_dir),
-        "--no-progress",
-    ]
-    assert main([*base, "-o", str(tmp_path / "one.jsonl")]) == 0
-    assert main([*base, "-o", str(tmp_path / "two.jsonl"), "--gpus", "2"]) == 0
-    assert (tmp_path / "two.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    records = list(read_records(EXAMPLE))
+    settings = {name: {"model": str(clip_dir)} for name in ("clip-s", "refclip-s")}
+
+    def fresh() -> CombinedScorer:
+        clip_model._SHARED.clear()  # a new process: no model, no cached image
+        return CombinedScorer(metrics=["clip-s", "refclip-s"], settings=settings, progress=False)
+
+    whole = list(fresh().score_records(records))
+    parts = list(fresh().score_records(records[:5])) + list(fresh().score_records(records[5:]))
+    assert parts == whole and sum(isinstance(row, dict) for row in whole) == 11
 
 
 @pytest.mark.parametrize(
