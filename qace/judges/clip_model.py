@@ -188,14 +188,15 @@ class ClipEncoder:
         for width, members in sorted(buckets.items()):
             for start in range(0, len(members), batch_size):
                 rows = members[start : start + batch_size]
-                batch = torch.full((batch_size, width), pad, dtype=torch.long)
-                mask = torch.zeros((batch_size, width), dtype=torch.long)
+                batch = np.full((batch_size, width), pad, dtype=np.int64)
+                mask = np.zeros((batch_size, width), dtype=np.int64)
                 mask[:, 0] = 1  # padding rows attend to one token
                 for n, i in enumerate(rows):
-                    batch[n, : len(ids[i])] = torch.tensor(ids[i])
+                    batch[n, : len(ids[i])] = ids[i]
                     mask[n, : len(ids[i])] = 1
                 text = self.model.text_model(
-                    input_ids=batch.to(self.device), attention_mask=mask.to(self.device)
+                    input_ids=torch.from_numpy(batch).to(self.device, non_blocking=True),
+                    attention_mask=torch.from_numpy(mask).to(self.device, non_blocking=True),
                 )
                 features = F.normalize(self.model.text_projection(text.pooler_output).float(), dim=-1)
                 out[torch.tensor(rows, device=self.device)] = features[: len(rows)]
