@@ -65,6 +65,7 @@ class ClipEncoder:
         self.device = torch.device(device)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
+        tokenizer.model_max_length = 1 << 30  # `tokenize` cuts to the model's positions itself (no warning)
         self.pixels = pixels
         self.name = name
         self.fingerprint = fingerprint
