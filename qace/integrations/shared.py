@@ -59,6 +59,25 @@ def shared_reward(**settings: Any) -> QACEReward:
         return reward
 
 
+_SCORERS: dict[tuple[Hashable, ...], Any] = {}
+
+
+def shared_scorer(metric: str, **settings: Any) -> Any:
+    """The process's scorer of the registered ``metric`` (`qace.scorers`) for these keyword arguments
+    (``device`` among them), built on first use through its registry entry; progress bars off."""
+    from qace import scorers
+
+    entry = scorers.get(metric)
+    settings.setdefault("progress", False)
+    device = str(settings.pop("device", "cpu"))
+    key = (metric, device, *sorted((name, _hashable(value)) for name, value in settings.items()))
+    with _LOCK:
+        scorer = _SCORERS.get(key)
+        if scorer is None:
+            scorer = _SCORERS[key] = entry.build(device, **settings)
+        return scorer
+
+
 def _hashable(value: Any) -> Hashable:
     try:
         hash(value)
