@@ -29,7 +29,7 @@ import torch
 from torchmetrics import Metric
 
 from qace.errors import ConfigError, InputError
-from qace.integrations.shared import PARTS, check_settings, shared_reward
+from qace.integrations.shared import PARTS, check_settings, metric_rows, shared_reward
 
 _TEXT_STATES = ("captions", "caption_lengths", "contexts", "context_lengths", "context_counts")
 
@@ -173,7 +173,8 @@ class QACEScore(Metric):
         if not captions:
             return []
         if self.metric is not None:
-            return self._score_metric(captions, contexts)
+            flat = [c if self.reads == "references" else c[0] for c in contexts]
+            return metric_rows(self.metric, captions, flat, device=str(self.device), **self.scorer_kwargs)
         settings = {"device": str(self.device), **self.scorer_kwargs, "variant": self.variant}
         reward = shared_reward(**settings)
         if self.variant == "img":
@@ -181,29 +182,6 @@ class QACEScore(Metric):
         else:
             results = reward.score(captions, references=contexts)
         return [{name: r.scores.get(name, r.reward) for name in ("qace", *PARTS)} for r in results]
-
-    def _score_metric(self, captions: list[str], contexts: list[list[str]]) -> list[dict[str, float]]:
-        """The registered metric's columns of every caption; a caption that cannot be scored (empty)
-        scores 0.0, a missing or unusable context is an `InputError` naming the sample."""
-        from qace.data.records import Record, RecordError, caption_problem
-        from qace.integrations.shared import shared_scorer
-
-        scorer = shared_scorer(str(self.metric), device=str(self.device), **self.scorer_kwargs)
-        field = {"references": "references", "image_id": "image_id", "image": "image"}[self.reads]
-        records = [
-            Record(str(i), c, **{field: tuple(ctx) if field == "references" else ctx[0]})
-            for i, (c, ctx) in enumerate(zip(captions, contexts, strict=True))
-        ]
-        out = []
-        for caption, row in zip(captions, scorer.score_records(records), strict=True):
-            if isinstance(row, RecordError):
-                if caption_problem(caption) is None:
-                    raise InputError(
-                        f"{self.metric} cannot score it: {row.reason}", record_id=f"sample {row.id}"
-                    )
-                row = {}
-            out.append({name: float(row.get(name, 0.0)) for name in self.names})
-        return out
 
 
 def _flat(state: Any) -> torch.Tensor:

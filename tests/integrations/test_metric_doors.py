@@ -65,3 +65,24 @@ def test_torchmetrics_door_scores_clip_s_from_image_files(clip_dir):
     metric.update(["a dog"], [str(IMAGES / "missing.png")])
     with pytest.raises(InputError, match="missing.png"):
         metric.compute()
+
+
+def test_hugging_face_evaluate_door_scores_clip_s(clip_dir, tmp_path, monkeypatch):
+    evaluate = pytest.importorskip("evaluate")
+    from qace.integrations import evaluate_metric_path
+
+    for name in ("HF_HUB_OFFLINE", "HF_EVALUATE_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
+    metric = evaluate.load(str(evaluate_metric_path()), cache_dir=str(tmp_path / "cache"))
+    ids = list(GTS)
+    out = metric.compute(
+        predictions=[RES[i][0] for i in ids],
+        references=[str(IMAGES / f"{i}.png") for i in ids],
+        metric="clip-s",
+        model=str(clip_dir),
+    )
+    want = [r["clip_s"] for r in _engine(clip_dir, references=False)]
+    assert out["scores"] == pytest.approx(want, abs=1e-6)
+    assert out["clip_s"] == pytest.approx(sum(want) / 3) and out["signature"].startswith("CLIP-S|")
