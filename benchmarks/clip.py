@@ -192,7 +192,7 @@ def _baseline(args: argparse.Namespace, base: Any, tokenizer: Any, paths: list[s
     )
     ours = ClipScore(encoder=encoder, model="x", w=100.0, prompt="", device=args.device, progress=False)
     check = subset[: args.agreement_captions]
-    mine = [row["clip_s"] for row in ours.score_records(check)]
+    mine = [row["clip_s"] if isinstance(row, dict) else float("nan") for row in ours.score_records(check)]
     theirs = []
     for record in check:
         metric.reset()

@@ -97,9 +97,9 @@ def metric_rows(metric: str, captions: Sequence[Any], contexts: Sequence[Any], *
             refs = (context,) if isinstance(context, str) else tuple(context)
             records.append(Record(str(i), caption, references=refs))
         else:
-            records.append(
-                Record(str(i), caption, **{entry.reads: None if context is None else str(context)})
-            )
+            value = None if context is None else str(context)
+            image_id, image = (value, None) if entry.reads == "image_id" else (None, value)
+            records.append(Record(str(i), caption, image_id=image_id, image=image))
     out = []
     for caption, row in zip(texts, shared_scorer(metric, **settings).score_records(records), strict=True):
         if isinstance(row, RecordError):

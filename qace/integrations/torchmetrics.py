@@ -69,9 +69,10 @@ class QACEScore(Metric):
         **scorer_kwargs: Any,
     ) -> None:
         super().__init__(**(metric_kwargs or {}))
+        self.names: tuple[str, ...] = ("qace", *PARTS)
         if metric is None:
             check_settings({"variant": variant, **scorer_kwargs})
-            self.reads, self.names = ("references" if variant == "ref" else "image_id"), ("qace", *PARTS)
+            self.reads = "references" if variant == "ref" else "image_id"
         else:
             from qace import scorers
 
