@@ -269,7 +269,8 @@ class ClipScore(FileScorer):
             )
             image = torch.stack([e for _, _, e in work])
             caption = texts[: len(work)]
-            clip = (cfg.weight * (caption * image).sum(-1).clamp(min=0)).tolist()
+            cosine = (caption.double() * image.double()).sum(-1).float()  # fp64: the same bits in any N
+            clip = (cfg.weight * cosine.clamp(min=0)).tolist()
             ref = self._ref_cosines(caption, texts[len(work) :], refs) if cfg.references else None
             for n, (pos, record, _) in enumerate(work):
                 flags = ["truncated_caption"] if cut[n] else []
@@ -291,7 +292,8 @@ class ClipScore(FileScorer):
             index[n, : len(group)] = torch.arange(start, start + len(group), device=caption.device)
             valid[n, : len(group)] = True
             start += len(group)
-        cosines = torch.einsum("nd,nrd->nr", caption, refs[index]).masked_fill(~valid, float("-inf"))
+        cosines = torch.einsum("nd,nrd->nr", caption.double(), refs[index].double()).float()
+        cosines = cosines.masked_fill(~valid, float("-inf"))
         return cosines.max(dim=1).values.clamp(min=0).tolist()
 
     def _row(
