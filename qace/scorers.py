@@ -318,7 +318,8 @@ def _clip(name: str, family: str, references: bool) -> ScorerEntry:
     key = ("ref" if references else "") + f"{family}_s"
     parts = (f"{family}_s", f"{family}_ref") if references else ()
     hint = (
-        "pass --clip-model with the PAC-S checkpoint (a Transformers CLIPModel directory)"
+        "pass --clip-model with the PAC-S checkpoint (`python -m qace.judges.clip_convert "
+        "clip_ViT-B-32.pth DIR` makes the release's file a Transformers CLIP directory)"
         if family == "pac"
         else "pass --clip-model (hub id or directory), or `huggingface-cli download "
         "openai/clip-vit-base-patch32` while online (the default, ViT-B/32)"

@@ -45,7 +45,7 @@ SPEC_VERSION = "1"
 """Version of our decisions (prompt joining, truncation, the harmonic mean at 0); bump when one changes."""
 PAC_HINT = (
     "pac-s needs the PAC-S checkpoint: pass --clip-model DIR, a Transformers CLIPModel directory (convert "
-    "the release's clip_ViT-B-32.pth with transformers' convert_clip_original_pytorch_to_hf.py)"
+    "the release's clip_ViT-B-32.pth with `python -m qace.judges.clip_convert clip_ViT-B-32.pth DIR`)"
 )
 
 

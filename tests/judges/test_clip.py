@@ -205,3 +205,60 @@ def test_pixels_are_transformers_pillow_processor_s(clip_dir, drawn_images):
         np.testing.assert_array_equal(
             ours(str(path)), want["pixel_values"][0].astype(np.uint8), err_msg=str(path)
         )
+
+
+NAMES = (("self_attn.out_proj", "attn.out_proj"), ("layer_norm1", "ln_1"), ("layer_norm2", "ln_2"),
+         ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj"))  # fmt: skip
+"""Transformers' and OpenAI ``clip``'s names of a transformer block's parts."""
+
+
+def _openai_layout(model) -> dict:  # noqa: ANN001
+    """The tiny CLIP's weights under OpenAI ``clip``'s names (fused q/k/v, transposed projections)."""
+    state = model.state_dict()
+    out = {
+        "visual.conv1.weight": state["vision_model.embeddings.patch_embedding.weight"],
+        "visual.class_embedding": state["vision_model.embeddings.class_embedding"],
+        "visual.positional_embedding": state["vision_model.embeddings.position_embedding.weight"],
+        "visual.ln_pre.weight": state["vision_model.pre_layrnorm.weight"],
+        "visual.ln_pre.bias": state["vision_model.pre_layrnorm.bias"],
+        "visual.ln_post.weight": state["vision_model.post_layernorm.weight"],
+        "visual.ln_post.bias": state["vision_model.post_layernorm.bias"],
+        "visual.proj": state["visual_projection.weight"].t(),
+        "token_embedding.weight": state["text_model.embeddings.token_embedding.weight"],
+        "positional_embedding": state["text_model.embeddings.position_embedding.weight"],
+        "ln_final.weight": state["text_model.final_layer_norm.weight"],
+        "ln_final.bias": state["text_model.final_layer_norm.bias"],
+        "text_projection": state["text_projection.weight"].t(),
+        "logit_scale": state["logit_scale"],
+    }
+    import torch
+
+    for tower, prefix in (("vision_model", "visual.transformer"), ("text_model", "transformer")):
+        for i in range(2):
+            hf, oa = f"{tower}.encoder.layers.{i}", f"{prefix}.resblocks.{i}"
+            for kind in ("weight", "bias"):
+                qkv = [state[f"{hf}.self_attn.{n}_proj.{kind}"] for n in "qkv"]
+                out[f"{oa}.attn.in_proj_{kind}"] = torch.cat(qkv)
+                for ours, theirs in NAMES:
+                    out[f"{oa}.{theirs}.{kind}"] = state[f"{hf}.{ours}.{kind}"]
+    return out
+
+
+def test_an_openai_layout_checkpoint_converts_to_the_same_scores(clip_dir, tmp_path):
+    """PAC-S ships OpenAI-``clip`` state dicts: converted, the tiny CLIP scores exactly as before."""
+    import torch
+    from transformers import CLIPModel
+
+    from qace.judges.clip_convert import main as convert_main
+
+    checkpoint = tmp_path / "pacs.pth"
+    torch.save({"state_dict": _openai_layout(CLIPModel.from_pretrained(clip_dir))}, checkpoint)
+    assert convert_main([str(checkpoint), str(tmp_path / "converted"), "--base", str(clip_dir)]) == 0
+    records = _records()[:4]
+    captions, images = [r.caption for r in records], [r.image for r in records]
+    before = ClipScore(model=str(clip_dir), family="pac").score(captions, images=images)
+    after = ClipScore(model=str(tmp_path / "converted"), family="pac").score(captions, images=images)
+    assert [r["pac_s"] for r in after] == [r["pac_s"] for r in before]
+    torch.save({"state_dict": {"visual.proj": torch.zeros(3, 3)}}, tmp_path / "bad.pth")
+    with pytest.raises(ConfigError, match="does not fit"):
+        convert_main([str(tmp_path / "bad.pth"), str(tmp_path / "bad"), "--base", str(clip_dir)])
