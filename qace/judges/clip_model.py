@@ -162,7 +162,13 @@ class ClipEncoder:
 
     def tokenize(self, texts: Sequence[str]) -> tuple[list[list[int]], list[bool]]:
         """Token ids of each text, cut to the model's positions (end token kept), and whether it was cut."""
-        ids = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer directly: a third of the cost of the wrapper's call
+            backend.no_truncation()
+            backend.no_padding()
+            ids = [encoding.ids for encoding in backend.encode_batch(list(texts), add_special_tokens=True)]
+        else:
+            ids = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
         end = self.tokenizer.eos_token_id
         cut = [len(row) > self.max_tokens for row in ids]
         return [
