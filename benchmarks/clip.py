@@ -128,7 +128,7 @@ def _ours(args: argparse.Namespace, base: Any, tokenizer: Any, precision: str, p
                           device=args.device, precision=precision, workers=args.workers)  # fmt: skip
     try:
         encoder.image_embeddings(paths[: args.image_batch], args.image_batch)  # warm-up (workers start)
-        encoder._images.clear()
+        encoder.forget_images()
         _sync(args.device)
         start = time.perf_counter()
         encoder.image_embeddings(paths, args.image_batch)

@@ -134,6 +134,11 @@ class ClipEncoder:
                     self.embedded += len(good)
             return found
 
+    def forget_images(self) -> None:
+        """Empty the image-embedding cache (benchmarks time the embedding pass cold)."""
+        with self._lock:
+            self._images.clear()
+
     def _decode(self, paths: Sequence[str]) -> list[np.ndarray | str]:
         if self.workers < 1:
             return [self.pixels(p) for p in paths]
