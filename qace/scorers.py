@@ -338,6 +338,7 @@ def _clip(name: str, family: str, references: bool) -> ScorerEntry:
         needs=("PIL",),
         demo=f"qace.testing.demos:{key}_demo",
         hint=hint,
+        cpu_pool="workers",
         help=("the harmonic mean of " if references else "")
         + f"{metric}: CLIP cosine of caption and image"
         + (" and the best reference cosine" if references else ""),

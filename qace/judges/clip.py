@@ -366,9 +366,11 @@ def pac_cli_settings(args: argparse.Namespace) -> dict[str, Any]:
 def _settings(args: argparse.Namespace, family: str) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "model": args.clip_model, "w": args.clip_w, "prompt": args.clip_prompt, "images": args.images,
-        "workers": args.image_workers, "precision": getattr(args, "precision", None) or "fp32",
+        "precision": getattr(args, "precision", None) or "fp32",
         "progress": not getattr(args, "no_progress", False),
     }  # fmt: skip
+    if args.image_workers is not None:  # else left to the device, or to --gpus / Ray (the entry's cpu_pool)
+        settings["workers"] = args.image_workers
     if getattr(args, "chunk_size", None):
         settings["chunk_size"] = args.chunk_size
     if getattr(args, "batch_rows", None):
