@@ -105,6 +105,26 @@ def test_records_split_like_gpus_shards_score_the_same_bits(clip_dir):
     assert parts == whole and sum(isinstance(row, dict) for row in whole) == 11
 
 
+def test_combined_runs_on_several_devices_byte_for_byte(clip_dir, tmp_path, monkeypatch):
+    """``--gpus`` workers (two CPU processes here) build the combination from its entry's strings and
+    write what one process writes."""
+    import qace.scale.shards
+
+    monkeypatch.setattr(qace.scale.shards, "resolve_devices", lambda gpus: ["cpu", "cpu"])
+    base = [
+        "score",
+        str(EXAMPLE),
+        "--metric",
+        "clip-s,refclip-s",
+        "--clip-model",
+        str(clip_dir),
+        "--no-progress",
+    ]
+    assert main([*base, "-o", str(tmp_path / "one.jsonl")]) == 0
+    assert main([*base, "-o", str(tmp_path / "two.jsonl"), "--gpus", "2"]) == 0
+    assert (tmp_path / "two.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+
+
 @pytest.mark.parametrize(
     ("metric", "message"),
     [("qace-ref,qace-img", "both write the column 'qace'"), ("clip-s,bleu", "unknown metric 'bleu'"),

@@ -1,10 +1,8 @@
 """CLIP-S and friends through the entry points that take ``--metric``, on the tiny random CLIP: ``qace
 score`` (images by path and by id), ``qace demo``, ``qace serve`` (CLIP-S as a reward) and ``qace
-report``. Several metrics in one pass: tests/test_combined.py; ``meta report --with-scorers``:
-tests/meta/test_meta_scorers.py. ``--gpus`` and ``score-ray`` build any entry from its strings in fresh
-processes (tests/test_scorers.py, tests/scale/test_scale_ray.py, on the toy metric; seconds of process
-start-up each); what they need of CLIP-S, scores that do not depend on how the records are split, is
-tested in process (tests/test_combined.py)."""
+report``. ``--gpus`` and several metrics in one pass: tests/test_combined.py; ``score-ray``:
+tests/scale/test_scale_ray.py; ``meta report --with-scorers``: tests/meta/test_meta_scorers.py; the
+pycocoevalcap, torchmetrics and evaluate doors: tests/integrations/test_metric_doors.py."""
 
 from __future__ import annotations
 
