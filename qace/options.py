@@ -16,23 +16,30 @@ from qace.errors import ConfigError
 
 
 def add_metric_option(parser: argparse.ArgumentParser, what: str = "the metric to score with") -> None:
-    """``--metric``, one of the registered scorers (`qace.scorers`); without it, ``--variant`` picks QACE."""
-    choices = scorers.names()
-    lines = "; ".join(f"{name}: {scorers.get(name).help}" for name in choices)
+    """``--metric``: one registered scorer (`qace.scorers`), or several comma-separated, scored in one pass
+    (`qace.combined`); without it, ``--variant`` picks QACE."""
+    lines = "; ".join(f"{name}: {scorers.get(name).help}" for name in scorers.names())
     parser.add_argument(
-        "--metric", choices=choices, help=f"{what} (default: qace-<--variant>); {lines}".replace("%", "%%")
+        "--metric",
+        metavar="METRIC[,METRIC...]",
+        help=f"{what} (default: qace-<--variant>); several, comma-separated, are scored in one pass into "
+        f"one row per record; {lines}".replace("%", "%%"),
     )
 
 
 def entry_for(args: argparse.Namespace) -> scorers.ScorerEntry:
-    """The registry entry that parsed arguments name: ``--metric``, or QACE's alias ``--variant V``
-    (``qace-V``). A metric that fixes ``--variant`` (``qace-img``) sets it on ``args``; a given
-    ``--variant`` that contradicts ``--metric``, or that ``--metric`` has no use for, is a `ConfigError`."""
+    """The registry entry that parsed arguments name: ``--metric`` (comma-separated names: their combined
+    entry, `qace.combined.combined_entry`), or QACE's alias ``--variant V`` (``qace-V``). A metric that
+    fixes ``--variant`` (``qace-img``) sets it on ``args``; a given ``--variant`` that contradicts
+    ``--metric``, or that ``--metric`` has no use for, is a `ConfigError`."""
+    from qace.combined import combined_entry, split_names
+
     metric = getattr(args, "metric", None)
     variant = getattr(args, "variant", None) or "ref"
     given = getattr(args, "variant_given", False)
-    entry = scorers.get(metric or f"qace-{variant}")
-    fixed = dict(entry.preset).get("variant")
+    entry = combined_entry(metric) if metric else scorers.get(f"qace-{variant}")
+    names = split_names(metric) if metric else [entry.name]
+    fixed = next((v for n in names if (v := dict(scorers.get(n).preset).get("variant")) is not None), None)
     if given and fixed is None:
         raise ConfigError(f"--variant is a QACE option; it has no meaning for --metric {metric}")
     if given and variant != fixed:

@@ -240,8 +240,11 @@ JUDGE_TEST_MODEL_WARNING = """
 
 def warn_if_test_models(scorer: Any, entry: ScorerEntry) -> None:
     """Log the loud test-model warning (a JSON record with ``--log-format json``) when ``scorer`` runs on
-    qace's test models: QACE's own, or the entry's hint on how to get real models."""
-    if not getattr(scorer, "uses_test_models", False):
+    qace's test models: QACE's own, or the entry's hint on how to get real models. A combined run
+    (`qace.combined.CombinedScorer`) warns for each of its metrics that does."""
+    for member_entry, member in getattr(scorer, "members", ()):
+        warn_if_test_models(member, member_entry)
+    if hasattr(scorer, "members") or not getattr(scorer, "uses_test_models", False):
         return
     if entry.hint is None:
         log.warning(TEST_MODEL_WARNING)
@@ -308,3 +311,41 @@ register(
         help="image regeneration score: redraw the caption, compare with the image",
     )
 )
+
+
+def _clip(name: str, family: str, references: bool) -> ScorerEntry:
+    metric = {"clip": "CLIP-S", "pac": "PAC-S"}[family]
+    key = ("ref" if references else "") + f"{family}_s"
+    parts = (f"{family}_s", f"{family}_ref") if references else ()
+    hint = (
+        "pass --clip-model with the PAC-S checkpoint (`python -m qace.judges.clip_convert "
+        "clip_ViT-B-32.pth DIR` makes the release's file a Transformers CLIP directory)"
+        if family == "pac"
+        else "pass --clip-model (hub id or directory), or `huggingface-cli download "
+        "openai/clip-vit-base-patch32` while online (the default, ViT-B/32)"
+    )
+    return ScorerEntry(
+        name=name,
+        factory=f"qace.judges.clip:{key}",
+        settings="qace.judges.clip:" + ("pac_cli_settings" if family == "pac" else "cli_settings"),
+        options="qace.judges.clip:add_cli_arguments",
+        score_key=key,
+        columns=(key, *parts),
+        parts=parts,
+        signature=("Ref" if references else "") + metric,
+        reads="image",
+        extra="judges",
+        needs=("PIL",),
+        demo=f"qace.testing.demos:{key}_demo",
+        hint=hint,
+        cpu_pool="workers",
+        help=("the harmonic mean of " if references else "")
+        + f"{metric}: CLIP cosine of caption and image"
+        + (" and the best reference cosine" if references else ""),
+    )
+
+
+register(_clip("clip-s", "clip", False))
+register(_clip("refclip-s", "clip", True))
+register(_clip("pac-s", "pac", False))
+register(_clip("refpac-s", "pac", True))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from qace import __version__
 from qace.errors import ConfigError
 
-MODEL_KEYS = frozenset({"qg", "qa", "vqa", "feat", "bs", "vlm", "gen", "enc"})
+MODEL_KEYS = frozenset({"qg", "qa", "vqa", "feat", "bs", "vlm", "gen", "enc", "clip"})
 """Fields that identify a model or QACE-Img's region features (a hub id or a content hash);
 `Signature.short` leaves them out."""
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "reference.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+REFERENCES = (BENCHMARKS / "reference.py", BENCHMARKS / "clip_reference.py")
+"""QACE's reference and CLIP-S's (`benchmarks.clip_reference`)."""
 FORBIDDEN = ("qace", "benchmarks")
 """``benchmarks`` too: its other modules import the engine."""
 
@@ -37,8 +39,9 @@ def forbidden_imports(source: str) -> list[str]:
     return found
 
 
-def test_reference_imports_nothing_from_qace() -> None:
-    assert forbidden_imports(REFERENCE.read_text(encoding="utf-8")) == []
+@pytest.mark.parametrize("reference", REFERENCES, ids=lambda p: p.name)
+def test_reference_imports_nothing_from_qace(reference: Path) -> None:
+    assert forbidden_imports(reference.read_text(encoding="utf-8")) == []
 
 
 @pytest.mark.parametrize(

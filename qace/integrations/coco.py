@@ -16,6 +16,10 @@ ids of its region features and ignores ``gts``' captions.
 The corpus score is the mean of the per-image QACE scores, which come as a NumPy array in ``gts``'
 key order (the order ``COCOEvalCap`` pairs them with its image ids). `QACEScorer.last_components`
 holds the per-image F1, BERTScore and answerability parts of the last call.
+
+`MetricScorer` is the same door for any registered metric (`qace.scorers`): each image id's record
+carries its caption, ``gts``' references and the id itself, so CLIP-S and RefCLIP-S find the image in
+their ``images=`` folder (``MetricScorer("refclip-s", images="val2014/")``).
 """
 
 from __future__ import annotations
@@ -49,13 +53,7 @@ class QACEScorer:
         self, gts: Mapping[Any, Sequence[Any]], res: Mapping[Any, Sequence[Any]]
     ) -> tuple[float, np.ndarray]:
         """Mean QACE over the images and the per-image scores, in ``gts``' key order."""
-        if set(gts) != set(res):
-            missing, extra = sorted(map(str, set(gts) - set(res))), sorted(map(str, set(res) - set(gts)))
-            raise InputError(
-                f"gts and res must have the same image ids: {len(missing)} only in gts {missing[:5]}, "
-                f"{len(extra)} only in res {extra[:5]}"
-            )
-        ids = list(gts)
+        ids = _same_ids(gts, res)
         captions = []
         for image_id in ids:
             candidates = _texts(res[image_id], image_id, "res")
@@ -82,6 +80,64 @@ class QACEScorer:
             part: np.array([r.scores.get(part, 0.0) for r in results], dtype=np.float64) for part in PARTS
         }
         return (float(scores.mean()) if len(scores) else 0.0), scores
+
+
+class MetricScorer:
+    """A pycocoevalcap-style scorer for the registered ``metric`` (``"clip-s"``, ``"refclip-s"``, ...);
+    ``settings`` are its scorer's keyword arguments (``images=DIR``, ``model=...``, ``device="cuda"``).
+    The scorer loads at the first `compute_score`, once per process for the same settings. A caption
+    the metric cannot score (empty, no image found) is an `InputError` naming its image id."""
+
+    def __init__(self, metric: str, **settings: Any) -> None:
+        from qace import scorers
+
+        self.entry = scorers.get(metric)
+        self.settings = settings
+        self.last_components: dict[str, np.ndarray] = {}
+
+    def method(self) -> str:
+        """The name ``COCOEvalCap`` reports: the metric's signature name (``CLIP-S``)."""
+        return self.entry.signature
+
+    def compute_score(
+        self, gts: Mapping[Any, Sequence[Any]], res: Mapping[Any, Sequence[Any]]
+    ) -> tuple[float, np.ndarray]:
+        """Mean score over the images and the per-image scores, in ``gts``' key order."""
+        from qace.data.records import Record, RecordError
+        from qace.integrations.shared import shared_scorer
+
+        ids = _same_ids(gts, res)
+        records = []
+        for image_id in ids:
+            candidates = _texts(res[image_id], image_id, "res")
+            if len(candidates) != 1:
+                raise InputError(
+                    f"res must hold exactly one caption per image, got {len(candidates)}",
+                    record_id=str(image_id),
+                )
+            refs = tuple(_texts(gts[image_id], image_id, "gts"))
+            records.append(Record(str(image_id), candidates[0], str(image_id), refs))
+        scorer = shared_scorer(self.entry.name, **self.settings)
+        rows = list(scorer.score_records(records))
+        for row in rows:
+            if isinstance(row, RecordError):
+                raise InputError(f"{self.entry.name} cannot score it: {row.reason}", record_id=row.id)
+        scores = np.array([row[self.entry.score_key] for row in rows], dtype=np.float64)
+        self.last_components = {
+            part: np.array([row[part] for row in rows], dtype=np.float64) for part in self.entry.parts
+        }
+        return (float(scores.mean()) if len(scores) else 0.0), scores
+
+
+def _same_ids(gts: Mapping[Any, Any], res: Mapping[Any, Any]) -> list[Any]:
+    """``gts``' keys, after checking that ``res`` has the same ones."""
+    if set(gts) != set(res):
+        missing, extra = sorted(map(str, set(gts) - set(res))), sorted(map(str, set(res) - set(gts)))
+        raise InputError(
+            f"gts and res must have the same image ids: {len(missing)} only in gts {missing[:5]}, "
+            f"{len(extra)} only in res {extra[:5]}"
+        )
+    return list(gts)
 
 
 def _texts(items: Sequence[Any], image_id: Any, name: str) -> list[str]:

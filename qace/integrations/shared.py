@@ -13,11 +13,11 @@ the sample.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from qace.config import QACEConfig
-from qace.errors import ConfigError
+from qace.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
     from qace.reward import QACEReward
@@ -57,6 +57,57 @@ def shared_reward(**settings: Any) -> QACEReward:
 
             reward = _ENGINES[key] = QACEReward(QACE(**settings))
         return reward
+
+
+_SCORERS: dict[tuple[Hashable, ...], Any] = {}
+
+
+def shared_scorer(metric: str, **settings: Any) -> Any:
+    """The process's scorer of the registered ``metric`` (`qace.scorers`) for these keyword arguments
+    (``device`` among them), built on first use through its registry entry; progress bars off."""
+    from qace import scorers
+
+    entry = scorers.get(metric)
+    settings.setdefault("progress", False)
+    device = str(settings.pop("device", "cpu"))
+    key = (metric, device, *sorted((name, _hashable(value)) for name, value in settings.items()))
+    with _LOCK:
+        scorer = _SCORERS.get(key)
+        if scorer is None:
+            scorer = _SCORERS[key] = entry.build(device, **settings)
+        return scorer
+
+
+def metric_rows(metric: str, captions: Sequence[Any], contexts: Sequence[Any], **settings: Any) -> list[dict]:
+    """The score and parts of the registered ``metric`` for every caption, through `shared_scorer`;
+    ``contexts`` hold what the metric reads, one per caption (references, an image id or an image
+    file). A caption that cannot be scored (empty, not a string) gets 0.0 everywhere, as in QACE's
+    doors; any other refusal (a missing image) is an `InputError` naming the sample."""
+    from qace import scorers
+    from qace.data.records import Record, RecordError, caption_problem
+
+    entry = scorers.get(metric)
+    names = (entry.score_key, *entry.parts)
+    if entry.reads is None or len(contexts) != len(captions):
+        raise InputError(f"{metric} needs one {entry.reads or 'context'} per caption, got {len(contexts)}")
+    texts = [c if isinstance(c, str) else "" for c in captions]
+    records = []
+    for i, (caption, context) in enumerate(zip(texts, contexts, strict=True)):
+        if entry.reads == "references":
+            refs = (context,) if isinstance(context, str) else tuple(context)
+            records.append(Record(str(i), caption, references=refs))
+        else:
+            value = None if context is None else str(context)
+            image_id, image = (value, None) if entry.reads == "image_id" else (None, value)
+            records.append(Record(str(i), caption, image_id=image_id, image=image))
+    out = []
+    for caption, row in zip(texts, shared_scorer(metric, **settings).score_records(records), strict=True):
+        if isinstance(row, RecordError):
+            if caption_problem(caption) is None:
+                raise InputError(f"{metric} cannot score it: {row.reason}", record_id=f"sample {row.id}")
+            row = {}
+        out.append({name: float(row.get(name, 0.0)) for name in names})
+    return out
 
 
 def _hashable(value: Any) -> Hashable:

@@ -10,6 +10,11 @@ several ranks, each rank scores its share and the scores are exchanged, so no ca
 Models load at the first `compute`, on the metric's device unless ``device=`` is given: in Lightning,
 where the module (and its metrics) moves to its GPU before validation starts, they load there once.
 
+``metric=`` scores any registered metric instead (`qace.scorers`: ``"clip-s"``, ``"pac-s"``, ...):
+``target`` is then the context that metric reads (an image file path for CLIP-S, references, or an
+image id), ``scorer_kwargs`` its scorer's keyword arguments, and the result its score column (with
+``components``, its parts).
+
 Strings travel as their UTF-8 bytes stored in float tensors of the metric's dtype (exact: byte values
 and lengths are far below 2**24), because torchmetrics stands in an empty tensor of that dtype for a
 rank that saw no data, and a gather needs one dtype on all ranks.
@@ -23,8 +28,8 @@ from typing import Any
 import torch
 from torchmetrics import Metric
 
-from qace.errors import InputError
-from qace.integrations.shared import PARTS, check_settings, shared_reward
+from qace.errors import ConfigError, InputError
+from qace.integrations.shared import PARTS, check_settings, metric_rows, shared_reward
 
 _TEXT_STATES = ("captions", "caption_lengths", "contexts", "context_lengths", "context_counts")
 
@@ -39,6 +44,8 @@ class QACEScore(Metric):
     ``scorer_kwargs`` are `qace.api.QACE` keyword arguments (``models=DIR``, ``precision="bf16"``, ...),
     checked here, before any model loads; ``metric_kwargs`` go to torchmetrics' ``Metric``
     (``sync_on_compute``, ``process_group``, ...). An empty or non-string caption scores 0.0.
+    ``metric`` names another registered metric (``"clip-s"``: ``target`` = image files; see the module
+    docstring); ``scorer_kwargs`` are then its scorer's keyword arguments, and ``variant`` is unused.
     """
 
     is_differentiable = False
@@ -55,13 +62,25 @@ class QACEScore(Metric):
         self,
         variant: str = "ref",
         *,
+        metric: str | None = None,
         per_sample: bool = False,
         components: bool = False,
         metric_kwargs: dict[str, Any] | None = None,
         **scorer_kwargs: Any,
     ) -> None:
         super().__init__(**(metric_kwargs or {}))
-        check_settings({"variant": variant, **scorer_kwargs})
+        self.names: tuple[str, ...] = ("qace", *PARTS)
+        if metric is None:
+            check_settings({"variant": variant, **scorer_kwargs})
+            self.reads = "references" if variant == "ref" else "image_id"
+        else:
+            from qace import scorers
+
+            entry = scorers.get(metric)
+            if entry.reads is None:
+                raise ConfigError(f"--metric {metric} reads no context; torchmetrics' target would be unused")
+            self.reads, self.names = entry.reads, (entry.score_key, *entry.parts)
+        self.metric = metric
         self.variant = variant
         self.per_sample = per_sample
         self.components = components
@@ -89,9 +108,11 @@ class QACEScore(Metric):
         self.context_counts.append(torch.tensor(counts, dtype=self.dtype, device=self.device))
 
     def _context(self, item: Any, i: int) -> list[str]:
-        if self.variant == "img":
+        if self.reads != "references":
             if item is None or str(item).strip() == "":
-                raise InputError("QACE-Img needs an image id per caption in target", record_id=f"sample {i}")
+                what = "QACE-Img" if self.metric is None else self.metric
+                kind = {"image_id": "image id", "image": "image file"}[self.reads]
+                raise InputError(f"{what} needs an {kind} per caption in target", record_id=f"sample {i}")
             return [str(item)]
         refs = [item] if isinstance(item, str) else item
         if (
@@ -122,12 +143,10 @@ class QACEScore(Metric):
             grouped.append(contexts[at : at + k])
             at += k
         rows = self._score_shared(captions, grouped)
-        values = {
-            name: torch.tensor([r[name] for r in rows], dtype=torch.float64) for name in ("qace", *PARTS)
-        }
+        values = {name: torch.tensor([r[name] for r in rows], dtype=torch.float64) for name in self.names}
         if not (self.per_sample or self.components):
-            return _mean(values["qace"])
-        names = ("qace", *PARTS) if self.components else ("qace",)
+            return _mean(values[self.names[0]])
+        names = self.names if self.components else self.names[:1]
         out = {name: _mean(values[name]) for name in names}
         if self.per_sample:
             out.update({f"{name}_per_sample": values[name].float() for name in names})
@@ -154,6 +173,9 @@ class QACEScore(Metric):
     def _score(self, captions: list[str], contexts: list[list[str]]) -> list[dict[str, float]]:
         if not captions:
             return []
+        if self.metric is not None:
+            flat = [c if self.reads == "references" else c[0] for c in contexts]
+            return metric_rows(self.metric, captions, flat, device=str(self.device), **self.scorer_kwargs)
         settings = {"device": str(self.device), **self.scorer_kwargs, "variant": self.variant}
         reward = shared_reward(**settings)
         if self.variant == "img":

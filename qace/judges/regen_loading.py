@@ -38,7 +38,7 @@ _RESAMPLE = {0: "nearest-exact", 2: "bilinear", 3: "bicubic"}
 
 
 def _fix_hint(role: str) -> str:
-    flag = "--generator" if role == "generator" else "--image-encoder"
+    flag = "--generator" if role.endswith("generator") else "--image-encoder"
     return (
         f"Fix: pass {flag} DIR (a local checkpoint in Hugging Face layout), download the model with "
         "`huggingface-cli download <id>` while online, or build tiny test models with "
@@ -46,19 +46,22 @@ def _fix_hint(role: str) -> str:
     )
 
 
-def _not_found(role: str, tried: str, why: str) -> ModelNotFoundError:
-    return ModelNotFoundError(f"regeneration {role}: {why} (tried {tried}). {_fix_hint(role)}")
+def _not_found(role: str, tried: str, why: str, fix: str | None = None) -> ModelNotFoundError:
+    return ModelNotFoundError(f"{role}: {why} (tried {tried}). {fix or _fix_hint(role)}")
 
 
-def _load_offline_first(name_or_path: str, role: str, marker: str, load: Callable[[str, bool], T]) -> T:
-    """Run ``load(source, local_files_only)``: a directory once; a hub id cache first, then online."""
+def _load_offline_first(
+    name_or_path: str, role: str, marker: str, load: Callable[[str, bool], T], fix: str | None = None
+) -> T:
+    """Run ``load(source, local_files_only)``: a directory once; a hub id cache first, then online.
+    Failures name ``role`` and ``fix`` (default: the regeneration score's fix for that role)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / marker).is_file():
-            raise _not_found(role, str(path), f"directory has no {marker}")
+            raise _not_found(role, str(path), f"directory has no {marker}", fix)
         source, attempts = str(path), [True]
     elif path.exists() or not _looks_like_hub_id(name_or_path):
-        raise _not_found(role, str(path), "no such model directory")
+        raise _not_found(role, str(path), "no such model directory", fix)
     else:
         source, attempts = name_or_path, _hub_attempts(name_or_path)
     errors: list[str] = []
@@ -71,9 +74,9 @@ def _load_offline_first(name_or_path: str, role: str, marker: str, load: Callabl
             where = "local files" if local_only else "the Hugging Face hub"
             first = str(exc).splitlines()[0] if str(exc) else ""
             errors.append(f"{where}: {type(exc).__name__}: {first}")
-            logger.debug("loading regeneration %s from %s failed", role, where, exc_info=True)
+            logger.debug("loading %s from %s failed", role, where, exc_info=True)
     offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if _offline() and not path.exists() else ""
-    raise _not_found(role, source, "could not load it" + offline + "; " + "; ".join(errors))
+    raise _not_found(role, source, "could not load it" + offline + "; " + "; ".join(errors), fix)
 
 
 def load_generator(name_or_path: str, *, device: str, dtype: torch.dtype) -> Any:
@@ -95,12 +98,12 @@ def load_generator(name_or_path: str, *, device: str, dtype: torch.dtype) -> Any
         # cast after loading: the dtype keyword was renamed (torch_dtype -> dtype) across diffusers versions
         return DiffusionPipeline.from_pretrained(source, local_files_only=local_only, **extra)
 
-    pipeline = _load_offline_first(name_or_path, "generator", "model_index.json", load)
+    pipeline = _load_offline_first(name_or_path, "regeneration generator", "model_index.json", load)
     params = inspect.signature(pipeline.__call__).parameters
     missing = [p for p in ("prompt", "generator", "output_type", "num_inference_steps") if p not in params]
     if missing:
         raise _not_found(
-            "generator",
+            "regeneration generator",
             name_or_path,
             f"{type(pipeline).__name__} is not a text-to-image pipeline (its __call__ lacks {missing})",
         )
@@ -237,7 +240,9 @@ class ImageEncoder:
             )
             return model, processor_config
 
-        model, processor_config = _load_offline_first(name_or_path, "image encoder", "config.json", load)
+        model, processor_config = _load_offline_first(
+            name_or_path, "regeneration image encoder", "config.json", load
+        )
         return cls(model, Preprocess.from_config(processor_config), device=device, dtype=dtype)
 
     @torch.inference_mode()

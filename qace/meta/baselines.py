@@ -41,6 +41,10 @@ DISPLAY = {
     "spice": "SPICE",
     "qace-ref": "QACE-Ref",
     "qace-img": "QACE-Img",
+    "clip-s": "CLIP-S",
+    "refclip-s": "RefCLIP-S",
+    "pac-s": "PAC-S",
+    "refpac-s": "RefPAC-S",
 }
 SPICE_SKIP_MESSAGE = (
     "SPICE skipped: it needs Stanford CoreNLP models that pycocoevalcap downloads on first use, "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qace.errors import QACEError
+from qace.errors import ConfigError, QACEError
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +103,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         choices=scorer_names(),
         metavar="S",
-        help="also score the data sets with these registered metrics (cached; of "
-        f"{', '.join(scorer_names())}: those that read references or region features)",
+        help=f"also score the data sets with these registered metrics (cached): {', '.join(scorer_names())}",
+    )
+    p.add_argument(
+        "--images",
+        type=Path,
+        help="the benchmark images named by image id, a folder or list file (for --with-scorers that read "
+        "images: clip-s, refclip-s, ...)",
+    )
+    p.add_argument(
+        "--scorer-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument of the --with-scorers that read images, e.g. model=DIR (repeatable)",
     )
     p.add_argument("--models", help="qg/, tqa/, vqa/ folder for --with-scorers (default: the paper's models)")
     p.add_argument(
@@ -245,6 +257,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_export)
 
 
+def _key_value(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--scorer-setting`` as a pair; `ConfigError` otherwise."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--scorer-setting {item!r} is not KEY=VALUE (e.g. model=DIR)")
+    return key.strip(), value
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from qace.meta.report import ReportConfig, build_report, render_markdown, write_report
 
@@ -261,6 +281,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         scorers=tuple(args.with_scorers),
         models=args.models,
         features=args.features,
+        images=args.images,
+        scorer_settings=tuple(_key_value(item) for item in args.scorer_setting),
         device=args.device,
         limit=args.limit,
     )

@@ -82,6 +82,10 @@ class ReportConfig:
     """Folder with qg/, tqa/, vqa/ for ``scorers`` (None: the paper's models)."""
     features: Path | None = None
     """Region-feature store of the benchmark images (needed by ``qace-img``)."""
+    images: Path | None = None
+    """The benchmark images, named by image id (a folder or list file): for ``scorers`` that read images."""
+    scorer_settings: tuple[tuple[str, Any], ...] = ()
+    """Keyword arguments of the ``scorers`` that read images (``("model", DIR)``)."""
     device: str = "cpu"
     """Torch device of ``scorers``."""
     limit: int | None = None
@@ -290,7 +294,7 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
     unknown = set(cfg.datasets) - {"flickr8k", "pascal50s"}
     if unknown:
         raise ConfigError(f"unknown data set(s) {sorted(unknown)}; choose flickr8k and/or pascal50s")
-    check_scorers(cfg.scorers, cfg.features)
+    check_scorers(cfg.scorers, cfg.features, cfg.images)
     score_rows = [read_score_file(p) for p in cfg.score_files]
     scorer_runs = [
         ScorerRun(
@@ -300,6 +304,8 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
             device=cfg.device,
             cache_dir=cfg.cache_dir,
             use_cache=cfg.use_cache,
+            images=cfg.images,
+            settings=dict(cfg.scorer_settings),
         )
         for name in cfg.scorers
     ]

@@ -6,7 +6,10 @@ per-caption scores on disk keyed by the scorer's signature (models, variant, set
 inputs, like the baseline cache, so a second report reads them instead of re-running the models.
 QACE-Ref reads each caption's references; QACE-Img reads the region features of its image instead (a
 feature store named with ``features``), so its scores do not depend on the sampled references. Metrics
-that read image files do not fit: the benchmark data sets carry no images.
+that read image files (CLIP-S, RefCLIP-S, VisCE², ...) get each caption's image from ``images``, a
+folder, list or records file of the benchmark images named by image id (the data sets carry ids, not
+files), and the references too (RefCLIP-S reads them); ``settings`` are their keyword arguments
+(``model=DIR``).
 """
 
 from __future__ import annotations
@@ -27,22 +30,31 @@ from qace.meta.baselines import default_cache_dir
 logger = logging.getLogger(__name__)
 
 
-DATA_SET_CONTEXTS = ("references", "image_id", None)
-"""What the benchmark data sets give a caption: references and an image id (no image files)."""
+DATA_SET_CONTEXTS = ("references", "image_id", "image", None)
+"""What the benchmark data sets give a caption: references and an image id (image files through
+``images``)."""
 
 
 def scorer_names() -> list[str]:
-    """The registered metrics (`qace.scorers`) that can score the benchmark data sets: those reading
-    references, region features by image id, or the caption alone (not image files)."""
+    """The registered metrics (`qace.scorers`) that can score the benchmark data sets."""
     return [name for name in scorers.names() if scorers.get(name).reads in DATA_SET_CONTEXTS]
 
 
-def check_scorers(names: Sequence[str], features: str | Path | None) -> None:
-    """Refuse unknown scorer names and QACE-Img without features, before any model loads."""
+def check_scorers(
+    names: Sequence[str], features: str | Path | None, images: str | Path | None = None
+) -> None:
+    """Refuse unknown scorer names, QACE-Img without features and image readers without images, before
+    any model loads."""
     known = scorer_names()
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(f"unknown scorer(s) {unknown}; choose from {known}")
+    readers = [n for n in names if scorers.get(n).reads == "image"]
+    if readers and (images is None or not Path(images).exists()):
+        raise ConfigError(
+            f"{', '.join(readers)} read the benchmark images: pass --images, a folder (or list file) of "
+            "the data set's image files named by image id" + (f"; {images} does not exist" if images else "")
+        )
     if "qace-img" in names and features is None:
         raise ConfigError(
             "qace-img needs the region features of the benchmark images: pass --features "
@@ -63,16 +75,30 @@ class ScorerRun:
         device: str = "cpu",
         cache_dir: Path | str | None = None,
         use_cache: bool = True,
+        images: str | Path | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
-        check_scorers([name], features)
+        check_scorers([name], features, images)
         self.name = name
         self.entry = scorers.get(name)
-        given = {"models": models, "features": features}  # QACE's settings; other metrics take none
+        self.reads_images = self.entry.reads == "image"
+        if self.reads_images:
+            given: dict[str, Any] = dict(settings or {})
+        else:  # QACE's settings
+            given = {"models": models, "features": features}
         self.settings = {key: value for key, value in given.items() if value is not None}
+        self.images = images
         self.device = device
         folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.cache = folder if use_cache else None
         self._scorer: Any = None
+
+    def _files(self, image_ids: Sequence[str]) -> list[str | None]:
+        """The image file of each image id (as written, or its stem) in ``images``; None where absent."""
+        from qace.features.extract import gather_images
+
+        index = {item.key: item.path for item in gather_images(str(self.images))}
+        return [index.get(i) or index.get(Path(i).stem) for i in image_ids]
 
     @property
     def reference_free(self) -> bool:
@@ -101,9 +127,11 @@ class ScorerRun:
         """Per-caption score (the metric's score column), NaN where the scorer refused a caption."""
         from qace.data.records import Record, RecordError
 
-        refs = [list(r) for r in references] if self.entry.reads == "references" else None
-        images = list(image_ids) if self.entry.reads == "image_id" else None
-        key = [self.scorer.signature, list(ids), list(candidates), refs, images]
+        reads = self.entry.reads
+        refs = [list(r) for r in references] if reads in ("references", "image") else None
+        images = list(image_ids) if reads in ("image_id", "image") else None
+        files = self._files(images) if self.reads_images and images is not None else None
+        key = [self.scorer.signature, list(ids), list(candidates), refs, images, files]
         h = hashlib.sha256(json.dumps(key).encode())
         path = self.cache / f"{self.name}-{h.hexdigest()[:20]}.npy" if self.cache else None
         if path is not None and path.exists():
@@ -115,6 +143,7 @@ class ScorerRun:
                 c,
                 None if images is None else str(images[n]),
                 None if refs is None else tuple(refs[n]),
+                None if files is None else files[n],
             )
             for n, (i, c) in enumerate(zip(ids, candidates, strict=True))
         ]

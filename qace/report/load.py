@@ -75,8 +75,13 @@ def load_system(path: Path, name: str | None = None) -> System:
     rows = read_rows(path)
     if not rows:
         raise InputError(f"score file {str(path)!r} has no rows")
-    metrics = {entry.score_key: entry for entry in map(scorers.get, scorers.names())}
-    entry = next((metrics[k] for k in metrics if k in rows[0]), None)
+    entries = [scorers.get(name) for name in scorers.names()]
+    head = str(rows[0].get("signature", "")).split("|", 1)[0]
+    metrics = {entry.score_key: entry for entry in entries}
+    named = [
+        e for e in entries if e.signature == head and e.score_key in rows[0]
+    ]  # RefCLIP-S rows hold clip_s
+    entry = named[0] if named else next((metrics[k] for k in metrics if k in rows[0]), None)
     if entry is None:
         raise InputError(
             f"{path}: rows have none of the score columns {', '.join(metrics)}; give the output of qace score"

@@ -75,3 +75,44 @@ def regen_demo(*, device: str = "cpu", download: bool = False) -> Any:
         return RegenScore(generator=generator, image_encoder=encoder, size=32, steps=2, **settings)
 
     return real_or_test(lambda: RegenScore(**settings), test, "regeneration models are", download=download)
+
+
+def _clip_demo(family: str, references: bool, device: str, download: bool) -> Any:
+    """A CLIP score with ViT-B/32 if loadable (CLIP-S, RefCLIP-S), else the tiny test CLIP (PAC-S has no
+    default checkpoint: always the test CLIP)."""
+    from qace.judges.clip import ClipScore
+    from qace.testing.clip import make_clip_test_model
+
+    settings: dict[str, Any] = {
+        "device": device,
+        "family": family,
+        "references": references,
+        "chunk_size": 64,
+    }
+
+    def test() -> ClipScore:
+        return ClipScore(model=str(make_clip_test_model(test_models_home() / "clip")), **settings)
+
+    if family == "pac":
+        return test()
+    return real_or_test(lambda: ClipScore(**settings), test, "CLIP model is", download=download)
+
+
+def clip_s_demo(*, device: str = "cpu", download: bool = False) -> Any:
+    """CLIP-S (see `_clip_demo`)."""
+    return _clip_demo("clip", False, device, download)
+
+
+def refclip_s_demo(*, device: str = "cpu", download: bool = False) -> Any:
+    """RefCLIP-S (see `_clip_demo`)."""
+    return _clip_demo("clip", True, device, download)
+
+
+def pac_s_demo(*, device: str = "cpu", download: bool = False) -> Any:
+    """PAC-S on the test CLIP (see `_clip_demo`)."""
+    return _clip_demo("pac", False, device, download)
+
+
+def refpac_s_demo(*, device: str = "cpu", download: bool = False) -> Any:
+    """RefPAC-S on the test CLIP (see `_clip_demo`)."""
+    return _clip_demo("pac", True, device, download)

@@ -72,3 +72,36 @@ def test_with_scorers_is_checked_before_any_model_loads(
     assert "qace-img needs the region features" in capsys.readouterr().err
     assert main(_args(shared_data, tmp_path, "--limit", "0")) == 2
     assert "--limit must be at least 1" in capsys.readouterr().err
+
+
+def test_report_with_image_scorers_reads_the_images_by_id(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--with-scorers clip-s refclip-s --images DIR``: each caption's image is found by its image id
+    (here every id links to one drawn picture), the rows sit in Table 1 beside the published values."""
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    from qace.meta.datasets import load_flickr8k_expert
+    from qace.testing.clip import make_clip_test_model
+
+    clip = make_clip_test_model(tmp_path / "clip")
+    images = tmp_path / "images"
+    images.mkdir()
+    picture = tmp_path / "picture.png"
+    Image.new("RGB", (40, 30), "#4caf50").save(picture)
+    for image_id in set(load_flickr8k_expert(shared_data, standard=True).image_ids):
+        (images / f"{Path(image_id).stem}.png").symlink_to(picture)
+    base = _args(shared_data, tmp_path, "--datasets", "flickr8k", "--limit", "16")
+    argv = [*base, "--with-scorers", "clip-s", "refclip-s", "--images", str(images)]
+    assert main([*argv, "--scorer-setting", f"model={clip}"]) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    metrics = report["flickr8k_expert"]["metrics"]
+    assert list(metrics) == ["clip-s", "refclip-s"]
+    for name in metrics:
+        assert -1 <= metrics[name]["correlations"]["kendall_c"]["value"] <= 1
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| CLIP-S |" in md and "(51.2)" in md and "| RefCLIP-S |" in md and "(53.0)" in md
+    capsys.readouterr()
+    assert main([*base, "--with-scorers", "clip-s"]) == 2  # no --images: refused before loading
+    assert "clip-s read the benchmark images: pass --images" in capsys.readouterr().err

@@ -110,3 +110,25 @@ def test_ray_scores_a_registered_metric_through_the_cli(ray_local, tmp_path) -> 
         else:
             assert row["length"] is None and "empty" in row["error"]
         assert row["signature"].startswith("Length|unit:chars|")
+
+
+def test_ray_scores_clip_s_and_refclip_s_in_one_pass(ray_local, tmp_path) -> None:
+    """``qace score-ray --metric clip-s,refclip-s`` on the tiny CLIP: the actors build the combined entry
+    from its strings; every record gets one row, with the single-process scores."""
+    pytest.importorskip("PIL")
+    from qace.cli import main
+    from qace.combined import combined_entry
+    from qace.testing.clip import make_clip_test_model
+
+    clip = str(make_clip_test_model(tmp_path / "clip"))
+    base = ["--metric", "clip-s,refclip-s", "--clip-model", clip]
+    assert main(["score-ray", str(EXAMPLES), "-o", str(tmp_path / "ray"), *base, "--gpus-per-actor", "0",
+                 "--batch-size", "4"]) == 0  # fmt: skip
+    assert main(["score", str(EXAMPLES), "-o", str(tmp_path / "one.jsonl"), *base, "--no-progress"]) == 0
+    rows = {
+        row["id"]: row for row in read_scores(tmp_path / "ray", combined_entry(base[1]).columns).to_pylist()
+    }
+    single = [json.loads(line) for line in (tmp_path / "one.jsonl").open()]
+    assert len(rows) == 12 and "empty" in rows["ex04"]["error"]
+    for row in single:
+        assert (rows[row["id"]]["clip_s"], rows[row["id"]]["refclip_s"]) == (row["clip_s"], row["refclip_s"])

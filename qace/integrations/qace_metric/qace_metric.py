@@ -4,6 +4,8 @@
 (`qace.integrations.shared.shared_reward`): the same scorer as the pycocoevalcap and torchmetrics
 doors, its models loaded once per process for the same settings. ``settings`` are `qace.api.QACE`
 keyword arguments (``models=DIR``, ``variant="img"``, ``features=...``, ``device="cuda"``, ...).
+``metric="clip-s"`` (any registered metric) scores that metric instead, ``references`` holding what it
+reads (CLIP-S: one image file per prediction) and ``settings`` its scorer's keyword arguments.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import datasets
 import evaluate
 
-from qace.integrations.shared import PARTS, check_settings, shared_reward
+from qace.integrations.shared import PARTS, check_settings, metric_rows, shared_reward, shared_scorer
 
 _DESCRIPTION = """QACE (Lee et al., 2021) asks questions about a caption and compares the answers on the
 caption with the answers on its references (QACE-Ref) or on its image (QACE-Img): token F1, BERTScore
@@ -25,6 +27,8 @@ Args:
     references: QACE-Ref: one list of reference captions (or one reference string) per prediction;
         QACE-Img (variant="img"): one image id per prediction, looked up in `features`.
     variant: "ref" (default) or "img".
+    metric: another registered metric ("clip-s", "pac-s", ...): references are then what it reads per
+        prediction (CLIP-S: an image file path), and settings its scorer's keyword arguments.
     **settings: qace.QACE keyword arguments (models, qg, tqa, vqa, features, device, precision, ...).
 Returns:
     qace: mean QACE; qace_f1, qace_bs, qace_an: means of its three components;
@@ -67,8 +71,23 @@ class QACEMetric(evaluate.Metric):
         )
 
     def _compute(
-        self, predictions: list[Any], references: list[Any], variant: str = "ref", **settings: Any
+        self,
+        predictions: list[Any],
+        references: list[Any],
+        variant: str = "ref",
+        metric: str | None = None,
+        **settings: Any,
     ) -> dict[str, Any]:
+        if metric is not None:
+            from qace import scorers
+
+            rows = metric_rows(metric, predictions, references, **settings)
+            names = list(rows[0]) if rows else [scorers.get(metric).score_key]
+            n = max(len(rows), 1)
+            result: dict[str, Any] = {name: sum(r[name] for r in rows) / n for name in names}
+            result["scores"] = [r[names[0]] for r in rows]
+            result["signature"] = shared_scorer(metric, **settings).signature
+            return result
         check_settings({"variant": variant, **settings})
         reward = shared_reward(variant=variant, **settings)
         captions = [p if isinstance(p, str) else "" for p in predictions]
