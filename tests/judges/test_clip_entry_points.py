@@ -88,7 +88,7 @@ def test_clip_s_serves_as_a_reward(clip_dir, monkeypatch):
 
     seen: dict = {}
     monkeypatch.setattr("qace.serve.app.create_app", lambda reward, **k: seen.update(reward=reward, **k))
-    monkeypatch.setattr("uvicorn.run", lambda *a, **k: None)
+    monkeypatch.setattr("qace.serve.cli.serve", lambda *a, **k: None)
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["serve", "--metric", "clip-s", "--clip-model", str(clip_dir), "--token", TOKEN])
