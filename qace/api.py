@@ -446,7 +446,7 @@ def _with_image_key(record: Record | RecordError) -> Record | RecordError:
 
 
 def _record(
-    record_id: str, caption: Any, references: Sequence[str] | None, image_id: str | None
+    record_id: str, caption: Any, references: Sequence[str] | None, image_id: str | int | None
 ) -> Record | RecordError:
     """Validate list-API inputs into a ``Record`` (or an error naming it)."""
     if not isinstance(caption, str):
@@ -456,7 +456,8 @@ def _record(
     ):
         return RecordError(record_id, "references must be a list of non-empty strings")
     refs = tuple(references) if references is not None else None
-    return Record(record_id, caption, None if image_id is None else str(image_id), refs)
+    as_int = isinstance(image_id, int) and not isinstance(image_id, bool)  # given back as an integer
+    return Record(record_id, caption, None if image_id is None else str(image_id), refs, image_id_int=as_int)
 
 
 def score(

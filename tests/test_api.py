@@ -388,3 +388,12 @@ def test_after_a_warm_up_calls_capture_no_graph_and_score_the_same(test_models_d
     cold_rows = cold.score(captions, **context)
     assert 0 < _graph_shapes(cold) < shapes
     np.testing.assert_allclose([r["qace"] for r in warm_rows], [r["qace"] for r in cold_rows], atol=1e-6)
+
+
+def test_the_list_api_gives_an_integer_image_id_back_as_an_integer(test_models_dir):
+    """#37.8: ``image_ids=[184613]`` (COCO's integers) come back as integers, strings as strings."""
+    from qace.data.features import RandomFeatureStore
+
+    scorer = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(), progress=False)
+    rows = scorer.score(["a dog runs", "a cat sleeps"], image_ids=[184613, "184613"])
+    assert [r["image_id"] for r in rows] == [184613, "184613"]
