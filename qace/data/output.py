@@ -48,19 +48,18 @@ break the never-half-written guarantee. ``resume=False`` refuses to touch any ex
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from json.encoder import encode_basestring as _encode_string
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from qace.data import durable
 from qace.errors import OutputError, QACEError, ResumeError
 
 if TYPE_CHECKING:
@@ -71,7 +70,6 @@ log = logging.getLogger(__name__)
 MANIFEST_VERSION = 1
 _FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 LOCK_NAME = "writer.lock"
-_NO_SPACE = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 def errors_path(path: str | Path) -> Path:
@@ -137,7 +135,7 @@ class ResultWriter:
             self._open_complete()
             return
         self.partial.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock(self.partial / LOCK_NAME, self.path)
+        self._lock = durable.lock(self.partial / LOCK_NAME, self.path)
         if (self.partial / "manifest.json").exists():
             self._open_partial()
             return
@@ -358,15 +356,15 @@ class ResultWriter:
         name = f"{len(self._manifest['chunks']):06d}"
         chunk: dict[str, Any] = {"name": name, "rows": rows, "errors": len(self._errors)}
         if self.fmt == "jsonl":
-            _atomic_write(self.partial / f"{name}.rows.jsonl", self._rows)
+            durable.atomic_write(self.partial / f"{name}.rows.jsonl", self._rows)
         elif rows:
             _atomic_part(self.partial / f"{name}.rows.arrow", _parts().chunk_table(self._plain_rows))
         if self.fmt == "parquet":
             chunk["part"] = "arrow" if rows else "none"
         if self._errors:
-            _atomic_write(self.partial / f"{name}.errors.jsonl", self._errors)
+            durable.atomic_write(self.partial / f"{name}.errors.jsonl", self._errors)
         if self._marks:
-            _atomic_write(self.partial / f"{name}.input.jsonl", self._marks)
+            durable.atomic_write(self.partial / f"{name}.input.jsonl", self._marks)
             chunk["inputs"] = len(self._marks)
         self._manifest["chunks"].append(chunk)
         self._manifest["rows"] += rows
@@ -391,19 +389,19 @@ class ResultWriter:
         chunks = self._manifest["chunks"]
         error_files = [self.partial / f"{c['name']}.errors.jsonl" for c in chunks if c["errors"]]
         if error_files:
-            _concatenate(error_files, self.errors_path)
+            durable.concatenate(error_files, self.errors_path)
         elif self.errors_path.exists():
             self.errors_path.unlink()  # stale, from an older run of this path
         if self.fmt == "jsonl":
-            _concatenate([self.partial / f"{c['name']}.rows.jsonl" for c in chunks], self.path)
+            durable.concatenate([self.partial / f"{c['name']}.rows.jsonl" for c in chunks], self.path)
         else:
             tmp = self.path.with_name(self.path.name + ".tmp")
             parts = [self._part(c) for c in chunks if c["rows"]]
-            with _space_for(tmp, self.path, lambda: sum(p.stat().st_size for p in parts)):
+            with durable.space_for(tmp, self.path, lambda: sum(p.stat().st_size for p in parts)):
                 _parts().assemble(parts, tmp, self.signature)
-                _fsync_path(tmp)
+                durable.fsync_path(tmp)
             os.replace(tmp, self.path)
-            _fsync_dir(self.path.parent)
+            durable.fsync_dir(self.path.parent)
         shutil.rmtree(self.partial)
         log.info("wrote %s (%d rows, %d errors)", self.path, self._manifest["rows"], self._manifest["errors"])
 
@@ -418,7 +416,7 @@ class ResultWriter:
         return path
 
     def _write_manifest(self) -> None:
-        _atomic_write(self.partial / "manifest.json", [json.dumps(self._manifest, indent=1) + "\n"])
+        durable.atomic_write(self.partial / "manifest.json", [json.dumps(self._manifest, indent=1) + "\n"])
 
     def __enter__(self) -> ResultWriter:
         return self
@@ -487,60 +485,6 @@ def _mark_line(mark: InputMark) -> str:
     return f"[{line}, {record_id}, {_encode_string(mark.digest)}]\n"
 
 
-def _lock(path: Path, output: Path) -> BinaryIO | None:
-    """``path`` opened and holding an exclusive POSIX lock (``lockf``; None where there is none), or
-    `ResumeError` when another process holds it. The lock belongs to this process (a writer of this
-    process reopening the output, as a test of a killed run does, is not refused) and goes with the
-    file: closed, or at the process's end, however it ends."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory locks here
-        return None
-    f = path.open("ab")
-    try:
-        fcntl.lockf(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.close()
-        raise ResumeError(
-            f"{output} is being written by another process (it holds {path}); wait for it to finish or "
-            "stop it, then rerun with --resume"
-        ) from None
-    return f
-
-
-@contextmanager
-def _space_for(tmp: Path, target: Path, needed: Callable[[], int]) -> Iterator[None]:
-    """Turn a write into ``tmp`` that fails for want of space (disk full, ``ulimit -f``, quota) into
-    one `OutputError` naming ``target`` and the bytes it needed (``needed()``); ``tmp`` is removed."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno not in _NO_SPACE:
-            raise
-        tmp.unlink(missing_ok=True)
-        size = needed()
-        if exc.errno == errno.EFBIG:
-            why = f"the file size limit (ulimit -f, or the file system's) is below its {size:,} bytes"
-        else:
-            free = shutil.disk_usage(tmp.parent).free
-            why = f"no space left on its disk: {size:,} bytes needed, {free:,} free"
-        raise OutputError(
-            f"cannot write {target}: {why}; what was committed is kept, so make room and rerun with --resume"
-        ) from None
-
-
-def _atomic_write(path: Path, lines: list[str]) -> None:
-    """Write `path` via an fsynced `.tmp` sibling and os.replace, so it is whole or absent."""
-    tmp = path.with_name(path.name + ".tmp")
-    data = "".join(lines).encode("utf-8")
-    with _space_for(tmp, path, lambda: len(data)), tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 @functools.cache
 def _parts() -> Any:
     """`qace.data.parquet_parts`, imported when Parquet output is written (it imports pyarrow)."""
@@ -552,11 +496,11 @@ def _parts() -> Any:
 def _atomic_part(path: Path, table: Any) -> None:
     """Write an Arrow part via an fsynced `.tmp` sibling and os.replace, so it is whole or absent."""
     tmp = path.with_name(path.name + ".tmp")
-    with _space_for(tmp, path, lambda: int(table.nbytes)):
+    with durable.space_for(tmp, path, lambda: int(table.nbytes)):
         _parts().write_part(table, tmp)
-        _fsync_path(tmp)
+        durable.fsync_path(tmp)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    durable.fsync_dir(path.parent)
 
 
 def _rows_file(chunk: dict[str, Any]) -> str:
@@ -564,41 +508,6 @@ def _rows_file(chunk: dict[str, Any]) -> str:
     if chunk.get("part") == "arrow":
         return f"{chunk['name']}.rows.arrow"
     return f"{chunk['name']}.rows.jsonl" if chunk.get("part") != "none" else ""
-
-
-def _concatenate(sources: list[Path], target: Path) -> None:
-    """Concatenate `sources` byte for byte into `target` through an fsynced `.tmp`."""
-    tmp = target.with_name(target.name + ".tmp")
-    with _space_for(tmp, target, lambda: sum(s.stat().st_size for s in sources)), tmp.open("wb") as out:
-        for source in sources:
-            with source.open("rb") as f:
-                shutil.copyfileobj(f, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, target)
-    _fsync_dir(target.parent)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename durable; a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _jsonl_ids(path: Path) -> Iterator[str]:

@@ -36,6 +36,8 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+from qace.data.bad_rows import SURROGATE, Bad, has_surrogate
+from qace.data.parquet_rows import parquet_rows
 from qace.data.sniff import first_line, json_layout, read_json_lines
 from qace.errors import InputError
 
@@ -44,8 +46,6 @@ log = logging.getLogger(__name__)
 FORMATS = ("auto", "jsonl", "csv", "coco", "parquet")
 _REF_COLUMN = re.compile(r"^ref(erence)?s?[_ -]?\d+$", re.IGNORECASE)
 _CSV_FIELD_LIMIT = 2**31 - 1  # very long captions are the metric's business (it flags truncation)
-_PARQUET_BATCH = 4096
-_RECORD_COLUMNS = ("id", "caption", "image_id", "image", "references")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def surrogate_problem(name: str, text: str) -> str | None:
     """Why ``text`` (the record's ``name``) is no text, where it holds a lone surrogate; else None."""
     if text.isascii():  # the common case, without a search
         return None
-    found = _SURROGATE.search(text)
+    found = SURROGATE.search(text)
     if found is None:
         return None
     code = ord(found.group())
@@ -179,7 +179,7 @@ def read_records(
     elif fmt == "csv":
         rows = _csv_rows(path)
     elif fmt == "parquet":
-        rows = _parquet_rows(path)
+        rows = parquet_rows(path)
     else:
         rows = _coco_rows(path)
     yield from _records(rows, refs, base_dir=path.parent)
@@ -268,20 +268,20 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
                 obj = _parse_line(text)
             except json.JSONDecodeError as exc:  # some messages end in "at": "Invalid control character at"
                 reason = f"malformed JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
-                yield number, where, _Bad("non-UTF-8 bytes" if bad_bytes else reason)
+                yield number, where, Bad("non-UTF-8 bytes" if bad_bytes else reason)
                 continue
             except RecursionError:
-                yield number, where, _Bad("malformed JSON (too deeply nested)")
+                yield number, where, Bad("malformed JSON (too deeply nested)")
                 continue
             except ValueError:  # the one other error the parser raises: an integer too long to convert
                 reason = (
                     f"a number of more than {sys.get_int_max_str_digits()} digits; "
                     "write such an id or value as a string"
                 )
-                yield number, where, _Bad(reason)
+                yield number, where, Bad(reason)
                 continue
             if bad_bytes:
-                obj = _Bad("non-UTF-8 bytes", obj.get("id") if isinstance(obj, dict) else None)
+                obj = Bad("non-UTF-8 bytes", obj.get("id") if isinstance(obj, dict) else None)
             yield number, where, obj
 
 
@@ -327,7 +327,7 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield start, f"line {start}", _Bad(f"malformed CSV ({exc})")
+                yield start, f"line {start}", Bad(f"malformed CSV ({exc})")
                 continue
             if not any(cell.strip() for cell in cells):
                 continue
@@ -339,18 +339,18 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
             }
             problem, swallowed = _csv_quoting(consumed, delimiter, len(header), start)
             if problem is not None:
-                yield start, where, _Bad(problem, row.get("id"))
+                yield start, where, Bad(problem, row.get("id"))
                 for number in swallowed:
                     reason = (
                         f"looks like a row swallowed by the quote left open on line {start}; close that quote"
                     )
-                    yield number, f"line {number}", _Bad(reason)
+                    yield number, f"line {number}", Bad(reason)
                 continue
-            if any(_has_surrogate(cell) for cell in cells):
-                yield start, where, _Bad("non-UTF-8 bytes", row.get("id"))
+            if any(has_surrogate(cell) for cell in cells):
+                yield start, where, Bad("non-UTF-8 bytes", row.get("id"))
                 continue
             if len(cells) > len(header):
-                yield start, where, _Bad(f"{len(cells)} cells but {len(header)} columns", row.get("id"))
+                yield start, where, Bad(f"{len(cells)} cells but {len(header)} columns", row.get("id"))
                 continue
             yield start, where, _csv_references(row, [cells[i] for i in ref_cols if i < len(cells)])
 
@@ -416,7 +416,7 @@ def _csv_references(row: dict[str, Any], numbered: list[str]) -> Any:
         try:
             row["references"] = json.loads(cell)
         except ValueError:
-            return _Bad("references column is not a JSON list of strings", row.get("id"))
+            return Bad("references column is not a JSON list of strings", row.get("id"))
     else:
         row.pop("references", None)
         kept = [c for c in numbered if c.strip()]
@@ -440,87 +440,8 @@ def _coco_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
             f"result {index}",
             {**obj, "id": str(index)}
             if isinstance(obj, dict)
-            else _Bad(f"expected a JSON object, got {type(obj).__name__}", index),
+            else Bad(f"expected a JSON object, got {type(obj).__name__}", index),
         )
-
-
-def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
-    """Yield (row number, label, row dict) of a Parquet table, a batch of rows at a time."""
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.ParquetFile(path)
-        names = [name for name in _RECORD_COLUMNS if name in table.schema_arrow.names]
-        if "caption" not in names:
-            raise InputError(f"Parquet {str(path)!r} has no 'caption' column")
-        number = 0
-        for batch in table.iter_batches(batch_size=_PARQUET_BATCH, columns=names):
-            try:
-                rows: list[Any] = batch.to_pylist()
-            except UnicodeDecodeError:  # a string that is not UTF-8: that row's error, not the file's
-                rows = _rows_with_bad_bytes(batch)
-            for row in rows:
-                number += 1
-                if isinstance(row, _Bad):
-                    yield number, f"row {number}", row
-                    continue
-                refs = row.get("references")
-                if isinstance(refs, str) and refs.strip():
-                    try:
-                        row["references"] = json.loads(refs)
-                    except ValueError:
-                        row = _Bad("references column is not a JSON list of strings", row.get("id"))
-                yield number, f"row {number}", row
-    except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
-        raise InputError(f"cannot read Parquet input {str(path)!r}: {exc}") from exc
-
-
-def _rows_with_bad_bytes(batch: Any) -> list[Any]:
-    """The rows of a Parquet batch whose strings are not all UTF-8: each string column read as bytes and
-    decoded by row, a row with undecodable bytes a `_Bad` (with its id when that decodes)."""
-    import pyarrow as pa
-
-    columns: dict[str, list[Any]] = {}
-    for name, column in zip(batch.schema.names, batch.columns, strict=True):
-        kind = column.type
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            column = column.cast(pa.binary())
-        elif pa.types.is_list(kind) and pa.types.is_string(kind.value_type):
-            column = column.cast(pa.list_(pa.binary()))
-        columns[name] = [_decoded(value) for value in column.to_pylist()]
-    rows: list[Any] = []
-    for values in zip(*columns.values(), strict=True):
-        row = dict(zip(columns, values, strict=True))
-        bad = [name for name, value in row.items() if _holds_bad_bytes(value)]
-        if bad:
-            record_id = row.get("id") if "id" not in bad else None
-            rows.append(_Bad(f"non-UTF-8 bytes in {', '.join(bad)}", record_id))
-        else:
-            rows.append(row)
-    return rows
-
-
-def _decoded(value: Any) -> Any:
-    """Bytes (alone or in a list) as text, undecodable bytes kept as surrogates (``surrogateescape``)."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="surrogateescape")
-    if isinstance(value, list):
-        return [_decoded(item) for item in value]
-    return value
-
-
-def _holds_bad_bytes(value: Any) -> bool:
-    if isinstance(value, str):
-        return _has_surrogate(value)
-    return isinstance(value, list) and any(_holds_bad_bytes(item) for item in value)
-
-
-class _Bad:
-    """A row that failed before field checks; carries the id when it could still be read."""
-
-    def __init__(self, reason: str, record_id: Any = None) -> None:
-        self.reason = reason
-        self.record_id = record_id
 
 
 def _records(
@@ -529,7 +450,7 @@ def _records(
     """Validate parsed rows into records; the second occurrence of an id is an error."""
     seen: dict[str, str] = {}
     for line, where, obj in rows:
-        if isinstance(obj, _Bad):
+        if isinstance(obj, Bad):
             record_id = _as_id(obj.record_id)
             if record_id is not None:
                 seen.setdefault(record_id, where)
@@ -600,19 +521,10 @@ def _record(
 def _as_id(value: Any) -> str | None:
     """Accept string or integer ids (COCO uses integers); anything else or empty is None."""
     if isinstance(value, str):  # the common case first
-        return value if value.strip() and not _has_surrogate(value) else None
+        return value if value.strip() and not has_surrogate(value) else None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return None
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _has_surrogate(text: str) -> bool:
-    """True when `text` holds a lone surrogate: bytes that were not valid UTF-8 (decoded with
-    surrogateescape), or an unpaired JSON escape."""
-    return not text.isascii() and _SURROGATE.search(text) is not None
 
 
 def _recorded(lines: Iterable[str], into: list[str]) -> Iterator[str]:
