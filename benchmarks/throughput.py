@@ -119,7 +119,9 @@ def _peak(device: str) -> float:
     return next((v for k, v in PEAK_BF16.items() if k in gpu), float("nan"))
 
 
-def _design_pass(scorer: QACE, records: list, *, single: bool) -> tuple[float, list[dict[str, Any]], int | None]:
+def _design_pass(
+    scorer: QACE, records: list, *, single: bool
+) -> tuple[float, list[dict[str, Any]], int | None]:
     """One timed pass after emptying every cache, by the engine core with host processes or (``single``)
     by the single-process design on the same models; its seconds, rows and peak GPU memory."""
     reset_caches(scorer)
@@ -135,7 +137,9 @@ def _design_pass(scorer: QACE, records: list, *, single: bool) -> tuple[float, l
     finally:
         scorer.host = host
     if not single and scorer.core is not None:
-        print(f"engine core idle {scorer.core.idle_seconds - idle:.3f} s of a {seconds:.3f} s pass", flush=True)
+        print(
+            f"engine core idle {scorer.core.idle_seconds - idle:.3f} s of a {seconds:.3f} s pass", flush=True
+        )
     peak = torch.cuda.max_memory_allocated() if str(scorer.config.device).startswith("cuda") else None
     return seconds, rows, peak
 
@@ -541,7 +545,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default=None, help="inputs and outputs of the CLI section")
     parser.add_argument(
-        "--switch-interval", type=float, default=None, help="set sys.setswitchinterval after the scorer starts"
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="set sys.setswitchinterval after the scorer starts",
     )
     for section in ("engine", "baseline", "cli"):
         parser.add_argument(f"--skip-{section}", action="store_true")

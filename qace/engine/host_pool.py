@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import multiprocessing
 import os
 import signal
-import sys
 import threading
-import time
 import traceback
 import weakref
 from collections import deque
@@ -49,23 +48,25 @@ def resolve(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """End this process once its parent is gone (a watchdog thread; the kernel's parent-death signal
-    would follow the parent's creating thread, not the process)."""
+def die_with_parent() -> None:
+    """End this process as soon as the process that spawned it dies, however it dies (``kill -9``
+    included): a daemon thread waits on the parent's sentinel, which closes with the parent. A no-op
+    outside a multiprocessing child. (The kernel's parent-death signal would follow the thread that
+    started the child, not the process.)"""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
 
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.2)
+    def wait_for_parent() -> None:
+        parent.join()
         os._exit(1)
 
-    threading.Thread(target=watch, name="qace-parent-watch", daemon=True).start()
+    threading.Thread(target=wait_for_parent, name="qace-parent-watch", daemon=True).start()
 
 
-def _worker_main(
-    parent_pid: int, tasks: Connection, core: Connection, setup_ref: str, argument: Any
-) -> None:
+def _worker_main(tasks: Connection, core: Connection, setup_ref: str, argument: Any) -> None:
     """A host process: set up, say ready, then run tasks until the pipe closes."""
-    _die_with_parent(parent_pid)
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from qace.engine.core import CoreClient
 
@@ -111,9 +112,7 @@ class HostPool:
     (imports, the setup call) runs in the background from construction; `wait_ready` waits for it.
     """
 
-    def __init__(
-        self, n: int, setup_ref: str, argument: Any, attach: Callable[[Connection], None]
-    ) -> None:
+    def __init__(self, n: int, setup_ref: str, argument: Any, attach: Callable[[Connection], None]) -> None:
         if n < 1:
             raise ValueError(f"a host pool needs at least one process, got {n}")
         ctx = get_context("spawn")
@@ -132,7 +131,7 @@ class HostPool:
                 core_parent, core_child = ctx.Pipe()
                 process = ctx.Process(
                     target=_worker_main,
-                    args=(os.getpid(), task_child, core_child, setup_ref, argument),
+                    args=(task_child, core_child, setup_ref, argument),
                     name=f"qace-host-{index}",
                     daemon=True,
                 )
@@ -237,9 +236,8 @@ class HostPool:
                         if all(w.ready for w in self._workers):
                             self._all_ready.set()
                     elif kind == "failed":
-                        self._broken = HostWorkerError(
-                            f"host process {worker.index} (pid {worker.process.pid}) failed to start:\n{value}"
-                        )
+                        where = f"host process {worker.index} (pid {worker.process.pid})"
+                        self._broken = HostWorkerError(f"{where} failed to start:\n{value}")
                         self._fail_all(self._broken)
                         return
                     else:

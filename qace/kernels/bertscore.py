@@ -201,9 +201,9 @@ class BertScorePlanner:
         ids = token_ids(self.tokenizer, sentences)
         long = [k for k, x in enumerate(ids) if len(x) > self.max_length]
         if long:  # rare: let the tokenizer cut them, as bert-score does
-            cut = self.tokenizer(
-                [sentences[k] for k in long], truncation=True, max_length=self.max_length
-            )["input_ids"]
+            cut = self.tokenizer([sentences[k] for k in long], truncation=True, max_length=self.max_length)[
+                "input_ids"
+            ]
             for k, x in zip(long, cut, strict=True):
                 ids[k] = list(x)
         return ids

@@ -62,6 +62,10 @@ _worker_nlp: Any = None
 
 
 def _init_worker(name: str) -> None:
+    """A parsing process: ends with the process that started it (kill -9 included), then loads spaCy."""
+    from qace.engine.host_pool import die_with_parent
+
+    die_with_parent()
     global _worker_nlp
     _worker_nlp = load_spacy(name)
 

@@ -88,6 +88,8 @@ def setup(config: HostSetup, client: CoreClient) -> Callable[[Any], Any]:
     def run(task: ScoreChunk | Call) -> Any:
         if isinstance(task, Call):
             return resolve(task.ref)()
-        return score_chunk(task.records, task.candidates, models, settings, matcher, signature=config.signature)
+        return score_chunk(
+            task.records, task.candidates, models, settings, matcher, signature=config.signature
+        )
 
     return run

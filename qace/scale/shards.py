@@ -25,16 +25,12 @@ a killed merge resumes too; the shard directory is removed only after the final 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import multiprocessing
 import os
 import queue
 import shutil
-import signal
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -45,6 +41,7 @@ from typing import Any
 
 from qace.config import auto_host_workers, auto_spacy_workers
 from qace.data.output import errors_path
+from qace.engine.host_pool import die_with_parent
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
 from qace.scorers import load_callable as load_factory
@@ -356,33 +353,6 @@ def _worker(job: ShardJob, results: Any) -> None:
     if unreported:
         results.put((job.index, unreported))
     results.put((job.index, outcome))
-
-
-PR_SET_PDEATHSIG = 1
-"""Linux ``prctl`` option: the signal this process gets when the thread that started it ends."""
-
-
-def die_with_parent() -> None:
-    """End this process when the process that spawned it dies, however it dies (``kill -9`` included),
-    so that no orphaned worker keeps scoring and writing its shard. On Linux the kernel sends it
-    SIGKILL (the parent-death signal: its parent's starting thread, here `_run_workers`'s, ending);
-    elsewhere a daemon thread waits on the parent's sentinel and exits the process."""
-    parent = multiprocessing.parent_process()
-    if parent is None:  # not a multiprocessing child
-        return
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        if os.getppid() != parent.pid:  # the parent died before the signal was armed
-            os._exit(1)
-        return
-
-    def wait_for_parent() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=wait_for_parent, name="qace-parent-watch", daemon=True).start()
 
 
 def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) -> dict[str, Any]:

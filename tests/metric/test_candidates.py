@@ -37,3 +37,42 @@ def test_fast_paths_equal_the_plain_full_pipeline():
         assert pooled.submit(captions).result() == expected
     finally:
         pooled.close()
+
+
+def test_parsing_processes_end_with_the_process_that_started_them(tmp_path):
+    """#37.6: kill -9 of a scorer's process (a `--gpus` shard worker, say) leaves no spaCy process."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "parse.py"
+    script.write_text(
+        "import sys, time\n"
+        "from qace.metric.candidates import CandidateExtractor\n"
+        "if __name__ == '__main__':\n"
+        "    extractor = CandidateExtractor(workers=1)\n"
+        "    extractor(['a dog runs on the grass'])\n"
+        "    print(*extractor._pool._processes, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert pids
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids), os.popen("ps -ef").read()

@@ -19,8 +19,8 @@ import pytest
 
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
-from qace.errors import HostWorkerError
 from qace.engine.core import CoreError
+from qace.errors import HostWorkerError
 
 CAPTIONS = [
     "a dog runs on the grass with a red ball",
@@ -197,7 +197,9 @@ def test_a_killed_host_process_stops_the_run_clearly_and_resume_is_byte_identica
     assert "--resume" in err and "Traceback" not in err
     assert not out.exists()
     assert _wait_gone(hosts) == []
-    done = subprocess.run(_command(runs["input"], out, runs["models"], "--resume"), capture_output=True, text=True)
+    done = subprocess.run(
+        _command(runs["input"], out, runs["models"], "--resume"), capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     assert out.read_bytes() == runs["whole"].read_bytes()
 
@@ -211,7 +213,9 @@ def test_a_killed_device_process_leaves_no_host_process_and_resume_is_byte_ident
     proc.kill()
     proc.communicate(timeout=60)
     assert _wait_gone(hosts) == []
-    done = subprocess.run(_command(runs["input"], out, runs["models"], "--resume"), capture_output=True, text=True)
+    done = subprocess.run(
+        _command(runs["input"], out, runs["models"], "--resume"), capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     assert out.read_bytes() == runs["whole"].read_bytes()
 

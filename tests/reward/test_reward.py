@@ -59,9 +59,7 @@ def test_invisible_and_invalid_unicode_captions_are_invalid(reward: QACEReward) 
 
 def test_contexts_that_are_not_valid_unicode_raise_naming_the_sample(reward: QACEReward) -> None:
     """A lone surrogate in a reference used to fail the batch inside the tokenizer (TypeError)."""
-    with pytest.raises(
-        InputError, match=r"sample 1.*a reference holds a lone surrogate \(\\udc00"
-    ):
+    with pytest.raises(InputError, match=r"sample 1.*a reference holds a lone surrogate \(\\udc00"):
         reward(["a dog", "a cat"], references=[REFS, ["a cat \udc00"]])
 
 
