@@ -28,9 +28,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
-import shlex
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import run_info
 from benchmarks.clip_reference import tensor_features
-from benchmarks.run_info import commit, gpu_name, versions
 from qace.data.records import Record
 from qace.judges.clip import ClipScore
 from qace.judges.clip_images import ClipPixels
@@ -231,13 +228,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     best = max(r["captions_per_s"] for r in results.values())
     return {
         "benchmark": "clip",
-        "command": "python -m benchmarks.clip "
-        + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
-        **commit(),
+        **run_info.record(
+            "benchmarks.clip", args.argv, device=args.device, packages=("transformers", "torchmetrics", "PIL")
+        ),
         "tiny": args.tiny,
         "device": args.device,
-        "gpu": gpu_name(args.device),
-        "cpu": platform.processor() or platform.machine(),
         "workers": args.workers,
         "images": args.images,
         "captions": args.captions,
@@ -255,7 +250,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "target_captions_per_s": TARGET_CAPTIONS_PER_S,
         "target_met": None if args.tiny else best >= TARGET_CAPTIONS_PER_S,
         "note": "random weights: the scores mean nothing; captions/s with the image embeddings cached",
-        **versions("torch", "transformers", "torchmetrics", "PIL", "numpy", "qace", "python", "cuda"),
     }
 
 

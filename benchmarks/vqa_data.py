@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tempfile
 import time
@@ -34,9 +33,9 @@ from typing import Any
 
 import torch
 
+from benchmarks import run_info
 from benchmarks.gpu_suite import gpu_tag
 from benchmarks.hf_batched import ForceTokens
-from benchmarks.run_info import commit, gpu_name, versions
 from benchmarks.workload import (
     add_engine_arguments,
     batch_tokens,
@@ -188,10 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     for section in (engine, baseline):
         section["paper_1m_triples_s"] = PAPER_TRIPLES / section["questions_per_s"]
     report = {
-        "command": "python -m benchmarks.vqa_data " + shlex.join(sys.argv[1:] if argv is None else argv),
-        **commit(),
-        "gpu": gpu_name(args.device),
-        "versions": versions("python", "torch", "transformers", "cuda", "spacy", "qace"),
+        **run_info.record(
+            "benchmarks.vqa_data", argv, device=args.device, packages=("transformers", "spacy")
+        ),
         "settings": {
             "device": args.device,
             "precision": args.precision,

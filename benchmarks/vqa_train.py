@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tempfile
 import time
@@ -34,8 +33,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from benchmarks import run_info
 from benchmarks.gpu_suite import gpu_tag
-from benchmarks.run_info import commit, gpu_name, versions
 from benchmarks.workload import RANDOM_T5, T5_SMALL, TINY_T5, pascal_workload
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -178,10 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             max_train=args.baseline_triples, **common,
         )  # fmt: skip
     report = {
-        "command": "python -m benchmarks.vqa_train " + shlex.join(sys.argv[1:] if argv is None else argv),
-        **commit(),
-        "gpu": gpu_name(args.device),
-        "versions": versions("python", "torch", "transformers", "accelerate", "cuda", "qace"),
+        **run_info.record(
+            "benchmarks.vqa_train", argv, device=args.device, packages=("transformers", "accelerate")
+        ),
         "settings": {
             k: getattr(args, k) for k in ("device", "batch_size", "images", "val", "skip_steps", "tiny")
         },

@@ -27,7 +27,7 @@ def test_report_has_both_passes_the_baseline_and_the_run_info(report: dict[str, 
     assert ours["images_per_s"] > 0 and ours["captions_per_s"] > 0 and 0 <= ours["mean_clip_s"] <= 2.5
     assert ours["signature"].startswith("CLIP-S|clip:tiny-random-clip|w:2.5|prompt:A%20photo%20depicts|")
     assert report["target_captions_per_s"] == 20_000 and report["target_met"] is None  # tiny: no number
-    assert "commit" in report and report["torch"] and report["transformers"]
+    assert "commit" in report and report["versions"]["torch"] and report["versions"]["transformers"]
     baseline = report["baseline_torchmetrics"]
     if baseline is not None:  # torchmetrics installed: the loop ran and agrees with ours at w=100
         assert baseline["captions"] == 4 and baseline["captions_per_s"] > 0

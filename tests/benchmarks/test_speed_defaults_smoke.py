@@ -17,7 +17,13 @@ def test_tiny_run_times_both_engines(tiny_models: Path, tmp_path: Path) -> None:
     assert (
         cpu
         == device
-        == {"max_batch_tokens": 16384, "max_batch_rows": 256, "chunk_size": 512, "spacy_workers": 0}
+        == {
+            "max_batch_tokens": 16384,
+            "max_batch_rows": 256,
+            "chunk_size": 512,
+            "spacy_workers": 0,
+            "host_workers": 0,
+        }
     )
     (cell,) = report["cells"]
     assert (cell["variant"], cell["batch"], cell["iterations"]) == ("img", 4, 2)
