@@ -171,11 +171,11 @@ def _after_first_commit(proc: subprocess.Popen[str], out: Path, seconds: float =
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, test_models_dir: Path) -> dict[str, Path]:
-    """An input of 160 records and its uninterrupted output by the single-process design (a command
+    """An input of 96 records and its uninterrupted output by the single-process design (a command
     line of its own, as the runs it is compared with: torch's thread count moves fp32 rounding)."""
     work = tmp_path_factory.mktemp("host-runs")
     inp = work / "in.jsonl"
-    inp.write_text("".join(json.dumps(r) + "\n" for r in _records(160)))
+    inp.write_text("".join(json.dumps(r) + "\n" for r in _records(96)))
     whole = work / "whole.jsonl"
     command = _command(inp, whole, test_models_dir)
     command[command.index("--host-workers") + 1] = "0"
