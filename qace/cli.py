@@ -90,6 +90,12 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", required=True, help="output .jsonl or .parquet")
     p.add_argument("--references", help="references file for COCO-style results")
     p.add_argument(
+        "--references-format",
+        default="auto",
+        choices=["auto", "json", "jsonl"],
+        help="the references file's layout: one JSON document or JSON lines (default: told by content)",
+    )
+    p.add_argument(
         "--format", default="auto", choices=["auto", "jsonl", "csv", "coco", "parquet"], help="input format"
     )
     add_scorer_options(p)
@@ -126,6 +132,10 @@ def cmd_score(args: argparse.Namespace) -> int:
     check_output_file(args.output)
     if not args.gpus:  # --gpus checks its devices in resolve_devices
         check_device(args.device)
+    if args.references is not None and args.references_format != "auto":  # read as said, not as sniffed
+        from qace.data.records import load_references
+
+        args.references = load_references(args.references, args.references_format)
     _check_paths(args)
     _features_on_demand(args)
     if args.gpus:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qace.data.records import Record, RecordError
+from qace.data.records import Record, RecordError, References
 from qace.errors import InputError, QACEError
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class FileScorer:
         input_path: str | Path,
         output_path: str | Path,
         *,
-        references: str | Path | None = None,
+        references: References | None = None,
         fmt: str = "auto",
         resume: bool = False,
         force: bool = False,
@@ -90,7 +90,7 @@ def score_file(
     input_path: str | Path,
     output_path: str | Path,
     *,
-    references: str | Path | None = None,
+    references: References | None = None,
     fmt: str = "auto",
     resume: bool = False,
     force: bool = False,

@@ -243,3 +243,22 @@ def test_features_pack_lists_bad_images_and_packs_the_rest(tmp_path, capsys):
     assert "pickled" not in printed.err and "--dtype float32" in printed.err
     assert main(["features", "pack", str(source), str(out), "--dtype", "float32"]) == 0
     assert "packed 2 images" in capsys.readouterr().out
+
+
+def test_references_format_overrides_what_the_content_says(tmp_path, test_models_dir):
+    """#37.10: ``--references-format`` reads a references file as said; without it, by its content."""
+    import json
+
+    from qace.cli import main
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"image_id": 1, "caption": "a dog runs on the grass"}]))
+    refs = tmp_path / "refs.json"  # JSON lines under a .json name
+    refs.write_text(json.dumps({"image_id": 1, "caption": "a brown dog runs"}) + "\n")
+    base = ["score", str(results), "--references", str(refs), "--models", str(test_models_dir)]
+    base += ["--device", "cpu", "--no-progress"]
+    assert main([*base, "-o", str(tmp_path / "a.jsonl"), "--references-format", "jsonl"]) == 0
+    assert main([*base, "-o", str(tmp_path / "b.jsonl")]) == 0  # sniffed: the same rows
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert main([*base, "-o", str(tmp_path / "c.jsonl"), "--references-format", "json"]) == 2
+    assert not (tmp_path / "c.jsonl").exists()

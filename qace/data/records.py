@@ -29,7 +29,7 @@ import logging
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
@@ -136,8 +136,12 @@ def require(record: Record, *, references: bool, image: bool) -> str | None:
     return None
 
 
+References = str | Path | Mapping[str, tuple[str, ...]]
+"""A references file, or its contents already read (`load_references`)."""
+
+
 def read_records(
-    path: str | Path, *, references: str | Path | None = None, fmt: str = "auto"
+    path: str | Path, *, references: References | None = None, fmt: str = "auto"
 ) -> Iterator[Record | RecordError]:
     """Yield the records of `path` in input order, with a `RecordError` for each bad one.
 
@@ -173,7 +177,9 @@ def read_records(
         raise InputError(f"input file {str(path)!r} does not exist")
     if fmt == "auto":
         fmt = detect_format(path)
-    refs = load_references(references) if references is not None else None
+    refs = references if isinstance(references, Mapping) else None
+    if references is not None and refs is None:
+        refs = load_references(references)  # type: ignore[arg-type]
     if fmt == "jsonl":
         rows: Iterable[tuple[int, str, Any]] = _jsonl_rows(path)
     elif fmt == "csv":
@@ -185,7 +191,7 @@ def read_records(
     yield from _records(rows, refs, base_dir=path.parent)
 
 
-def check_readable(path: str | Path, *, references: str | Path | None = None, fmt: str = "auto") -> None:
+def check_readable(path: str | Path, *, references: References | None = None, fmt: str = "auto") -> None:
     """Raise the `InputError` that reading ``path`` would (a missing file or a folder, a references file
     that cannot be read, a CSV without a caption column, a COCO file that is not JSON, ...), reading
     no further than its first record: what a run checks before any model loads or any output exists."""

@@ -25,6 +25,7 @@ a killed merge resumes too; the shard directory is removed only after the final 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -41,6 +42,7 @@ from typing import Any
 
 from qace.config import auto_host_workers, auto_spacy_workers
 from qace.data.output import errors_path
+from qace.data.records import References
 from qace.engine.host_pool import die_with_parent
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
@@ -95,7 +97,7 @@ def score_file_sharded(
     *,
     devices: list[str],
     scorer_kwargs: dict[str, Any] | None = None,
-    references: str | Path | None = None,
+    references: References | None = None,
     fmt: str = "auto",
     resume: bool = False,
     keep_shards: bool = False,
@@ -180,7 +182,7 @@ def score_file_sharded(
 
 
 def _plan(
-    input_path: Path, work: Path, shards: int, *, references: str | Path | None, fmt: str
+    input_path: Path, work: Path, shards: int, *, references: References | None, fmt: str
 ) -> list[tuple[int, int]]:
     """Write (or, on resume, check and reuse) the shard inputs; returns each shard's [start, end)."""
     from qace.data.records import read_records
@@ -190,7 +192,7 @@ def _plan(
     source = {
         "input": str(input_path.resolve()),
         "size": stat.st_size if stat else None,
-        "references": str(references) if references else None,
+        "references": _references_key(references),
         "format": fmt,
     }
     if plan_path.exists():
@@ -353,6 +355,14 @@ def _worker(job: ShardJob, results: Any) -> None:
     if unreported:
         results.put((job.index, unreported))
     results.put((job.index, outcome))
+
+
+def _references_key(references: References | None) -> str | None:
+    """How the plan names the references: the file, or a digest of contents read beforehand."""
+    if references is None or isinstance(references, str | Path):
+        return str(references) if references else None
+    digest = hashlib.sha256(json.dumps(references, sort_keys=True).encode()).hexdigest()[:16]
+    return f"read:sha256-{digest}"
 
 
 def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) -> dict[str, Any]:
