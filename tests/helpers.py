@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qace.data.records import Record
@@ -28,3 +29,13 @@ def flickr_records(n: int, refs: int = 5) -> list[Record]:
         Record(str(i), c["caption"], c["image_id"], tuple(references[c["image_id"]][:refs]))
         for i, c in enumerate(candidates[:n])
     ]
+
+
+def random_regions(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """36 random region features (2,048 values) and well-formed normalised boxes
+    ``(x1, y1, x2, y2, w, h)`` inside the image, as the box rule requires."""
+    rng = np.random.default_rng(seed)
+    corner = rng.uniform(0.0, 0.5, size=(36, 2))
+    size = rng.uniform(0.05, 0.5, size=(36, 2))
+    boxes = np.concatenate([corner, corner + size, size], axis=1)
+    return rng.random((36, 2048), dtype=np.float32), boxes

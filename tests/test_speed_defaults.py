@@ -11,7 +11,7 @@ import torch
 
 from qace import api, config
 from qace.api import QACE
-from qace.config import QACEConfig, auto_spacy_workers, given_speed_settings, speed_defaults
+from qace.config import QACEConfig, auto_host_workers, auto_spacy_workers, given_speed_settings, speed_defaults
 from qace.scale.shards import shard_settings
 
 
@@ -44,7 +44,7 @@ def test_the_cpu_keeps_the_dataclass_defaults() -> None:
 def test_gpu_batches_follow_the_cards_memory(gb: float, rows: int | None, gpu_memory, cores) -> None:
     gpu_memory(gb)
     cores(16)
-    want = {"chunk_size": 2048, "spacy_workers": 14}
+    want = {"chunk_size": 2048, "spacy_workers": 10, "host_workers": 4}  # 16 cores: 4 host, 10 spaCy
     if rows is not None:
         want |= {"max_batch_rows": rows, "max_batch_tokens": 64 * rows}
     assert speed_defaults("cuda:1") == want
@@ -56,7 +56,11 @@ def test_onnx_runtime_gets_half_the_rows_for_qace_img(gb: float, rows: int | Non
     cores(16)
     chosen = speed_defaults("cuda", "onnx", "img")
     assert (chosen.get("max_batch_rows"), chosen.get("max_batch_tokens")) == (rows, rows and 64 * rows)
-    assert speed_defaults("cuda", "onnx", "ref") == speed_defaults("cuda", "torch", "img")  # all the rows
+    batches = ("max_batch_rows", "max_batch_tokens")
+    onnx_ref, torch_img = speed_defaults("cuda", "onnx", "ref"), speed_defaults("cuda", "torch", "img")
+    assert [onnx_ref.get(k) for k in batches] == [torch_img.get(k) for k in batches]  # all the rows
+    # the engine core feeds the PyTorch runner; ONNX Runtime keeps one process (its cores to spaCy)
+    assert (onnx_ref["host_workers"], onnx_ref["spacy_workers"]) == (0, 14)
 
 
 def test_a_device_that_cannot_be_asked_gets_no_gpu_defaults(monkeypatch) -> None:
@@ -73,6 +77,12 @@ def test_a_device_that_cannot_be_asked_gets_no_gpu_defaults(monkeypatch) -> None
 def test_spacy_workers_share_the_cores(n: int, engines: int, workers: int, cores) -> None:
     cores(n)
     assert auto_spacy_workers(engines) == workers
+
+
+@pytest.mark.parametrize(("n", "engines", "hosts"), [(16, 1, 4), (32, 1, 4), (8, 1, 2), (2, 1, 1), (16, 2, 2)])
+def test_host_processes_take_a_quarter_of_an_engines_cores(n: int, engines: int, hosts: int, cores) -> None:
+    cores(n)
+    assert auto_host_workers(engines) == hosts
 
 
 def test_given_settings_win_and_a_config_is_taken_as_it_is(test_models_dir, monkeypatch) -> None:
@@ -100,7 +110,7 @@ def test_command_line_passes_only_what_was_given() -> None:
 
 def test_sharded_gpu_engines_share_the_hosts_cores(cores) -> None:
     cores(16)
-    assert shard_settings({}, ["cuda:0", "cuda:1"]) == {"progress": False, "spacy_workers": 6}
+    assert shard_settings({}, ["cuda:0", "cuda:1"]) == {"progress": False, "host_workers": 2, "spacy_workers": 4}
     assert shard_settings({"spacy_workers": 3}, ["cuda:0", "cuda:1"])["spacy_workers"] == 3
     assert "spacy_workers" not in shard_settings({}, ["cpu", "cpu"])
     assert "spacy_workers" not in shard_settings({}, ["cuda:0"], "qace.judges.visce2:VisCE2")

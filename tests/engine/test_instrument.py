@@ -67,7 +67,8 @@ def test_stage_timer_tells_waiting_from_working() -> None:
         while time.thread_time() < until:
             pass
     assert timer.seconds["wait"] >= 0.05 and timer.cpu_seconds["wait"] < 0.02
-    assert timer.seconds["work"] >= timer.cpu_seconds["work"] >= 0.05
+    # wall and thread CPU time come from different clocks: allow their resolution between them
+    assert timer.seconds["work"] + 1e-3 >= timer.cpu_seconds["work"] >= 0.05
 
 
 def test_collector_pauses_count_collections_until_closed() -> None:

@@ -9,12 +9,12 @@ from qace.cli import main
 from qace.errors import FeatureError
 from qace.vqa import check
 from qace.vqa.check import TEXT_PAIRS, VISUAL_PAIRS, CheckResult, StageCheck
-from tests.helpers import SHARED_DATA
+from tests.helpers import SHARED_DATA, random_regions
 
 
 def write_npz(path, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    np.savez(path, features=rng.random((36, 2048), dtype=np.float32), norm_bb=rng.random((36, 6)))
+    features, boxes = random_regions(seed)
+    np.savez(path, features=features, norm_bb=boxes)
     return path
 
 

@@ -16,6 +16,7 @@ from qace.cli import main
 from qace.models.loading import checkpoint_fingerprint
 from qace.testing.qace_models import world_captions
 from qace.vqa.train import TrainSettings, train_visual_t5
+from tests.helpers import random_regions
 
 IMAGES = 12
 
@@ -43,10 +44,8 @@ def write_inputs(tmp_path):
     features = tmp_path / "features"
     features.mkdir()
     for i in range(IMAGES):
-        rng = np.random.default_rng(i)
-        np.savez(
-            features / f"img{i}.npz", features=rng.random((36, 2048), np.float32), norm_bb=rng.random((36, 6))
-        )
+        regions, boxes = random_regions(i)
+        np.savez(features / f"img{i}.npz", features=regions, norm_bb=boxes)
     return tmp_path / "captions.jsonl", features
 
 
