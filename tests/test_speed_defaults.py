@@ -11,7 +11,13 @@ import torch
 
 from qace import api, config
 from qace.api import QACE
-from qace.config import QACEConfig, auto_host_workers, auto_spacy_workers, given_speed_settings, speed_defaults
+from qace.config import (
+    QACEConfig,
+    auto_host_workers,
+    auto_spacy_workers,
+    given_speed_settings,
+    speed_defaults,
+)
 from qace.scale.shards import shard_settings
 
 
@@ -79,7 +85,9 @@ def test_spacy_workers_share_the_cores(n: int, engines: int, workers: int, cores
     assert auto_spacy_workers(engines) == workers
 
 
-@pytest.mark.parametrize(("n", "engines", "hosts"), [(16, 1, 4), (32, 1, 4), (8, 1, 2), (2, 1, 1), (16, 2, 2)])
+@pytest.mark.parametrize(
+    ("n", "engines", "hosts"), [(16, 1, 4), (32, 1, 4), (8, 1, 2), (2, 1, 1), (16, 2, 2)]
+)
 def test_host_processes_take_a_quarter_of_an_engines_cores(n: int, engines: int, hosts: int, cores) -> None:
     cores(n)
     assert auto_host_workers(engines) == hosts
@@ -110,7 +118,11 @@ def test_command_line_passes_only_what_was_given() -> None:
 
 def test_sharded_gpu_engines_share_the_hosts_cores(cores) -> None:
     cores(16)
-    assert shard_settings({}, ["cuda:0", "cuda:1"]) == {"progress": False, "host_workers": 2, "spacy_workers": 4}
+    assert shard_settings({}, ["cuda:0", "cuda:1"]) == {
+        "progress": False,
+        "host_workers": 2,
+        "spacy_workers": 4,
+    }
     assert shard_settings({"spacy_workers": 3}, ["cuda:0", "cuda:1"])["spacy_workers"] == 3
     assert "spacy_workers" not in shard_settings({}, ["cpu", "cpu"])
     assert "spacy_workers" not in shard_settings({}, ["cuda:0"], "qace.judges.visce2:VisCE2")
