@@ -8,6 +8,7 @@ input that differs from the one it started on (`qace.data.fingerprint`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -32,7 +33,7 @@ class FileScorer:
     (the `qace.scorers.Scorer` protocol).
 
     Subclasses set ``signature``, ``score_key`` and ``config`` (with ``chunk_size`` and ``progress``)
-    and implement ``score_records``.
+    and implement ``_score_chunk`` (one chunk's results, in order), or ``score_records`` itself.
     """
 
     signature: str
@@ -51,6 +52,12 @@ class FileScorer:
     def score_records(
         self, records: Iterable[Record | RecordError]
     ) -> Iterator[dict[str, Any] | RecordError]:
+        """Stream rows (or ``RecordError`` naming the record) in input order, a chunk at a time."""
+        iterator = iter(records)
+        while chunk := list(itertools.islice(iterator, self.chunk_size)):
+            yield from self._score_chunk(chunk)
+
+    def _score_chunk(self, chunk: list[Record | RecordError]) -> list[dict[str, Any] | RecordError]:
         raise NotImplementedError
 
     def score_committed(

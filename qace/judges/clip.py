@@ -17,9 +17,8 @@ the prompt and the precision.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -203,14 +202,6 @@ class ClipScore(FileScorer):
             image_id = None if image_ids is None else str(image_ids[n])
             records.append(Record(record_id, caption, image_id, refs, image))
         return self._rows(records)
-
-    def score_records(
-        self, records: Iterable[Record | RecordError]
-    ) -> Iterator[dict[str, Any] | RecordError]:
-        """Stream rows (or ``RecordError`` naming the record) in input order, a chunk at a time."""
-        iterator = iter(records)
-        while chunk := list(itertools.islice(iterator, self.config.chunk_size)):
-            yield from self._score_chunk(chunk)
 
     def _image_of(self, record: Record) -> str | None:
         if record.image:

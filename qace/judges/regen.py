@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import logging
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -237,14 +236,6 @@ class RegenScore(FileScorer):
             else:
                 records.append(Record(record_id, caption, image=None if image is None else str(image)))
         return self._rows(records)
-
-    def score_records(
-        self, records: Iterable[Record | RecordError]
-    ) -> Iterator[dict[str, Any] | RecordError]:
-        """Stream rows (or ``RecordError`` naming the record) in input order, a chunk at a time."""
-        iterator = iter(records)
-        while chunk := list(itertools.islice(iterator, self.config.chunk_size)):
-            yield from self._score_chunk(chunk)
 
     def _score_chunk(self, chunk: list[Record | RecordError]) -> list[dict[str, Any] | RecordError]:
         results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)
