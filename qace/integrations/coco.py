@@ -56,13 +56,7 @@ class QACEScorer:
         ids = _same_ids(gts, res)
         captions = []
         for image_id in ids:
-            candidates = _texts(res[image_id], image_id, "res")
-            if len(candidates) != 1:
-                raise InputError(
-                    f"res must hold exactly one caption per image, got {len(candidates)}",
-                    record_id=str(image_id),
-                )
-            captions.append(candidates[0])
+            captions.append(_one_caption(res, image_id))
         reward = shared_reward(**self.settings)
         if self.variant == "ref":
             references = [_texts(gts[image_id], image_id, "gts") for image_id in ids]
@@ -109,14 +103,8 @@ class MetricScorer:
         ids = _same_ids(gts, res)
         records = []
         for image_id in ids:
-            candidates = _texts(res[image_id], image_id, "res")
-            if len(candidates) != 1:
-                raise InputError(
-                    f"res must hold exactly one caption per image, got {len(candidates)}",
-                    record_id=str(image_id),
-                )
             refs = tuple(_texts(gts[image_id], image_id, "gts"))
-            records.append(Record(str(image_id), candidates[0], str(image_id), refs))
+            records.append(Record(str(image_id), _one_caption(res, image_id), str(image_id), refs))
         scorer = shared_scorer(self.entry.name, **self.settings)
         rows = list(scorer.score_records(records))
         for row in rows:
@@ -127,6 +115,16 @@ class MetricScorer:
             part: np.array([row[part] for row in rows], dtype=np.float64) for part in self.entry.parts
         }
         return (float(scores.mean()) if len(scores) else 0.0), scores
+
+
+def _one_caption(res: Mapping[Any, Sequence[Any]], image_id: Any) -> str:
+    """The one caption ``res`` holds for ``image_id`` (pycocoevalcap's layout), or `InputError`."""
+    candidates = _texts(res[image_id], image_id, "res")
+    if len(candidates) != 1:
+        raise InputError(
+            f"res must hold exactly one caption per image, got {len(candidates)}", record_id=str(image_id)
+        )
+    return candidates[0]
 
 
 def _same_ids(gts: Mapping[Any, Any], res: Mapping[Any, Any]) -> list[Any]:
