@@ -19,6 +19,7 @@ import pytest
 
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
+from qace.data.records import Record
 from qace.engine.core import CoreError
 from qace.errors import HostWorkerError
 
@@ -237,3 +238,23 @@ def test_host_pool_refuses_after_close(test_models_dir: Path) -> None:
     scorer.close()
     with pytest.raises(HostWorkerError, match="closed"):
         scorer.score(["a dog runs"], references=[["a dog"]])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_on_a_gpu_the_engine_core_gives_the_single_process_rows(
+    test_models_dir: Path, precision: str
+) -> None:
+    """The engine core on CUDA (CUDA graphs, the device feature slab, BERTScore's device half): whole
+    chunks give exactly the single-process design's rows, in fp32 and in bf16."""
+    features = RandomFeatureStore()
+    kw = dict(models=test_models_dir, variant="img", features=features, progress=False, explain=True)
+    kw |= dict(device="cuda", precision=precision, chunk_size=8)
+    records = [Record(r["id"], r["caption"], r["image_id"], tuple(r["references"])) for r in _records(40)]
+    single = QACE(host_workers=0, **kw)
+    alone = list(single.score_committed(records))
+    split = QACE(host_workers=2, **kw)
+    try:
+        assert list(split.score_committed(records)) == alone
+    finally:
+        split.close()
