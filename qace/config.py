@@ -184,7 +184,7 @@ def build_signature(
     """sacrebleu-style ``key:value`` signature naming everything that changes the numbers; QACE-Img's
     names its region features too (``feat``: the store's ``identity``, `qace.data.features.FeatureStore`;
     ``none`` without a store)."""
-    models = [("qg", qg), ("qa", qa)]
+    models: list[tuple[str, str | None]] = [("qg", qg), ("qa", qa)]
     if config.variant == "img":
         models += [("vqa", vqa), ("feat", features or "none")]
     return str(

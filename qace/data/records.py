@@ -451,7 +451,7 @@ def _coco_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
 
 
 def _records(
-    rows: Iterable[tuple[int, str, Any]], refs: dict[str, tuple[str, ...]] | None, *, base_dir: Path
+    rows: Iterable[tuple[int, str, Any]], refs: Mapping[str, tuple[str, ...]] | None, *, base_dir: Path
 ) -> Iterator[Record | RecordError]:
     """Validate parsed rows into records; the second occurrence of an id is an error."""
     seen: dict[str, str] = {}
@@ -485,7 +485,7 @@ def _records(
 
 
 def _record(
-    record_id: str, obj: dict[str, Any], refs: dict[str, tuple[str, ...]] | None, base_dir: Path, line: int
+    record_id: str, obj: dict[str, Any], refs: Mapping[str, tuple[str, ...]] | None, base_dir: Path, line: int
 ) -> Record | str:
     """Build a Record from a parsed row, or return the reason it is invalid."""
     caption = obj.get("caption")

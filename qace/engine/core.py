@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -121,7 +121,7 @@ class DeviceCore:
                 self._conns.append(self._added.get_nowait())
             except queue.Empty:
                 break
-        ready = wait([self._wake_r, *self._conns], timeout=None if block else 0)
+        ready = cast(list[Connection], wait([self._wake_r, *self._conns], timeout=None if block else 0))
         for conn in ready:
             if conn is self._wake_r:
                 self._wake_r.recv_bytes()

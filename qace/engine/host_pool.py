@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, cast
 
 from qace.errors import HostWorkerError
 
@@ -217,7 +217,7 @@ class HostPool:
                 if self._closed or self._broken is not None:
                     return
             try:
-                ready = wait([self._wake_r, *(w.tasks for w in live)])
+                ready = cast(list[Connection], wait([self._wake_r, *(w.tasks for w in live)]))
             except (OSError, ValueError):  # closed meanwhile
                 return
             for conn in ready:
@@ -226,7 +226,7 @@ class HostPool:
                     continue
                 worker = next(w for w in live if w.tasks is conn)
                 try:
-                    kind, value = conn.recv()
+                    kind, value = cast(tuple[str, Any], conn.recv())
                 except (EOFError, OSError):
                     self._break(worker)
                     return

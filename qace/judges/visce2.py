@@ -230,7 +230,7 @@ class VisCE2(FileScorer):
         ]
         rows: list[dict[str, Any]] = []
         for start in range(0, len(items), self.chunk_size):
-            for result in self._score_chunk(items[start : start + self.chunk_size]):
+            for result in self._score_items(items[start : start + self.chunk_size]):
                 rows.append(
                     {"id": result.id, "error": result.reason} if isinstance(result, RecordError) else result
                 )
@@ -245,10 +245,10 @@ class VisCE2(FileScorer):
             items: list[_Item | RecordError] = [
                 r if isinstance(r, RecordError) else _Item(r.id, r.caption, r.image) for r in chunk
             ]
-            scored = iter(self._score_chunk([i for i in items if isinstance(i, _Item)]))
+            scored = iter(self._score_items([i for i in items if isinstance(i, _Item)]))
             yield from (item if isinstance(item, RecordError) else next(scored) for item in items)
 
-    def _score_chunk(self, items: list[_Item]) -> list[dict[str, Any] | RecordError]:
+    def _score_items(self, items: list[_Item]) -> list[dict[str, Any] | RecordError]:
         self._load_images(items)
         ready = [item for item in items if item.error is None]
         contexts = self._contexts(ready) if self.variant.context_prompt is not None else {}

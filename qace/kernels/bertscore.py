@@ -309,7 +309,9 @@ class BertScoreMatcher:
         order = np.argsort(-lengths, kind="stable")
         for lo in range(0, len(order), self.batch_size):
             batch = order[lo : lo + self.batch_size]
-            input_ids, mask = pad_batch([ids[offsets[k] : offsets[k + 1]] for k in batch], self._pad_id)
+            input_ids, mask = pad_batch(
+                [ids[offsets[k] : offsets[k + 1]].tolist() for k in batch], self._pad_id
+            )
             hidden = self._hidden(to_device(input_ids, self.device), to_device(mask, self.device)).float()
             hidden = hidden / hidden.norm(dim=-1, keepdim=True)
             # token j of sentence k goes to offsets[k] + j; row-major mask order lists exactly those tokens

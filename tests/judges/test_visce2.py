@@ -255,7 +255,7 @@ def test_score_file_resumes_to_the_same_bytes(test_vlm_dir, drawn_images, tmp_pa
     VisCE2(model=str(test_vlm_dir), **settings).score_file(source, whole)
 
     scorer = VisCE2(model=str(test_vlm_dir), **settings)
-    chunk = scorer._score_chunk
+    chunk = scorer._score_items
     calls = {"n": 0}
 
     def crash_on_third(items):
@@ -264,7 +264,7 @@ def test_score_file_resumes_to_the_same_bytes(test_vlm_dir, drawn_images, tmp_pa
             raise KeyboardInterrupt
         return chunk(items)
 
-    monkeypatch.setattr(scorer, "_score_chunk", crash_on_third)
+    monkeypatch.setattr(scorer, "_score_items", crash_on_third)
     resumed = tmp_path / "resumed.jsonl"
     with pytest.raises(KeyboardInterrupt):
         scorer.score_file(source, resumed)
