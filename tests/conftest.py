@@ -41,6 +41,15 @@ def test_vlm_dir() -> Path:
     return make_test_vlm(os.environ.get("QACE_TEST_VLM") or REPO_ROOT / ".qace-cache" / "test-vlm")
 
 
+@pytest.fixture(scope="session")
+def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight CLIP (the CLIP-S family's test model), built once."""
+    pytest.importorskip("PIL")
+    from qace.testing.clip import make_clip_test_model
+
+    return make_clip_test_model(tmp_path_factory.mktemp("clip"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread() -> None:
     """The test models are tiny: thread hand-offs cost more than they save (6x slower on 2 busy cores)."""

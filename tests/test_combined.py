@@ -20,13 +20,6 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "qace" / "examples" / "captions.jsonl"
 
 
-@pytest.fixture(scope="module")
-def clip_dir(tmp_path_factory) -> Path:
-    from qace.testing.clip import make_clip_test_model
-
-    return make_clip_test_model(tmp_path_factory.mktemp("clip"))
-
-
 def _rows(path: Path) -> dict[str, dict]:
     return {row["id"]: row for row in map(json.loads, path.open())}
 

@@ -23,13 +23,6 @@ GTS = {
 RES = {"dog": ["a dog catches a frisbee"], "beach": ["a child runs by the sea"], "bike": ["a red bike"]}
 
 
-@pytest.fixture(scope="module")
-def clip_dir(tmp_path_factory) -> Path:
-    from qace.testing.clip import make_clip_test_model
-
-    return make_clip_test_model(tmp_path_factory.mktemp("clip"))
-
-
 def _engine(clip_dir: Path, references: bool) -> list[dict]:
     ids = list(GTS)
     return ClipScore(model=str(clip_dir), references=references).score(

@@ -22,13 +22,6 @@ EXAMPLE = REPO / "qace" / "examples" / "captions.jsonl"
 
 
 @pytest.fixture(scope="module")
-def clip_dir(tmp_path_factory) -> Path:
-    from qace.testing.clip import make_clip_test_model
-
-    return make_clip_test_model(tmp_path_factory.mktemp("clip"))
-
-
-@pytest.fixture(scope="module")
 def reference(clip_dir):
     return ref.load(str(clip_dir))
 

@@ -22,13 +22,6 @@ EXAMPLE = REPO / "qace" / "examples" / "captions.jsonl"
 TOKEN = "test-token-0123456789"
 
 
-@pytest.fixture(scope="module")
-def clip_dir(tmp_path_factory) -> Path:
-    from qace.testing.clip import make_clip_test_model
-
-    return make_clip_test_model(tmp_path_factory.mktemp("clip"))
-
-
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.open()]
 
