@@ -207,7 +207,6 @@ class HostPool:
                     worker.tasks.send(task)
                 except (BrokenPipeError, OSError):
                     pass  # the collector sees the process end and fails the future
-                self._wake_w.send_bytes(b"+")
 
     def _collect(self) -> None:
         """Read results and readiness from every process; a process that ends breaks the pool."""
