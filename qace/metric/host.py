@@ -68,7 +68,7 @@ class _RemoteMatcher:
 
 def setup(config: HostSetup, client: CoreClient) -> Callable[[Any], Any]:
     """The task function of a host process (`qace.engine.host_pool`), its models in the core."""
-    from qace.engine.host_pool import resolve
+    from qace.engine.launch import resolve
     from qace.kernels.token_f1 import token_f1
 
     models = ModelRunners(

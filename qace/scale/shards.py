@@ -43,7 +43,7 @@ from typing import Any
 from qace.config import auto_host_workers, auto_spacy_workers
 from qace.data.output import errors_path
 from qace.data.records import References
-from qace.engine.host_pool import die_with_parent
+from qace.engine.launch import die_with_parent
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
 from qace.scorers import load_callable as load_factory

@@ -55,7 +55,7 @@ def test_parsing_processes_end_with_the_process_that_started_them(tmp_path):
         "if __name__ == '__main__':\n"
         "    extractor = CandidateExtractor(workers=1)\n"
         "    extractor(['a dog runs on the grass'])\n"
-        "    print(*extractor._pool._processes, flush=True)\n"
+        "    print(*extractor._pool.pids, flush=True)\n"
         "    time.sleep(600)\n"
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)

@@ -112,7 +112,7 @@ def _close(a: object, b: object) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    """The pids of ``pid``'s host processes (spawned children, not multiprocessing's resource tracker)."""
+    """The pids of ``pid``'s host processes (`qace.engine.launch` children)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -123,7 +123,7 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+        if ppid == pid and "qace.engine.launch" in cmdline:
             found.append(int(entry.name))
     return found
 
@@ -231,6 +231,29 @@ def test_ctrl_c_stops_the_run_and_every_host_process(runs: dict[str, Path], tmp_
     assert not out.exists()
     assert _wait_gone(hosts) == [], err
     assert _children(proc.pid) == []
+
+
+def test_a_script_without_a_main_guard_scores_with_host_and_spacy_processes(
+    test_models_dir: Path, tmp_path: Path
+) -> None:
+    """The README's Python example saved as a plain script, without ``if __name__ == "__main__":``:
+    host processes and spaCy's processes start without running the script again, and it scores and
+    exits (with multiprocessing's spawn, each child ran the script, died at start, and the parent
+    waited forever)."""
+    script = tmp_path / "score.py"
+    script.write_text(
+        "from qace import QACE\n"
+        f"scorer = QACE(models={str(test_models_dir)!r}, variant='ref', host_workers=2, spacy_workers=1,"
+        " progress=False)\n"
+        "rows = scorer.score(['a dog runs on the grass'], references=[['a brown dog running in a field']])\n"
+        "print('qace', rows[0]['qace'], rows[0]['n_questions'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    assert words[0] == "qace" and 0.0 <= float(words[1]) <= 1.0 and int(words[2]) > 0, done.stdout
 
 
 def test_host_pool_refuses_after_close(test_models_dir: Path) -> None:

@@ -1,0 +1,69 @@
+"""Host pools and their children (`qace.engine.launch`): start-up faults fail at once, never wait."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qace.engine.host_pool import HostPool
+from qace.engine.launch import start_child
+from qace.errors import HostWorkerError
+
+
+def exit_at_setup(status: int, _core: Any) -> None:
+    """A setup that ends its process (as an import-time crash or the out-of-memory killer would)."""
+    os._exit(status)
+
+
+def raise_at_setup(message: str, _core: Any) -> None:
+    raise ValueError(message)
+
+
+def echo(prefix: str, _core: Any) -> Any:
+    return lambda task: f"{prefix}{task} in {os.getpid()}"
+
+
+def test_a_pool_whose_processes_die_at_start_fails_at_once() -> None:
+    pool = HostPool(2, "tests.engine.test_host_pool:exit_at_setup", 3)
+    try:
+        with pytest.raises(HostWorkerError, match=r"host process \d \(pid \d+\) exited \(3\)"):
+            pool.wait_ready(timeout=120)
+        with pytest.raises(HostWorkerError, match="exited"):
+            pool.submit("a task").result(timeout=120)
+    finally:
+        pool.close()
+
+
+def test_a_setup_that_raises_names_its_error() -> None:
+    pool = HostPool(1, "tests.engine.test_host_pool:raise_at_setup", "no parser here", label="spaCy")
+    try:
+        with pytest.raises(HostWorkerError, match=r"(?s)spaCy process 0 .* failed to start.*no parser here"):
+            pool.wait_ready(timeout=120)
+    finally:
+        pool.close()
+
+
+def test_tasks_run_in_the_pool_processes_without_a_gpu() -> None:
+    pool = HostPool(2, "tests.engine.test_host_pool:echo", "did ")
+    try:
+        results = [pool.submit(i).result(timeout=120) for i in range(4)]
+        assert [r.split(" in ")[0] for r in results] == [f"did {i}" for i in range(4)]
+        assert {int(r.split(" in ")[1]) for r in results} <= set(pool.pids)
+        assert os.getpid() not in {int(r.split(" in ")[1]) for r in results}
+    finally:
+        pool.close()
+    assert all(not w.process.is_alive() for w in pool._workers)
+
+
+def test_a_child_that_dies_before_reading_its_argument_does_not_block_the_parent(tmp_path: Path) -> None:
+    """An argument far larger than a pipe holds, for a child that dies before it reads anything: the
+    start returns and the child's exit is seen (multiprocessing's spawn blocked here for good)."""
+    (tmp_path / "sitecustomize.py").write_text("import os\nos._exit(7)\n")
+    child = start_child(
+        "qace.engine.launch:resolve", b"x" * (64 << 20), name="qace-test", env={"PYTHONPATH": str(tmp_path)}
+    )
+    child.join(timeout=120)
+    assert child.exitcode == 7
