@@ -47,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,18 @@ def _peak(device: str) -> float:
     return next((v for k, v in PEAK_BF16.items() if k in gpu), float("nan"))
 
 
+@contextmanager
+def single_process(scorer: QACE) -> Iterator[None]:
+    """The single-process design on the same scorer and models: no host processes (none started
+    either) until the block ends."""
+    host, config = scorer.host, scorer.config
+    scorer.host, scorer.config = None, config.with_(host_workers=0)
+    try:
+        yield
+    finally:
+        scorer.host, scorer.config = host, config
+
+
 def _design_pass(
     scorer: QACE, records: list, *, single: bool
 ) -> tuple[float, list[dict[str, Any]], int | None]:
@@ -126,16 +140,11 @@ def _design_pass(
     by the single-process design on the same models; its seconds, rows and peak GPU memory."""
     reset_caches(scorer)
     _zero_counters(scorer)
-    host = scorer.host
-    if single:
-        scorer.host = None
     idle = scorer.core.idle_seconds if scorer.core is not None else 0.0
-    try:
+    with single_process(scorer) if single else nullcontext():
         if torch.cuda.is_available() and str(scorer.config.device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         seconds, rows = _timed(scorer, records)
-    finally:
-        scorer.host = host
     if not single and scorer.core is not None:
         print(
             f"engine core idle {scorer.core.idle_seconds - idle:.3f} s of a {seconds:.3f} s pass", flush=True
@@ -197,14 +206,11 @@ def gpu_busy_fraction(scorer: QACE, records: list, *, single: bool = False) -> d
     from torch.profiler import ProfilerActivity, profile
 
     reset_caches(scorer)
-    host = scorer.host
-    if single:
-        scorer.host = None
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            seconds, _ = _timed(scorer, records)
-    finally:
-        scorer.host = host
+    with (
+        single_process(scorer) if single else nullcontext(),
+        profile(activities=[ProfilerActivity.CUDA]) as prof,
+    ):
+        seconds, _ = _timed(scorer, records)
     spans = sorted(
         (e.start_ns(), e.start_ns() + e.duration_ns())
         for e in prof.profiler.kineto_results.events()
@@ -237,9 +243,8 @@ def engine_section(
     shapes = scorer.warm_up() if args.capture == "all" else None
     list(scorer.score_records(warm))
     if scorer.host is not None:  # the single-process design's first use (its tokenizers) outside the timing
-        scorer.host, host = None, scorer.host
-        list(scorer.score_records(warm[: len(warm) // 4]))
-        scorer.host = host
+        with single_process(scorer):
+            list(scorer.score_records(warm[: len(warm) // 4]))
     warm_seconds = time.perf_counter() - start
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()

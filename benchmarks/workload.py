@@ -243,6 +243,8 @@ def workload_scorer(
     )
     if not candidate_cache:
         scorer.candidates.cache_size = 0
+    scorer.start_host_processes(wait=True)  # every pass by the same design, from the first
+    scorer.candidates.start(wait=True)
     return force_lengths(scorer)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,6 +33,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CONFIG_FIELDS = {f.name for f in fields(QACEConfig)}
+
+HOST_MIN_CHUNKS = 4
+"""Host processes (``host_workers``) start for the first input longer than this many chunks; shorter
+input is scored in this process: starting the processes (each imports torch, transformers and spaCy)
+costs more than they save on it (docs/performance.md, start-up)."""
 
 
 @dataclass(frozen=True)
@@ -108,19 +114,37 @@ class QACE(FileScorer):
             features=None if self.features is None else self.features.store.identity,
         )
         self.core: DeviceCore | None = None
-        """With ``host_workers``: the engine core feeding the device (`qace.engine.core`)."""
+        """Once host processes started: the engine core feeding the device (`qace.engine.core`)."""
         self.host: HostPool | None = None
-        """With ``host_workers``: the processes doing each chunk's host work (`qace.metric.host`)."""
-        if self.config.host_workers > 0:
-            self._start_host_processes()
+        """Once started: the processes doing each chunk's host work (`qace.metric.host`)."""
+        self._starting = threading.Lock()
+        self._design_said = False
+        self._closed = False
+
+    def start_host_processes(self, wait: bool = False) -> None:
+        """Start the engine core (a thread of this process, serving the models and BERTScore's encoder)
+        and ``host_workers`` host processes that send it their chunks' device work, with the spaCy
+        processes (``spacy_workers``); idempotent, nothing without ``host_workers``. Scoring starts them
+        by itself for the first input longer than `HOST_MIN_CHUNKS` chunks; shorter input is scored in
+        this process, which is faster for it than starting processes. Returns at once (with ``wait``,
+        once every process is ready): chunks are scored in this process until they are."""
+        if self.config.host_workers < 1:
+            return
+        with self._starting:
+            if self.host is None:
+                self._start_host_processes()
+            host = self.host
+        assert host is not None
+        if wait:
+            host.wait_ready()
+            self.candidates.start(wait=True)
 
     def _start_host_processes(self) -> None:
-        """The engine core (a thread of this process, serving the models and BERTScore's encoder) and
-        ``host_workers`` host processes that send it their chunks' device work."""
         from qace.engine.core import DeviceCore
         from qace.engine.host_pool import HostPool
         from qace.metric.host import BERTSCORE, HostSetup
 
+        self.candidates.start()
         m = self.models
         runners = {"qg": m.qg, "tqa": m.tqa, **({"vqa": m.vqa} if m.vqa is not None else {})}
         self.core = DeviceCore(
@@ -144,9 +168,12 @@ class QACE(FileScorer):
         self._shutdown = weakref.finalize(self, _shut_down, self.core, self.host)
 
     def close(self) -> None:
-        """Stop the engine core, the host processes and spaCy's processes (idempotent). A scorer that
-        is garbage-collected, or alive when the interpreter exits, is closed the same way, so the core
-        never runs device work while the process tears down."""
+        """Stop the engine core, the host processes and spaCy's processes (idempotent); a closed scorer
+        scores no more (`HostWorkerError`). A scorer that is garbage-collected, or alive when the
+        interpreter exits, is closed the same way, so the core never runs device work while the process
+        tears down."""
+        with self._starting:
+            self._closed = True
         if self.host is not None:
             self._shutdown()
         self.candidates.close()
@@ -161,8 +188,9 @@ class QACE(FileScorer):
         backend, which capture nothing.
 
         It also starts, on any device, what a first call would otherwise wait for: spaCy's worker
-        processes (each loads the parser), the BERTScore encoder's first pass and token F1's compiled
-        kernels.
+        processes (each loads the parser; they start while the graphs are captured), the BERTScore
+        encoder's first pass and token F1's compiled kernels. Host processes are not started: a call
+        that fits a few chunks (a reward call) is scored in this process.
         """
         from tqdm.auto import tqdm
 
@@ -181,20 +209,20 @@ class QACE(FileScorer):
             visual = batch_shapes(visual_lengths, c.max_batch_tokens, rows)
             jobs.append((m.vqa, visual, m.vqa_unanswerable))
         jobs = [job for job in jobs if hasattr(job[0], "warm_up")]
-        if self.host is not None:
-            self.host.wait_ready()
-        # one distinct caption per worker, so that the pool starts every process
-        self.candidates([f"a warm-up caption number {i}" for i in range(max(1, c.spacy_workers))])
+        self.candidates.start()
+        self.candidates(["a warm-up caption"])
         token_f1(["a warm-up answer"], ["a warm-up reference"])
         with m.device_lock:
             self.matcher.score(["a warm-up answer"], ["a warm-up reference"])
         with m.device_lock, tqdm(desc="capturing CUDA graphs", unit=" shapes", disable=not c.progress) as bar:
-            return sum(
+            captured = sum(
                 runner.warm_up(
                     shapes, max_new_tokens=MAX_NEW_TOKENS, unanswerable_id=uid, progress=bar.update
                 )
                 for runner, shapes, uid in jobs
             )
+        self.candidates.start(wait=True)
+        return captured
 
     # -- scoring -------------------------------------------------------------------------------
 
@@ -229,13 +257,14 @@ class QACE(FileScorer):
 
         While one chunk runs through the models, a prefetch thread reads the next chunk, validates it,
         loads its region features from the store and hands its captions to the candidate extractor,
-        so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work. Only the first
-        chunk's parsing is waited for, so when there is more than one chunk of records the first is an
-        eighth of ``chunk_size`` (`_ramp_sizes`): the models start on it while the next, full chunk is
-        parsed; with host processes (`host_workers`) the first three chunks grow and the last ones
-        shrink (`_Tapered`), so the device is busy from early on to the end. Input that fits one
-        chunk (a reward call) stays one chunk. Scorers in several threads share the device: their model stages
-        take turns under the device lock (`qace.engine.device_lock`), their host work overlaps.
+        so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work. Input that
+        fits one chunk (a reward call) stays one chunk; longer input is cut so that the first three
+        chunks grow and the last ones shrink (`_Tapered`): the models start early on a small first chunk
+        and are not left alone with a last big one. The cuts depend on the input only, so rows do not
+        depend on ``host_workers`` or on timing. Input longer than `HOST_MIN_CHUNKS` chunks starts the
+        host processes (`start_host_processes`). Scorers in several threads share the device: their
+        model stages take turns under the device lock (`qace.engine.device_lock`), their host work
+        overlaps.
         """
         return self._stream(records, ramp=True)
 
@@ -250,70 +279,86 @@ class QACE(FileScorer):
     def _stream(
         self, records: Iterable[Record | RecordError], *, ramp: bool
     ) -> Iterator[dict[str, Any] | RecordError]:
-        """Results in input order, in chunks of ``chunk_size``; with ``ramp``, input longer than one
-        chunk starts with a smaller chunk (`_ramp_sizes`)."""
+        """Results in input order, in chunks of ``chunk_size`` (with ``ramp``, `_Tapered` chunks for
+        input longer than one); host processes for input longer than `HOST_MIN_CHUNKS` chunks."""
+        if self._closed:
+            raise HostWorkerError("this scorer was closed (QACE.close); build a new one to score again")
         size = self.config.chunk_size
         if self.config.variant == "img":
             records = map(_with_image_key, records)
         iterator: Iterator[Record | RecordError] = iter(records)
-        head = list(itertools.islice(iterator, size + 1)) if ramp else []
+        head = list(itertools.islice(iterator, HOST_MIN_CHUNKS * size + 1))
+        self._choose_design(len(head) > HOST_MIN_CHUNKS * size)
         iterator = itertools.chain(head, iterator)
         chunks: Callable[[], list[Record | RecordError]]
-        if len(head) <= size:  # whole chunks (files, and input that fits one chunk: a reward call)
-            chunks = functools.partial(_take, iterator, itertools.repeat(size))
-        elif self.host is None:
-            chunks = functools.partial(_take, iterator, _ramp_sizes(size))
-        else:
+        if ramp and len(head) > size:
             chunks = _Tapered(iterator, size).next_chunk
+        else:  # whole chunks (files, and input that fits one chunk: a reward call)
+            chunks = functools.partial(_take, iterator, itertools.repeat(size))
         with ThreadPoolExecutor(1, thread_name_prefix="qace-prefetch") as prefetch:
             upcoming = prefetch.submit(self._prepare_next, chunks)
-            if self.host is None:
-                while (prepared := upcoming.result()) is not None:
-                    upcoming = prefetch.submit(self._prepare_next, chunks)
-                    yield from self._finish(prepared)
-                return
-            # host processes: chunks in flight, one more than there are processes, so none waits for
-            # its next chunk; results in input order
-            depth = self.host.size + 1
-            inflight: deque[tuple[_Prepared, Future[list[dict[str, Any]]]]] = deque()
+            # with host processes ready: chunks in flight, one more than there are processes, so none
+            # waits for its next chunk; else each chunk here, while the next one is prepared
+            inflight: deque[Future[list[dict[str, Any] | RecordError]]] = deque()
             exhausted = False
             try:
                 while True:
-                    while not exhausted and len(inflight) < depth:
+                    while not exhausted and len(inflight) < (self.host.size + 1 if self.host else 1):
                         prepared = upcoming.result()
                         if prepared is None:
                             exhausted = True
                             break
                         upcoming = prefetch.submit(self._prepare_next, chunks)
-                        inflight.append((prepared, self._dispatch(prepared)))
+                        host = self.host if self.host is not None and self.host.ready() else None
+                        if host is None:
+                            here: Future[list[dict[str, Any] | RecordError]] = Future()
+                            here.set_result(self._finish(prepared))
+                            inflight.append(here)
+                            break  # given out before the next chunk is taken
+                        inflight.append(self._dispatch(prepared, host))
                     if not inflight:
                         return
-                    prepared, rows = inflight.popleft()
-                    yield from _merge(prepared.results, rows.result())
+                    yield from inflight.popleft().result()
             except (HostWorkerError, KeyboardInterrupt):
                 # a lost host process, or the user stopping the run: the chunks in flight cannot be
                 # taken back, so the scorer closes (a new one scores again)
-                self.close()
+                if self.host is not None:
+                    self.close()
                 raise
 
-    def _dispatch(self, prepared: _Prepared) -> Future[list[dict[str, Any]]]:
-        """A chunk's rows from a host process, sent there once its candidates are extracted."""
+    def _choose_design(self, large: bool) -> None:
+        """For input longer than `HOST_MIN_CHUNKS` chunks (``large``), start the spaCy processes and
+        the host processes (if set; in the background); say in the log which design scores the input
+        (at info level the first time, then at debug level)."""
+        c = self.config
+        if large:
+            self.candidates.start()
+            self.start_host_processes()
+            design = f"{c.host_workers} host processes and {c.spacy_workers} spaCy processes"
+        else:
+            design = "this process"
+        if c.host_workers > 0 or c.spacy_workers > 0:
+            level = logging.DEBUG if self._design_said else logging.INFO
+            self._design_said = True
+            size = "more" if large else "at most"
+            log.log(level, "input of %s %d chunks: scored by %s", size, HOST_MIN_CHUNKS, design)
+
+    def _dispatch(self, prepared: _Prepared, host: HostPool) -> Future[list[dict[str, Any] | RecordError]]:
+        """A chunk's results from a host process, sent there once its candidates are extracted."""
         from qace.metric.host import ScoreChunk
 
-        assert self.host is not None
-        host = self.host
-        rows: Future[list[dict[str, Any]]] = Future()
+        rows: Future[list[dict[str, Any] | RecordError]] = Future()
 
         def send(candidates: Future[list[list[str]]]) -> None:
             try:
                 if not prepared.valid:
-                    rows.set_result([])
+                    rows.set_result(_merge(prepared.results, []))
                     return
                 task = host.submit(ScoreChunk(prepared.valid, candidates.result()))
             except BaseException as exc:  # noqa: BLE001 - raised where the rows are read
                 rows.set_exception(exc)
                 return
-            task.add_done_callback(lambda done: _copy_outcome(done, rows))
+            task.add_done_callback(lambda done: _copy_outcome(done, rows, prepared.results))
 
         prepared.candidates.add_done_callback(send)
         return rows
@@ -383,12 +428,17 @@ def _merge(
     return [next(scored) if r is None else r for r in results]
 
 
-def _copy_outcome(source: Future[Any], target: Future[Any]) -> None:
+def _copy_outcome(
+    source: Future[list[dict[str, Any]]],
+    target: Future[list[dict[str, Any] | RecordError]],
+    results: list[dict[str, Any] | RecordError | None],
+) -> None:
+    """A host task's rows merged into its chunk's ``results`` (`_merge`), or its error, into ``target``."""
     exc = source.exception()
     if exc is not None:
         target.set_exception(exc)
     else:
-        target.set_result(source.result())
+        target.set_result(_merge(results, source.result()))
 
 
 def bertscore_precision(config: QACEConfig) -> str:
@@ -402,10 +452,11 @@ def _take(iterator: Iterator[Record | RecordError], sizes: Iterator[int]) -> lis
 
 
 class _Tapered:
-    """Chunks of an input longer than one chunk, for host processes (`host_workers`): the first three
-    grow (an eighth, a quarter, half a chunk) so the device starts early and the processes fill up,
-    and the last two chunks' worth shrink by halves down to an eighth, so the device is not left
-    alone with the last chunk's host work. The cuts depend on the input only (never on timing)."""
+    """Chunks of an input longer than one chunk: the first three grow (an eighth, a quarter, half a
+    chunk) so the device starts early (only the first chunk's parsing is waited for) and host
+    processes fill up, and the last two chunks' worth shrink by halves down to an eighth, so the device
+    is not left alone with the last chunk's host work. The cuts depend on the input only (never on
+    timing or the design), so rows do too."""
 
     def __init__(self, iterator: Iterator[Record | RecordError], size: int) -> None:
         self.iterator, self.size = iterator, size
@@ -424,15 +475,6 @@ class _Tapered:
             n = self.size if left >= 2 * self.size else left if left <= 2 * floor else -(-left // 2)
         self._fill(n)
         return [self.buffer.popleft() for _ in range(min(n, len(self.buffer)))]
-
-
-def _ramp_sizes(chunk_size: int) -> Iterator[int]:
-    """Chunk sizes of an input longer than one chunk: an eighth of a chunk, then whole chunks.
-
-    The models wait for the first chunk's parsing only; why an eighth: docs/performance.md.
-    """
-    yield max(1, chunk_size // 8)
-    yield from itertools.repeat(chunk_size)
 
 
 def _with_image_key(record: Record | RecordError) -> Record | RecordError:

@@ -213,7 +213,7 @@ class _ThreadRecordingStore(RandomFeatureStore):
 
 def test_next_chunk_is_prepared_while_this_one_is_scored(test_models_dir, monkeypatch):
     """Chunk 2's features are loaded by the prefetch thread while chunk 1 is still in the models."""
-    store = _ThreadRecordingStore(watch="img-c")
+    store = _ThreadRecordingStore(watch="img-b")
     scored: list[list[str]] = []
 
     def score_chunk_waiting_for_prefetch(records, *args, **kwargs):
@@ -231,7 +231,7 @@ def test_next_chunk_is_prepared_while_this_one_is_scored(test_models_dir, monkey
         Record("3", "a girl", "img-c"),
     ]
     rows = list(scorer.score_records(records))
-    assert [r["id"] for r in rows] == ["1", "2", "3"] and scored == [["1"], ["2", "3"]]  # first: an eighth
+    assert [r["id"] for r in rows] == ["1", "2", "3"] and scored == [["1"], ["2"], ["3"]]  # tapered
     assert set(store.threads) == {"img-a", "img-b", "img-c"}
     assert all(name.startswith("qace-prefetch") for name in store.threads.values())
     assert scorer.features is not None and scorer.features.loads == 3  # each image read once
@@ -289,10 +289,14 @@ def test_callers_in_several_threads_take_turns_on_the_device(test_models_dir, mo
     assert together == alone
 
 
-@pytest.mark.parametrize(("n", "chunks"), [(16, [16]), (17, [2, 15]), (40, [2, 16, 16, 6])])
-def test_first_chunk_is_an_eighth_only_when_there_is_more_than_one(ref_scorer, monkeypatch, n, chunks):
+@pytest.mark.parametrize(
+    ("n", "chunks"),
+    [(16, [16]), (17, [2, 4, 8, 3]), (40, [2, 4, 8, 13, 7, 3, 3]), (80, [2, 4, 8, 16, 16, 16, 9, 5, 4])],
+)
+def test_chunks_grow_then_shrink_only_when_there_is_more_than_one(ref_scorer, monkeypatch, n, chunks):
     """A call that fits one chunk (a reward call) stays one chunk; a longer input starts the models on an
-    eighth of one while the next is parsed. Files keep whole chunks (resume), tested above."""
+    eighth of one, grows to whole chunks, and ends in halves down to an eighth (`qace.api._Tapered`),
+    whichever design scores it. Files keep whole chunks (resume), tested above."""
     sizes: list[int] = []
     real = api.score_chunk
 
@@ -344,14 +348,24 @@ def test_bertscore_encoder_is_half_for_half_precision_on_a_gpu(device, precision
 
 
 def test_warm_up_starts_the_host_work_and_captures_nothing_on_the_cpu(ref_scorer, monkeypatch):
-    """Parsing, BERTScore and token F1 run once, so a first call waits for none of them to start."""
+    """Parsing, BERTScore and token F1 run once, so a first call waits for none of them to start; the
+    spaCy processes start first (beside the graph captures) and are ready when it returns."""
     seen: list[str] = []
-    monkeypatch.setattr(ref_scorer, "candidates", lambda captions: seen.append(f"parse {len(set(captions))}"))
+
+    class Candidates:
+        def start(self, wait: bool = False) -> None:
+            seen.append(f"start spaCy processes, wait={wait}")
+
+        def __call__(self, captions: list[str]) -> None:
+            seen.append(f"parse {len(captions)}")
+
+    monkeypatch.setattr(ref_scorer, "candidates", Candidates())
     monkeypatch.setattr(ref_scorer.matcher, "score", lambda c, r: seen.append("bertscore"))
     monkeypatch.setattr("qace.kernels.token_f1.token_f1", lambda a, b: seen.append("f1"))
-    monkeypatch.setattr(ref_scorer, "config", ref_scorer.config.with_(spacy_workers=3))
     assert ref_scorer.warm_up() == 0
-    assert seen == ["parse 3", "f1", "bertscore"]  # one distinct caption per spaCy worker
+    assert seen == [
+        "start spaCy processes, wait=False", "parse 1", "f1", "bertscore", "start spaCy processes, wait=True"
+    ]  # fmt: skip
 
 
 def _graph_shapes(scorer: QACE) -> int:

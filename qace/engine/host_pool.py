@@ -143,6 +143,12 @@ class HostPool:
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers]
 
+    def ready(self) -> bool:
+        """Whether every process has set up (raises `HostWorkerError` if one failed or died)."""
+        if self._broken is not None:
+            raise self._broken
+        return self._all_ready.is_set()
+
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until every process has set up (raises `HostWorkerError` if one failed)."""
         self._all_ready.wait(timeout)

@@ -2,8 +2,8 @@
 
 spaCy is the slowest CPU stage, so the extractor (1) parses each distinct caption once and remembers it
 (benchmarks and data sets repeat captions a lot), (2) skips the lemmatizer, which candidates never use,
-and (3) can spread parsing over worker processes, returning a future so that the next chunk is parsed
-while the GPU works on the current one.
+and (3) can spread parsing over worker processes once started (`CandidateExtractor.start`), returning a
+future so that the next chunk is parsed while the GPU works on the current one.
 """
 
 from __future__ import annotations
@@ -67,7 +67,10 @@ def parser(model: str, _core: object = None) -> Callable[[list[str]], list[list[
 
 
 class CandidateExtractor:
-    """Candidates for many captions: cached by caption text, optionally parsed by worker processes."""
+    """Candidates for many captions: cached by caption text, parsed in this process or, once `start`
+    has started them and every one is ready, by ``workers`` parsing processes (`HostPool`). Starting
+    them is the caller's choice by the size of its work: for a few hundred captions, starting processes
+    costs more than parsing here."""
 
     def __init__(self, model: str = DEFAULT_SPACY_MODEL, workers: int = 0, cache_size: int = 100_000) -> None:
         self.model = model
@@ -75,14 +78,24 @@ class CandidateExtractor:
         self.cache_size = cache_size
         self._cache: OrderedDict[str, list[str]] = OrderedDict()
         self._lock = threading.Lock()
-        self._nlp = load_spacy(model) if workers == 0 else None
+        self._nlp = load_spacy(model)
         self._pool: HostPool | None = None
-        if workers > 0:
-            from qace.engine.host_pool import HostPool
+        self._closed = False
 
-            self._pool = HostPool(
-                workers, "qace.metric.candidates:parser", model, label="spaCy", setting="--spacy-workers"
-            )
+    def start(self, wait: bool = False) -> None:
+        """Start the parsing processes in the background (idempotent; nothing without ``workers``);
+        with ``wait``, return once every one is ready. Captions submitted meanwhile are parsed here."""
+        from qace.engine.host_pool import HostPool
+
+        with self._lock:
+            if self.workers > 0 and self._pool is None and not self._closed:
+                self._pool = HostPool(
+                    self.workers, "qace.metric.candidates:parser", self.model, label="spaCy",
+                    setting="--spacy-workers",
+                )  # fmt: skip
+            pool = self._pool
+        if wait and pool is not None:
+            pool.wait_ready()
 
     def __call__(self, captions: Sequence[str]) -> list[list[str]]:
         return self.submit(captions).result()
@@ -99,11 +112,12 @@ class CandidateExtractor:
             self._store(todo, candidates)
             result.set_result([list(known[c]) for c in captions])
 
-        if self._pool is None or not todo:
+        pool = self._pool
+        if pool is None or not todo or not pool.ready():
             finish(extract_candidates(todo, self._nlp) if todo else [])
             return result
         size = -(-len(todo) // self.workers)
-        parts = [self._pool.submit(todo[i : i + size]) for i in range(0, len(todo), size)]
+        parts = [pool.submit(todo[i : i + size]) for i in range(0, len(todo), size)]
         remaining = [len(parts)]
 
         def collect(_: Future[list[list[str]]]) -> None:
@@ -128,5 +142,8 @@ class CandidateExtractor:
                 self._cache.popitem(last=False)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        """Stop the parsing processes (idempotent); later captions are parsed in this process."""
+        with self._lock:
+            self._closed, pool, self._pool = True, self._pool, None
+        if pool is not None:
+            pool.close()

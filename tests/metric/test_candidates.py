@@ -54,7 +54,7 @@ def test_parsing_processes_end_with_the_process_that_started_them(tmp_path):
         "from qace.metric.candidates import CandidateExtractor\n"
         "if __name__ == '__main__':\n"
         "    extractor = CandidateExtractor(workers=1)\n"
-        "    extractor(['a dog runs on the grass'])\n"
+        "    extractor.start(wait=True)\n"
         "    print(*extractor._pool.pids, flush=True)\n"
         "    time.sleep(600)\n"
     )

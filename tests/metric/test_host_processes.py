@@ -8,6 +8,7 @@ small chunks so that several are in flight at once.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from qace.api import QACE
+from qace.api import HOST_MIN_CHUNKS, QACE
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
 from qace.engine.core import CoreError
@@ -47,22 +48,36 @@ def _records(n: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("variant", ["ref", "img"])
-def test_rows_equal_the_single_process_design(test_models_dir: Path, variant: str) -> None:
+def test_rows_equal_the_single_process_design(
+    test_models_dir: Path, variant: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lists are cut alike by both designs (`qace.api._Tapered`), so their rows are equal, also while
+    host processes start (the first chunks run in this process) and once they are ready; input of at
+    most `HOST_MIN_CHUNKS` chunks starts no process, longer input starts them and says so."""
     features = RandomFeatureStore() if variant == "img" else None
     kw = dict(models=test_models_dir, variant=variant, features=features, progress=False, explain=True)
     captions = [r["caption"] for r in _records(30)] + ["", "  "]  # two bad records among them
     refs = [REFERENCES[0]] * len(captions)
     images = [f"img{i % 7}" for i in range(len(captions))]
     inputs = dict(references=refs) if variant == "ref" else dict(image_ids=images)
+    head = {k: v[:HOST_MIN_CHUNKS * 4] for k, v in inputs.items()}
     single = QACE(host_workers=0, chunk_size=4, **kw)
     alone = single.score(captions, **inputs)
-    head = {k: v[:6] for k, v in inputs.items()}
-    split = QACE(host_workers=2, chunk_size=4, **kw)
+    split = QACE(host_workers=2, spacy_workers=1, chunk_size=4, **kw)
     try:
+        with caplog.at_level(logging.INFO, logger="qace.api"):
+            short = captions[: HOST_MIN_CHUNKS * 4]
+            assert split.score(short, **head) == single.score(short, **head)
+            assert split.host is None
+            assert "scored by this process" in caplog.text
+            starting = split.score(captions, **inputs)  # starts the processes: chunks here until ready
         assert split.host is not None and split.host.size == 2
-        rows = split.score(captions, **inputs)
-        _assert_same_rows(rows, alone)
-        assert sum("error" in r for r in rows) == 2
+        assert starting == alone
+        assert sum("error" in r for r in starting) == 2
+        split.start_host_processes(wait=True)
+        with caplog.at_level(logging.DEBUG, logger="qace.api"):
+            assert split.score(captions, **inputs) == alone
+        assert "scored by 2 host processes and 1 spaCy processes" in caplog.text
         # a failing batch in the core fails its call with the core's message; the next call is served
         tqa = split.core.runners["tqa"]
 
@@ -72,40 +87,11 @@ def test_rows_equal_the_single_process_design(test_models_dir: Path, variant: st
 
         split.core.runners["tqa"] = Broken()
         with pytest.raises(CoreError, match="device fault for the test"):
-            split.score(captions[:6], **head)
+            split.score(captions, **inputs)
         split.core.runners["tqa"] = tqa
-        _assert_same_rows(split.score(captions[:6], **head), single.score(captions[:6], **head))
+        assert split.score(captions, **inputs) == alone
     finally:
         split.close()
-
-
-def _assert_same_rows(rows: list[dict], expected: list[dict]) -> None:
-    """The same questions, answers and flags; scores within float rounding (2e-6, as the parity tests):
-    a list longer than a chunk is cut differently with host processes (`qace.api._Tapered`), and fp32
-    rounding follows a batch's composition. Files cut whole chunks in both designs: their bytes are
-    equal (the command-line tests below)."""
-    assert len(rows) == len(expected)
-    for row, other in zip(rows, expected, strict=True):
-        if "error" in other:
-            assert row == other
-            continue
-        assert row["explanation"] == other["explanation"] or _close(row["explanation"], other["explanation"])
-        assert {k: v for k, v in row.items() if not isinstance(v, float) and k != "explanation"} == {
-            k: v for k, v in other.items() if not isinstance(v, float) and k != "explanation"
-        }
-        for key, value in other.items():
-            if isinstance(value, float):
-                assert row[key] == pytest.approx(value, abs=2e-6), key
-
-
-def _close(a: object, b: object) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= 2e-6
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
 
 
 # -- processes that die, and Ctrl-C (the command line, in a process of its own) ------------------------

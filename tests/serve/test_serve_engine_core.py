@@ -23,6 +23,7 @@ WORDS = ["dog", "cat", "horse", "girl", "man", "bird", "car", "boat"]
 @pytest.fixture(scope="module")
 def service(test_models_dir: Path) -> Iterator[tuple[str, QACEReward]]:
     reward = QACEReward(models=test_models_dir, host_workers=2, chunk_size=8, progress=False)
+    reward.scorer.start_host_processes(wait=True)
     assert reward.scorer.host is not None and reward.scorer.host.size == 2
     settings = ServeSettings(max_items=512, max_queue=4096, max_body_bytes=1 << 20, max_batch=512)
     try:
