@@ -1,4 +1,4 @@
-"""A plain, slow reference implementation of QACE, written from ``QACE_SPEC.md`` alone.
+"""A plain, slow reference implementation of QACE, written from the spec (docs/spec.md) alone.
 
 It imports nothing from ``qace`` (``tests/test_reference_independent.py`` checks that), so a bug the engine
 shares with a helper cannot pass the parity tests: candidate extraction, stopword filtering, the prompts,

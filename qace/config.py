@@ -16,7 +16,7 @@ from qace.errors import ConfigError
 from qace.signature import Signature
 
 SPEC_VERSION = "2"
-"""Version of the (ours) decisions in QACE_SPEC.md; bump it whenever one of them changes."""
+"""Version of the (ours) decisions in docs/spec.md; bump it whenever one of them changes."""
 
 Variant = Literal["ref", "img"]
 Precision = Literal["fp32", "bf16", "fp16", "int8"]

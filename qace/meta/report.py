@@ -43,7 +43,7 @@ from qace.meta.evaluate import (
     pascal_summary,
     read_score_file,
 )
-from qace.meta.published import PUBLISHED
+from qace.meta.published import PUBLISHED, sources_json
 from qace.meta.report_markdown import render_markdown
 from qace.meta.scales import readings
 from qace.meta.scorers import ScorerRun, check_scorers
@@ -279,8 +279,10 @@ def _pascal_section(
         "seeds": list(cfg.seeds),
         "n_refs": cfg.n_refs,
         "protocol": (
-            f"{cfg.n_refs} references sampled per image with numpy default_rng(seed), pair by "
-            "pair, same for both candidates; majority vote; metric ties count 1/2"
+            f"{cfg.n_refs} of the image's 50 references sampled with numpy default_rng(seed), pair "
+            "by pair, same for both candidates; label: the majority of the pair's 10-11 released "
+            "votes (the CLIPScore paper's labels come from 48 judgments per pair, which this data "
+            "does not hold: docs/meta.md); metric ties count 1/2"
         ),
         "intervals": (
             spread_text + "95% bootstrap CI resampling pairs within each category "
@@ -323,6 +325,7 @@ def build_report(cfg: ReportConfig) -> tuple[dict, dict]:
             "limit": cfg.limit,
         },
         "published": PUBLISHED,
+        "published_sources": sources_json(),
     }
     plot_data: dict = {}
     skipped: dict[str, str] = {}

@@ -1,16 +1,13 @@
 """The meta-evaluation report as Markdown, read from `qace.meta.report.build_report`'s dict (and the
-published figures printed beside ours), so the Markdown and the JSON cannot disagree."""
+published figures printed beside ours, each named by its paper, table and row in a closing list), so
+the Markdown and the JSON cannot disagree."""
 
 from __future__ import annotations
-
-import math
-
-import numpy as np
 
 from qace.meta.baselines import DISPLAY
 from qace.meta.correlation import format_p
 from qace.meta.evaluate import CATEGORIES
-from qace.meta.published import PUBLISHED
+from qace.meta.published import PUBLISHED, source_of
 from qace.meta.scales import reading_text
 
 
@@ -43,12 +40,12 @@ def _table1(report: dict) -> list[str]:
     head, intro = ["Metric"], []
     if has_f:
         head.append("Flickr8k-Expert tau-c")
-        intro.append("Flickr8k-Expert: Kendall tau-c x 100 (published value in parentheses).")
+        intro.append("Flickr8k-Expert: Kendall tau-c x 100 (published value in parentheses, sources below).")
     if has_p:
         head += [*CATEGORIES, "Mean"]
         intro.append(
             "PASCAL-50S: accuracy (%) per category, mean ± sd over seeds "
-            f"{report['pascal50s'].get('seeds', [])} (published value in parentheses; "
+            f"{report['pascal50s'].get('seeds', [])} (published value in parentheses, sources below; "
             "95% CIs below)."
         )
     lines = [
@@ -69,15 +66,37 @@ def _table1(report: dict) -> list[str]:
             cells.append(cell)
         if has_p:
             acc = pascal.get(name, {})
-            for c in CATEGORIES:
+            for c in (*CATEGORIES, "mean"):
                 v = _pm(acc, c)
                 if name in pub_pas and acc:
                     v += f" ({pub_pas[name][c]})"
                 cells.append(v)
-            cells.append(_pm(acc, "mean"))
         lines.append("| " + " | ".join(cells) + " |")
     for name in report.get("skipped", {}):
         lines.append(f"| {DISPLAY.get(name, name)} | skipped |" + " |" * (len(head) - 2))
+    return [*lines, ""]
+
+
+def _sources(report: dict) -> list[str]:
+    """Paper, table and row of every published figure Table 1 printed (`qace.meta.published.SOURCES`)."""
+    shown = []
+    for name in _row_names(report):
+        if "flickr8k_expert" in report and name in report["flickr8k_expert"].get("metrics", {}):
+            shown.append(source_of("flickr8k_tau_c", name))
+        if "pascal50s" in report and name in report["pascal50s"].get("accuracy", {}):
+            shown.append(source_of("pascal50s", name))
+    rows = [r for r in shown if r is not None]
+    if not rows:
+        return []
+    lines = [
+        "## Sources of the published values",
+        "",
+        "| Values | Paper | Table | Row |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        values = ", ".join(f"{c} {v}" for c, v in zip(r.columns, r.values, strict=True))
+        lines.append(f"| {values} | {r.paper} | {r.table} | {r.row} |")
     return [*lines, ""]
 
 
@@ -160,7 +179,7 @@ def _pascal_details(section: dict) -> list[str]:
 
 def render_markdown(report: dict) -> str:
     """The report as Markdown: Table 1, full correlations and tests, CIs, judge agreement, notes."""
-    lines = ["# QACE meta-evaluation report", "", *_table1(report)]
+    lines = ["# QACE meta-evaluation report", "", *_table1(report), *_sources(report)]
     if report.get("flickr8k_expert", {}).get("metrics"):
         lines += _flickr_details(report["flickr8k_expert"])
     if report.get("pascal50s", {}).get("accuracy"):
@@ -228,18 +247,4 @@ def _judges_markdown(judges: dict) -> list[str]:
             _fmt(pc[pair]["spearman"], 1, 3),
         ]
         lines.append(f"| {pair} | " + " | ".join(cells) + " |")
-    pub = PUBLISHED["flickr8k_judges"]
-    lines += [
-        "",
-        f"Published (all 5,822 rows): Fleiss' kappa {pub['fleiss_kappa']}, "
-        f"mean gamma {pub['gamma_mean']}. Our mean gamma is "
-        f"{_fmt(pw['gamma']['mean'], 1, 3)}; averaging pair gammas truncated to two decimals "
-        f"gives {_truncated_mean(pw['gamma']):.3f}, which rounds to the published 0.98.",
-        "",
-    ]
-    return lines
-
-
-def _truncated_mean(pairs: dict) -> float:
-    vals = [math.floor(v * 100) / 100 for k, v in pairs.items() if k != "mean" and v is not None]
-    return float(np.mean(vals)) if vals else math.nan
+    return [*lines, ""]

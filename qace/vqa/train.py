@@ -34,6 +34,8 @@ MAX_ANSWER_TOKENS = 32
 """Target length cap, EOS included (the engine generates at most 31 tokens after the start token)."""
 METRICS_FILE = "training.json"
 """Written into the output directory: settings, losses, throughput and the validation metrics."""
+PROJECTION_KEYS = ("encoder.img_emb.weight", "encoder.img_emb.bias")
+"""The region projection's weights: what a plain T5 ``--init`` lacks, and gets freshly initialised."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,10 @@ def load_init(source: str) -> tuple[VisualT5ForConditionalGeneration, Any]:
     """The starting model: a Visual-T5 checkpoint as it is, or a T5 (hub id or directory) with a new
     region projection; its tokenizer. Any other missing weight is an error."""
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its load report would list the projection a T5 lacks
     try:
         model, info = VisualT5ForConditionalGeneration.from_pretrained(source, output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -158,9 +163,19 @@ def load_init(source: str) -> tuple[VisualT5ForConditionalGeneration, Any]:
             f"cannot load --init {source!r} ({type(exc).__name__}: {str(exc).splitlines()[0]}); give a "
             "T5 or Visual-T5 directory, or a hub id while online (t5-small is the paper's)"
         ) from exc
-    missing = sorted(set(info["missing_keys"]) - {"encoder.img_emb.weight", "encoder.img_emb.bias"})
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    missing = sorted(set(info["missing_keys"]) - set(PROJECTION_KEYS))
     if missing:
         raise ModelNotFoundError(f"--init {source!r} lacks weights {missing[:5]}: not a T5 checkpoint")
+    if info["unexpected_keys"]:
+        logger.warning(
+            "--init %r: weights a Visual-T5 has no use for, ignored: %s", source, info["unexpected_keys"][:5]
+        )
+    if set(PROJECTION_KEYS) & set(info["missing_keys"]):
+        logger.info(
+            "--init %s is a T5: its region projection (encoder.img_emb) starts from random weights", source
+        )
     prefix = tuple(tokenizer(IMAGE_PREFIX_TEXT, add_special_tokens=False)["input_ids"])
     if getattr(model.config, "image_prefix_ids", None) is None and prefix != model.prefix_ids:
         model.config.image_prefix_ids = list(
@@ -212,6 +227,20 @@ def _trainer_class() -> Any:
             outputs = model(inputs_embeds=embeds, attention_mask=mask, labels=inputs["labels"])
             return (outputs.loss, outputs) if return_outputs else outputs.loss
 
+        def _issue_warnings_after_load(self, load_result: Any) -> None:
+            """After a checkpoint's weights are loaded to resume: T5's tied embeddings are saved once
+            (``shared.weight``), so their other names come back as missing keys although they are loaded,
+            which the Trainer would warn about. Any other missing or unexpected weight is an error."""
+            params = dict(self.model.named_parameters(remove_duplicate=False))
+            missing = set(load_result.missing_keys)
+            loaded = {id(p) for name, p in params.items() if name not in missing}
+            lost = sorted(k for k in missing if k not in params or id(params[k]) not in loaded)
+            if lost or load_result.unexpected_keys:
+                raise ResumeError(
+                    f"the checkpoint being resumed lacks weights {lost[:5]} or holds unknown ones "
+                    f"{list(load_result.unexpected_keys)[:5]}: delete it to resume from the one before"
+                )
+
     return VisualT5Trainer
 
 
@@ -226,8 +255,10 @@ def _progress_callback() -> Any:
         tracker: Any = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step:  # a resumed run starts part way, with the checkpoint's weights loaded
+                logger.info("resumed from checkpoint-%d", state.global_step)
             self.tracker = track("vqa-train", total=state.max_steps, unit="step")
-            self.tracker.update(state.global_step)  # a resumed run starts part way
+            self.tracker.update(state.global_step)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.tracker.update(1)
@@ -255,13 +286,14 @@ def train_visual_t5(
     """Train, save the model into ``out_dir``, validate it on the engine, and return (and write to
     ``out_dir/training.json``) the run's record. ``callbacks``: more ``transformers.TrainerCallback``s."""
     from transformers import PrinterCallback
+    from transformers.trainer_utils import get_last_checkpoint
 
     from qace.models.loading import TEST_MODEL_MARKER, checkpoint_fingerprint, is_test_model
     from qace.vqa.evaluate import validate
 
     out = Path(out_dir).expanduser()
-    checkpoints = sorted((out / "checkpoints").glob("checkpoint-*"))
-    if checkpoints and not resume:
+    last = get_last_checkpoint(str(out / "checkpoints")) if (out / "checkpoints").is_dir() else None
+    if last is not None and not resume:
         raise ResumeError(
             f"{out} holds checkpoints of an earlier run; pass --resume to continue, or use another DIR"
         )
@@ -281,7 +313,7 @@ def train_visual_t5(
         callbacks=[_progress_callback(), *callbacks],
     )
     trainer.remove_callback(PrinterCallback)  # losses go to the log, progress to `qace.progress`
-    result = trainer.train(resume_from_checkpoint=bool(checkpoints) and resume)
+    result = trainer.train(resume_from_checkpoint=last)
     model = trainer.model
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -292,6 +324,7 @@ def train_visual_t5(
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     record = {
         "settings": asdict(settings) | {"device": device, "bf16": trainer.args.bf16},
+        "resumed_from": None if last is None else Path(last).name,
         "train_triples": train.num_rows,
         "val_triples": val.num_rows,
         "steps": trainer.state.global_step,

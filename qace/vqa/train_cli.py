@@ -66,8 +66,9 @@ def cmd_vqa_train(args: argparse.Namespace) -> int:
         ", ".join(f"{k} {v:.3f}" for k, v in val.items() if k != "triples" and v is not None)
         or "no val split"
     )
+    resumed = f"resumed from {record['resumed_from']}, " if record["resumed_from"] else ""
     summary(
-        f"Visual-T5 written to {args.output} ({record['checkpoint']}): {record['steps']} steps, "
+        f"Visual-T5 written to {args.output} ({record['checkpoint']}): {resumed}{record['steps']} steps, "
         f"{record['train_samples_per_second']:.1f} samples/s; validation ({val['triples']} triples): {shown}",
         output=args.output,
         **{k: v for k, v in record.items() if k != "settings"},

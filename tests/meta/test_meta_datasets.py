@@ -224,4 +224,4 @@ def test_table1_has_no_empty_columns_for_one_data_set() -> None:
     }
     md = render_markdown(pascal_only)
     assert "| Metric | HC | HI | HM | MM | Mean |" in md and "Flickr8k-Expert tau-c" not in md
-    assert "| CIDEr | 50.0 ± 1.0 (53.0) |" in md
+    assert "| CIDEr | 50.0 ± 1.0 (65.1) |" in md and "| 70.0 ± 0.5 (79.6) |" in md

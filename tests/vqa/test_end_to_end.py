@@ -4,6 +4,7 @@ on the tiny test models: the loss falls and the trained directory scores, named 
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -49,7 +50,7 @@ def write_inputs(tmp_path):
     return tmp_path / "captions.jsonl", features
 
 
-def test_captions_to_a_trained_visual_t5_that_scores(test_models_dir, tmp_path, capsys) -> None:
+def test_captions_to_a_trained_visual_t5_that_scores(test_models_dir, tmp_path, capfd) -> None:
     captions, features = write_inputs(tmp_path)
     triples = tmp_path / "triples.parquet"
     common = ["--models", str(test_models_dir), "--chunk-size", "16", "--val-fraction", "0.25"]
@@ -77,9 +78,20 @@ def test_captions_to_a_trained_visual_t5_that_scores(test_models_dir, tmp_path, 
         train_visual_t5(triples, str(features), out, settings=settings, callbacks=[KillAt(3)])
     assert (out / "checkpoints" / "checkpoint-2").is_dir() and not (out / "training.json").exists()
     assert main(["vqa-train", *train, "--epochs", "3"]) == 2  # checkpoints there: --resume or another DIR
-    assert "--resume" in capsys.readouterr().err
-    assert main(["vqa-train", *train, "--epochs", "3", "--resume"]) == 0
+    assert "--resume" in capfd.readouterr().err
+    transformers_log: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = transformers_log.append  # type: ignore[method-assign]
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        assert main(["vqa-train", *train, "--epochs", "3", "--resume"]) == 0
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    # the resume says where it resumed from, and neither the Trainer nor the loading warns of missing keys
+    assert "resumed from checkpoint-2" in capfd.readouterr().err
+    assert [r.getMessage() for r in transformers_log if "missing" in r.getMessage().lower()] == []
     record = json.loads((out / "training.json").read_text())
+    assert record["resumed_from"] == "checkpoint-2"
     train_rows = sum(r["split"] == "train" for r in table)
     assert record["steps"] == 3 * -(-train_rows // 2)  # every step once: the resumed run began at step 3
     losses = record["losses"]
