@@ -136,11 +136,12 @@ class _Log:
         if report.when == "teardown":
             self.finished(test, self.outcome.pop(test, "passed"), self.seconds.pop(test))
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(hookwrapper=True)
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         """No progress letters: the line each finished test gets says more."""
-        category, _, word = yield
-        return category, "", word
+        outcome = yield
+        category, _, word = outcome.get_result()
+        outcome.force_result((category, "", word))
 
 
 def pytest_configure(config: pytest.Config) -> None:
