@@ -11,7 +11,7 @@ Options it adds to pytest:
   per finished test (outcome ``passed``, ``failed``, ``error`` or ``skipped``; seconds of setup, call
   and teardown together) or collection error.
 
-Each finished test is also printed at once, as ``[  3/57]   12.4 s  passed  tests/...::name``, so a
+Each finished test is also printed at once, as ``[ 3/57]    12.4 s  passed   tests/...::name``, so a
 run cut by a time limit still shows which tests ran and how long each took.
 """
 
