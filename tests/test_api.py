@@ -376,7 +376,8 @@ def _graph_shapes(scorer: QACE) -> int:
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["ref", "img"])
 def test_after_a_warm_up_calls_capture_no_graph_and_score_the_same(test_models_dir, variant):
-    """Every batch shape a call can make is captured by `warm_up`; scores are those of a cold scorer."""
+    """Every batch shape a call can make is captured by `warm_up`; scores are those of a cold scorer.
+    One process: the captures are the decoders' own, whichever process plans the batches."""
     words = "a young girl in red dress runs on the beach with two dogs near blue sea".split()
     captions = [" ".join(words[i % 5 : i % 5 + 3 + i % 9]) for i in range(60)]
     kwargs = dict(
@@ -388,6 +389,7 @@ def test_after_a_warm_up_calls_capture_no_graph_and_score_the_same(test_models_d
         max_batch_rows=64,
         max_batch_tokens=2048,
         spacy_workers=0,
+        host_workers=0,
     )
     context = (
         {"references": [REFS] * 60} if variant == "ref" else {"image_ids": [f"i{i % 7}" for i in range(60)]}

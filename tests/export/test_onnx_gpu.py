@@ -42,14 +42,28 @@ def _load(models_dir, role):
     return loading.load_seq2seq(str(models_dir / role), role=role)[0]
 
 
+@pytest.fixture(scope="module")
+def exported(test_models_dir, tmp_path_factory):
+    """A test model and its export validated on CUDA, per role and variant, made once per module."""
+    made = {}
+
+    def get(role, variant):
+        if (role, variant) not in made:
+            model = _load(test_models_dir, role)
+            out = tmp_path_factory.mktemp(f"{role}-{variant}") / variant
+            made[role, variant] = model, export_model(model, out, variant=variant, validation_device="cuda")
+        return made[role, variant]
+
+    return get
+
+
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("variant", ["fp32", "fp16"])
-def test_cuda_export_validates_and_decodes_like_pytorch(test_models_dir, tmp_path, role, variant):
+def test_cuda_export_validates_and_decodes_like_pytorch(exported, role, variant):
     """The export validation itself on CUDA sessions (fp16: T5's overflow clamps in the graph; both the
     growing-past loop and the CUDA-graph static decoding), and fp32 greedy outputs and answerability
     equal PyTorch's both ways (the loop dropping rows on the device)."""
-    model = _load(test_models_dir, role)
-    result = export_model(model, tmp_path / variant, variant=variant, validation_device="cuda")
+    model, result = exported(role, variant)
     assert np.isfinite(result.validation.max_abs_diff)
     assert result.validation.static_token_agreement >= result.validation.min_agreement
     if variant == "fp16":
@@ -65,8 +79,10 @@ def test_cuda_export_validates_and_decodes_like_pytorch(test_models_dir, tmp_pat
         np.testing.assert_allclose(got.answerability, expected.answerability, atol=1e-5)
 
 
-def _chatty(tmp_path):
-    """A tiny random T5 whose rows end at many different steps (see tests/export/test_onnx_static.py)."""
+@pytest.fixture(scope="module")
+def chatty(tmp_path_factory):
+    """A tiny random T5 whose rows end at many different steps (see tests/export/test_onnx_static.py),
+    and its fp32 export; made once per module."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(2)
@@ -74,14 +90,15 @@ def _chatty(tmp_path):
     special = dict(decoder_start_token_id=0, eos_token_id=12, pad_token_id=0)
     config = T5Config(**shape, **special, initializer_factor=2.0, dropout_rate=0.0, feed_forward_proj="relu")
     model = T5ForConditionalGeneration(config).eval()
-    return model, export_model(model, tmp_path / "fp32", variant="fp32", validate=False).out_dir
+    out = tmp_path_factory.mktemp("chatty") / "fp32"
+    return model, export_model(model, out, variant="fp32", validate=False).out_dir
 
 
-def test_cuda_graphs_replay_several_shapes_like_pytorch(tmp_path):
+def test_cuda_graphs_replay_several_shapes_like_pytorch(chatty):
     """One runner, two batch shapes, each decoded three times (uncaptured, captured, replayed):
     every pass equals PyTorch, rows ending anywhere from the first step to the limit; the step session
     really has CUDA graphs on."""
-    model, export = _chatty(tmp_path)
+    model, export = chatty
     rng = np.random.default_rng(0)
     first = rng.integers(2, 24, size=(16, 9))
     first[:, -1] = 1
@@ -99,11 +116,10 @@ def test_cuda_graphs_replay_several_shapes_like_pytorch(tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["fp32", "fp16"])
-def test_every_node_of_the_static_step_runs_on_cuda(test_models_dir, tmp_path, capfd, variant):
+def test_every_node_of_the_static_step_runs_on_cuda(exported, capfd, variant):
     """ONNX Runtime's verbose session log lists where it placed each node: a node on the CPU would need
     a copy, which a CUDA graph cannot hold (the session would refuse ``enable_cuda_graph``)."""
-    model = _load(test_models_dir, "qg")
-    export = export_model(model, tmp_path / variant, variant=variant, validate=False).out_dir
+    export = exported("qg", variant)[1].out_dir
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 0
     cuda = {"enable_cuda_graph": "1", "use_tf32": "0"}
@@ -116,9 +132,9 @@ def test_every_node_of_the_static_step_runs_on_cuda(test_models_dir, tmp_path, c
     ]
 
 
-def test_cuda_graphs_take_forced_tokens(tmp_path):
+def test_cuda_graphs_take_forced_tokens(chatty):
     """The benchmarks' forced outputs go through the captured step's own rules."""
-    model, export = _chatty(tmp_path)
+    model, export = chatty
     ids = np.random.default_rng(1).integers(2, 24, size=(6, 7))
     batch = TextBatch(ids, np.ones_like(ids))
     forced = np.random.default_rng(2).integers(2, 12, size=(6, MAX_NEW_TOKENS))
@@ -157,6 +173,8 @@ def test_cuda_metric_asks_and_answers_like_pytorch(test_models_dir, variant, ref
             device=device,
             explain=True,
             progress=False,
+            host_workers=0,  # one process: what is compared is the backends' questions and answers
+            spacy_workers=0,
             **extra,
         )
         rows[backend] = list(scorer.score_records(records))

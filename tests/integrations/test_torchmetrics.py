@@ -189,9 +189,12 @@ def test_lightning_validation_loop_loads_models_once_on_the_module_device(
 def test_models_load_on_the_metric_device_on_a_gpu(
     test_models_dir: Path, expected: list[dict[str, float]]
 ) -> None:
-    metric = QACEScore(models=test_models_dir).to("cuda")
+    one_process = {"host_workers": 0, "spacy_workers": 0}  # what is tested is where the models load
+    metric = QACEScore(models=test_models_dir, **one_process).to("cuda")
     metric.update(CAPTIONS, REFS)
     value = metric.compute()
-    reward = shared.shared_reward(models=test_models_dir, device=str(metric.device), variant="ref")
+    reward = shared.shared_reward(
+        models=test_models_dir, device=str(metric.device), variant="ref", **one_process
+    )
     assert reward.device.startswith("cuda") and str(metric.device).startswith("cuda")
     assert value.item() == pytest.approx(sum(e["qace"] for e in expected) / 4, abs=1e-4)

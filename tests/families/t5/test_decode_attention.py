@@ -79,7 +79,9 @@ def test_fused_kernel_reads_a_stacked_cache_past_two_billion_elements() -> None:
         d_model=768, d_kv=64, num_heads=12, num_layers=1, num_decoder_layers=12, vocab_size=8,
         decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
     )  # fmt: skip
-    decoder = StaticT5Decoder(T5ForConditionalGeneration(config).to("cuda", torch.bfloat16))
+    with torch.device("cuda"):  # random weights, unused here: made on the GPU, not a CPU core (seconds)
+        model = T5ForConditionalGeneration(config)
+    decoder = StaticT5Decoder(model.to(torch.bfloat16))
     rows, length = 2048, 64
     buffer = torch.randn(rows, length, 2 * 12 * 768, device="cuda", dtype=torch.bfloat16)
     assert buffer.numel() > 2**31

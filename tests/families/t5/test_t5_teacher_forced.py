@@ -13,6 +13,9 @@ reference's largest magnitude:
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import pytest
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
@@ -30,12 +33,29 @@ ROWS, LENGTH, STEPS = 48, 40, 12
 
 
 def _model(shape: dict[str, int]) -> T5ForConditionalGeneration:
+    """The shape's model with seeded random weights (the same on every call)."""
     torch.manual_seed(0)
     config = T5Config(
         **shape, feed_forward_proj="relu", dropout_rate=0.0, decoder_start_token_id=0, eos_token_id=1,
         pad_token_id=0,
     )  # fmt: skip
     return T5ForConditionalGeneration(config).eval()
+
+
+@pytest.fixture(scope="module")
+def fp32_model() -> Callable[[str, dict[str, int]], T5ForConditionalGeneration]:
+    """A copy of `_model` in fp32 on a device, each shape built once per module: T5-base's random
+    initialisation takes seconds on a CPU core, and a case's three precisions start from the same
+    weights."""
+    built: dict[tuple[str, tuple[tuple[str, int], ...]], T5ForConditionalGeneration] = {}
+
+    def get(device: str, shape: dict[str, int]) -> T5ForConditionalGeneration:
+        key = (device, tuple(sorted(shape.items())))
+        if key not in built:
+            built[key] = _model(shape).to(device)
+        return copy.deepcopy(built[key])
+
+    return get
 
 
 def _inputs(vocab: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,12 +106,14 @@ def _errors(got: torch.Tensor, want: torch.Tensor, real: torch.Tensor) -> tuple[
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize(("device", "shape"), CASES)
-def test_teacher_forced_logits_match_hugging_face(device: str, shape: dict[str, int], dtype) -> None:
+def test_teacher_forced_logits_match_hugging_face(
+    fp32_model, device: str, shape: dict[str, int], dtype
+) -> None:
     assert not torch.backends.cuda.matmul.allow_tf32  # PyTorch's default: fp32 products stay fp32
-    exact = _model(shape).to(device)
+    exact = fp32_model(device, shape)
     ids, mask, decoder_ids = _inputs(shape["vocab_size"], device)
     want_hidden, want_logits = _hugging_face(exact, ids, mask, decoder_ids)
-    model = exact if dtype == torch.float32 else _model(shape).to(device, dtype)
+    model = exact if dtype == torch.float32 else copy.deepcopy(exact).to(dtype)
     hidden, logits = _engine(model, ids, mask, decoder_ids)
     assert torch.isfinite(hidden).all() and torch.isfinite(logits).all()
     real, every = mask.bool(), torch.ones(logits.shape[:2], dtype=torch.bool, device=device)
