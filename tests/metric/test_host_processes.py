@@ -60,7 +60,7 @@ def test_rows_equal_the_single_process_design(
     refs = [REFERENCES[0]] * len(captions)
     images = [f"img{i % 7}" for i in range(len(captions))]
     inputs = dict(references=refs) if variant == "ref" else dict(image_ids=images)
-    head = {k: v[:HOST_MIN_CHUNKS * 4] for k, v in inputs.items()}
+    head = {k: v[: HOST_MIN_CHUNKS * 4] for k, v in inputs.items()}
     single = QACE(host_workers=0, chunk_size=4, **kw)
     alone = single.score(captions, **inputs)
     split = QACE(host_workers=2, spacy_workers=1, chunk_size=4, **kw)
@@ -255,15 +255,20 @@ def test_on_a_gpu_the_engine_core_gives_the_single_process_rows(
     test_models_dir: Path, precision: str
 ) -> None:
     """The engine core on CUDA (CUDA graphs, the device feature slab, BERTScore's device half): whole
-    chunks give exactly the single-process design's rows, in fp32 and in bf16."""
+    chunks (files) and tapered lists give exactly the single-process design's rows, in fp32 and bf16."""
     features = RandomFeatureStore()
     kw = dict(models=test_models_dir, variant="img", features=features, progress=False, explain=True)
-    kw |= dict(device="cuda", precision=precision, chunk_size=8)
+    kw |= dict(device="cuda", precision=precision, chunk_size=8, spacy_workers=0)
     records = [Record(r["id"], r["caption"], r["image_id"], tuple(r["references"])) for r in _records(40)]
+    captions = [r.caption for r in records]
+    images = [r.image_id for r in records]
     single = QACE(host_workers=0, **kw)
     alone = list(single.score_committed(records))
+    alone_list = single.score(captions, image_ids=images)
     split = QACE(host_workers=2, **kw)
     try:
+        split.start_host_processes(wait=True)
         assert list(split.score_committed(records)) == alone
+        assert split.score(captions, image_ids=images) == alone_list
     finally:
         split.close()
