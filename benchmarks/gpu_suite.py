@@ -207,7 +207,9 @@ def _clean(part: Mapping[str, Any], local: Mapping[str, Any]) -> bool:
     this checkout, clean at the part's commit."""
     if part.get("dirty") is False:
         return True
-    verified = local["clean"] and local["commit"] == part.get("commit")
+    named, here = str(part.get("commit") or ""), str(local["commit"] or "")
+    same = named == here or (len(named) >= 7 and here.startswith(named))  # QACE_COMMIT may abbreviate
+    verified = local["clean"] and same
     return part.get("dirty") is None and verified and part.get("tree") == local["tree"]
 
 

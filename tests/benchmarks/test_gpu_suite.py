@@ -226,6 +226,10 @@ def test_a_copy_without_git_metadata_is_clean_when_its_digest_is_this_clean_chec
     parts = [_part("1/2", ["a::x"], dirty=None), _part("2/2", ["b::y", "b::z"], dirty=None)]
     assert merge(parts, LOCAL)["complete"] is True
     assert merge(parts, LOCAL | {"commit": "c0"})["complete"] is False
+    full = "ea87d2c" + "0" * 33  # QACE_COMMIT named as git abbreviates it: at least 7 digits
+    abbreviated = [p | {"commit": "ea87d2c"} for p in parts]
+    assert merge(abbreviated, LOCAL | {"commit": full})["complete"] is True
+    assert merge([p | {"commit": "ea87"} for p in parts], LOCAL | {"commit": full})["complete"] is False
     assert merge(parts, LOCAL | {"clean": False, "tree": None})["complete"] is False
     empty = _part("2/2", [], dirty=None, exit_status=5)  # a part that got no file: pytest's status 5
     assert merge([_part("1/2", ["a::x", "b::y", "b::z"]), empty], LOCAL)["complete"] is True
