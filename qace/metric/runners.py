@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +79,19 @@ def build_models(
     onnx = config.backend == "onnx"
     dtype = torch.float32 if onnx else torch_dtype(config.precision)
     device = "cpu" if onnx else config.device
-    loaded = {
-        role: loading.load_visual_t5(src, device=device, dtype=dtype)
-        if role == "vqa"
-        else loading.load_seq2seq(src, role=role.upper(), device=device, dtype=dtype)
-        for role, src in sources.items()
-    }
-    fingerprints = {role: loading.checkpoint_fingerprint(src) for role, src in sources.items()}
+
+    def load(role: str, src: str) -> Any:
+        if role == "vqa":
+            return loading.load_visual_t5(src, device=device, dtype=dtype)
+        return loading.load_seq2seq(src, role=role.upper(), device=device, dtype=dtype)
+
+    # the weight files are hashed for the signature while the models load (hashing reads with the
+    # interpreter lock released: a local T5-base is about 900 MB); the models load one after another,
+    # since transformers' loading keeps global state (two at once lost their tied weights)
+    with ThreadPoolExecutor(1, thread_name_prefix="qace-fingerprint") as pool:
+        hashes = {role: pool.submit(loading.checkpoint_fingerprint, src) for role, src in sources.items()}
+        loaded = {role: load(role, src) for role, src in sources.items()}
+        fingerprints = {role: job.result() for role, job in hashes.items()}
     runners = {
         role: _runner(model, config, sources[role], fingerprints[role]) for role, (model, _) in loaded.items()
     }
