@@ -256,7 +256,8 @@ def train_visual_t5(
     ``out_dir/training.json``) the run's record. ``callbacks``: more ``transformers.TrainerCallback``s."""
     from transformers import PrinterCallback
 
-    from qace.models.loading import TEST_MODEL_MARKER, checkpoint_fingerprint, is_test_model
+    from qace.models.loading import checkpoint_fingerprint
+    from qace.models.sources import TEST_MODEL_MARKER, is_test_model
     from qace.vqa.evaluate import validate
 
     out = Path(out_dir).expanduser()
