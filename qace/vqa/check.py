@@ -294,8 +294,8 @@ def _text_model(role: str, source: str, given: str | None) -> list[Missing | _Do
 
 
 def _visual_t5(role: str, source: str, given: str | None) -> list[Missing | _Download]:
-    """What the Visual-T5 at ``source`` lacks: the checkpoint itself, or, for one without a tokenizer (the
-    release's, or a state-dict file), t5-small's."""
+    """What the Visual-T5 at ``source`` lacks (``role`` is ``vqa``; ``given`` as for `_text_model`): the
+    checkpoint itself, or, for one without a tokenizer (the release's, or a state-dict file), t5-small's."""
     path = Path(source).expanduser()
     if not path.exists():
         where = given or (
@@ -311,7 +311,8 @@ def _visual_t5(role: str, source: str, given: str | None) -> list[Missing | _Dow
         return []
     if hub_cached(VQA_BASE, tokenizer_only=True):
         return []
-    why = f"the Visual-T5 at {path} has no tokenizer, as the release's has none, and it is not cached"
+    why = f"the Visual-T5 at {path} has no tokenizer of its own (the release's has none); {VQA_BASE}'s is"
+    why += " not in the Hugging Face cache"
     fix = f"`hf download {VQA_BASE}` while online (here, or elsewhere and copy ~/.cache/huggingface here)"
     return [_Download(hub_endpoint(), f"{VQA_BASE} tokenizer", why, fix)]
 
