@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qace.config import QACEConfig, build_signature, speed_defaults
-from qace.data.records import Record, RecordError, caption_problem, require
+from qace.data.records import Record, RecordError, caption_problem, require, surrogate_problem
 from qace.engine import instrument
 from qace.engine.gc_pause import collector_paused
 from qace.errors import ConfigError, FeatureError, HostWorkerError
@@ -490,7 +490,12 @@ def _with_image_key(record: Record | RecordError) -> Record | RecordError:
 def _record(
     record_id: str, caption: Any, references: Sequence[str] | None, image_id: str | int | None
 ) -> Record | RecordError:
-    """Validate list-API inputs into a ``Record`` (or an error naming it)."""
+    """Validate list-API inputs into a ``Record`` (or an error naming it); an id or image id holding a
+    lone surrogate is an error as in file input (`qace.data.records`), with ``id=None`` for the id's."""
+    if problem := surrogate_problem("id", record_id):
+        return RecordError(None, problem)
+    if isinstance(image_id, str) and (problem := surrogate_problem("image_id", image_id)):
+        return RecordError(record_id, problem)
     if not isinstance(caption, str):
         return RecordError(record_id, f"caption must be a string, got {type(caption).__name__}")
     if references is not None and (

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 from qace.errors import BackendUnavailableError, ConfigError
@@ -45,7 +46,8 @@ def _cuda_devices() -> int:
 
 def check_output_file(path: str | Path) -> None:
     """`ConfigError` unless ``path`` can become a file: not a folder, and its nearest existing parent
-    is a folder this process may write in (missing folders below it are created by the writer)."""
+    is a folder this process may write in (missing folders below it are created by the writer), as a
+    folder made there and removed at once shows."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise ConfigError(
@@ -56,6 +58,13 @@ def check_output_file(path: str | Path) -> None:
         raise ConfigError(f"cannot write output {str(path)!r}: {str(parent)!r} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write output {str(path)!r}: no permission to write in {str(parent)!r}")
+    try:  # what permissions do not tell: a file system that takes no new entries (/proc, read-only mounts)
+        os.rmdir(tempfile.mkdtemp(prefix=".qace-write-check-", dir=parent))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write output {str(path)!r}: {str(parent)!r} takes no new files or folders "
+            f"({exc.strerror or exc}); write the output elsewhere"
+        ) from None
 
 
 def check_exists(flag: str, path: str | Path | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 from qace import __version__, scorers
 from qace.checks import check_device, check_exists, check_output_file
-from qace.data.output import errors_path
-from qace.errors import BackendUnavailableError, QACEError
+from qace.data.output import chunk_size_mismatch, errors_path, partial_chunk_size, partial_path
+from qace.errors import BackendUnavailableError, QACEError, ResumeError
 from qace.extras import require_extra
 from qace.options import add_metric_option, add_scorer_options, entry_for
 from qace.progress import add_output_options, configure, summary
@@ -27,6 +28,8 @@ from qace.progress import add_output_options, configure, summary
 if TYPE_CHECKING:
     from qace.scorers import Scorer
     from qace.scoring import Summary
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
         args.references = load_references(args.references, args.references_format)
     _check_paths(args)
+    _resumed_chunk_size(args)
     _features_on_demand(args)
     if args.gpus:
         from qace.scale.cli import cmd_score_sharded
@@ -170,6 +174,20 @@ def _check_paths(args: argparse.Namespace) -> None:
         check_exists("--features", features)
     for flag in ("--models", "--vqa"):  # local only (--qg and --tqa may name hub ids)
         check_exists(flag, getattr(args, flag[2:], None))
+
+
+def _resumed_chunk_size(args: argparse.Namespace) -> None:
+    """``--resume`` of a killed run's partial output goes on in the chunks it was written in (in others,
+    scores move by float rounding): a ``--chunk-size`` that differs is refused here, before any model
+    loads, and none given takes the partial output's."""
+    written = partial_chunk_size(args.output) if args.resume and not args.gpus else None
+    if written is None:
+        return
+    if args.chunk_size is None:
+        args.chunk_size = written
+        log.info("resuming %s in its chunks of %d captions", args.output, written)
+    elif args.chunk_size != written:
+        raise ResumeError(chunk_size_mismatch(partial_path(args.output), written, args.chunk_size))
 
 
 def _report(signature: str, result: Summary, output: str) -> int:

@@ -228,7 +228,7 @@ TEST_MODEL_WARNING = """
 !!! WARNING: scoring with qace's TINY TEST MODELS (random weights, trained for seconds on a toy task).
 !!! These scores MEAN NOTHING. They only show that the pipeline runs.
 !!! For real QACE scores, give the paper's models: either let qace download them once
-!!!   (huggingface-cli download mrm8488/t5-base-finetuned-question-generation-ap / valhalla/t5-base-qa-qg-hl)
+!!!   (hf download mrm8488/t5-base-finetuned-question-generation-ap / valhalla/t5-base-qa-qg-hl)
 !!! or pass --models DIR with qg/, tqa/ and vqa/ checkpoints (see README, "Real models").
 """
 JUDGE_TEST_MODEL_WARNING = """
@@ -287,7 +287,7 @@ register(
         needs=("PIL",),
         demo="qace.testing.demos:visce2_demo",
         hint="For real VisCE² scores, pass --vlm with a VLM you have (default llava-hf/llava-1.5-7b-hf; "
-        "`huggingface-cli download llava-hf/llava-1.5-7b-hf` while online).",
+        "`hf download llava-hf/llava-1.5-7b-hf` while online).",
         help="a VLM judge rating each caption 0-100 on its image",
     )
 )
@@ -321,7 +321,7 @@ def _clip(name: str, family: str, references: bool) -> ScorerEntry:
         "pass --clip-model with the PAC-S checkpoint (`python -m qace.judges.clip_convert "
         "clip_ViT-B-32.pth DIR` makes the release's file a Transformers CLIP directory)"
         if family == "pac"
-        else "pass --clip-model (hub id or directory), or `huggingface-cli download "
+        else "pass --clip-model (hub id or directory), or `hf download "
         "openai/clip-vit-base-patch32` while online (the default, ViT-B/32)"
     )
     return ScorerEntry(

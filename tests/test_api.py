@@ -196,6 +196,28 @@ def test_misaligned_list_columns_are_the_callers_error(ref_scorer):
         ref_scorer.score(["a girl runs"], references=[REFS], ids=["a", "b"])
 
 
+def test_a_lone_surrogate_in_an_id_or_image_id_is_an_error_of_its_record(ref_scorer, tmp_path):
+    """As in file input: the list API used to score such records, and give the surrogate back in the row."""
+    rows = ref_scorer.score(
+        ["a girl runs", "a girl runs", "a girl runs"],
+        references=[REFS] * 3,
+        ids=["bad\ud800", "fine", "also-fine"],
+        image_ids=[None, "img\udc00", "img"],
+    )
+    assert rows[0] == {"id": None, "error": ref_scorer.score(["a"], ids=["bad\ud800"])[0]["error"]}
+    assert rows[0]["error"].startswith("id holds a lone surrogate (\\ud800 at character 4)")
+    assert rows[1]["id"] == "fine" and rows[1]["error"].startswith("image_id holds a lone surrogate (\\udc00")
+    assert rows[2]["qace"] > 0
+    data = tmp_path / "in.jsonl"  # the same records from a file: the same errors
+    lines = [{"id": i, "caption": "a girl runs", "references": REFS, "image_id": m}
+             for i, m in (("bad\ud800", None), ("fine", "img\udc00"))]  # fmt: skip
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    ref_scorer.score_file(data, tmp_path / "out.jsonl")
+    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert [e["id"] for e in errors] == [None, "fine"]
+    assert [e["reason"].split(": ", 1)[1] for e in errors] == [rows[0]["error"], rows[1]["error"]]
+
+
 class _ThreadRecordingStore(RandomFeatureStore):
     """Random features that note which thread loaded each image, and signal once ``watch`` is loaded."""
 

@@ -138,11 +138,14 @@ def _fast_refusal(argv: list[str], cwd) -> tuple[int, str, list[str]]:
         (["-o", "blocker/out.jsonl"], "'blocker' is a file, not a folder"),
         (["-o", "blocker/deeper/out.jsonl"], "'blocker' is a file, not a folder"),
         (["-o", "."], "is a folder; give a file in it"),
+        (["-o", "/proc/out.jsonl"], "cannot write output '/proc/out.jsonl': '/proc' takes no new files"),
     ],
 )
 def test_bad_arguments_answer_at_once_before_any_model_loads(flags, message, test_models_dir, tmp_path):
     if "cuda" in flags and any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia")):
         pytest.skip("this host may have a GPU")
+    if any(flag.startswith("/proc/") for flag in flags) and not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
     (tmp_path / "in.jsonl").write_text(
         '{"id": "a", "image_id": "x", "caption": "a dog", "references": ["a dog"]}\n'
     )
@@ -178,6 +181,36 @@ def test_bad_paths_answer_at_once_and_leave_nothing(source, flags, message, test
     assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert imported == [], f"loaded {imported} before refusing"
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_resume_in_other_chunks_is_refused_before_any_model_loads(test_models_dir, tmp_path, monkeypatch):
+    """A killed run's partial output goes on only in its own chunk size: another --chunk-size is refused
+    at once (it was refused after the models had loaded), and none given takes the partial's."""
+    from qace import api
+    from qace.api import QACE
+    from qace.demo import example_path
+
+    scorer = QACE(models=test_models_dir, variant="ref", progress=False, chunk_size=3)
+    scorer.score_file(example_path(), tmp_path / "whole.jsonl")
+    real, calls = api.score_chunk, {"n": 0}
+
+    def dying(*args, **kwargs):  # killed in the second chunk: the first is committed
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "score_chunk", dying)
+    with pytest.raises(KeyboardInterrupt):
+        scorer.score_file(example_path(), tmp_path / "out.jsonl")
+    monkeypatch.undo()
+    argv = ["score", str(example_path()), "-o", "out.jsonl", "--resume", "--models", str(test_models_dir),
+            "--no-progress"]  # fmt: skip
+    code, err, imported = _fast_refusal([*argv, "--chunk-size", "5"], tmp_path)
+    assert code == 2 and "was written with --chunk-size 3 but this run has 5" in err and imported == []
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    assert (tmp_path / "out.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root may write anywhere")

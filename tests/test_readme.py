@@ -4,7 +4,7 @@ How the README's code blocks are tested (conventions for whoever edits it):
 
 - A ```python block runs as written, in a fresh namespace, in a temporary directory that holds the
   bundled example as ``captions.jsonl``. The paper's default models are replaced by the tiny test models
-  (`qace.models.loading.default_sources` patched to their directory): the same code a user runs, on
+  (`qace.models.sources.default_sources` patched to their directory): the same code a user runs, on
   models CI builds itself. Its scores mean nothing; that it runs is what is tested.
 - A block that cannot run on a CPU (a GPU, a model CI cannot build, a service) is preceded by the line
   ``<!-- no-test: REASON -->`` and is skipped with that reason.
@@ -71,10 +71,10 @@ def test_python_block_runs(
         pytest.skip(skip)
     if not LAZY_EXPORTS and re.search(r"^from qace import ", code, re.M):
         request.applymarker(pytest.mark.xfail(reason="needs qace's lazy exports (issue 37)", strict=True))
-    from qace.models import loading
+    from qace.models import sources
 
     tiny = {role: str(test_models_dir / role) for role in ("qg", "tqa", "vqa")}
-    monkeypatch.setattr(loading, "default_sources", lambda: tiny)
+    monkeypatch.setattr(sources, "default_sources", lambda: tiny)
     shutil.copy(ROOT / "qace" / "examples" / "captions.jsonl", tmp_path / "captions.jsonl")
     monkeypatch.chdir(tmp_path)
     exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})

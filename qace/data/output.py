@@ -72,6 +72,32 @@ _FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 LOCK_NAME = "writer.lock"
 
 
+def partial_path(path: str | Path) -> Path:
+    """The folder a run writing output ``path`` commits its chunks to: ``<path>.partial``."""
+    return Path(path).with_name(Path(path).name + ".partial")
+
+
+def partial_chunk_size(path: str | Path) -> int | None:
+    """The chunk size the partial output of ``path`` (a killed run's `partial_path`) was written with;
+    None where there is none, or its manifest cannot say (the writer then says why, on opening it)."""
+    manifest = partial_path(path) / "manifest.json"
+    try:
+        size = json.loads(manifest.read_text("utf-8")).get("chunk_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def chunk_size_mismatch(partial: Path, written: int, asked: int) -> str:
+    """Why a partial output written in chunks of ``written`` captions does not go on in chunks of
+    ``asked``."""
+    return (
+        f"{partial} was written with --chunk-size {written} but this run has {asked}; scores batched in "
+        f"other chunks differ by float rounding: resume with --chunk-size {written}, or "
+        f"remove {partial} to start over"
+    )
+
+
 def errors_path(path: str | Path) -> Path:
     """Where the errors of output ``path`` go: ``out.jsonl`` -> ``out.errors.jsonl``, any other
     output ``out.parquet`` -> ``out.parquet.errors.jsonl``, so two outputs never share one."""
@@ -100,7 +126,7 @@ class ResultWriter:
         if chunk_size < 1:
             raise QACEError(f"chunk_size must be at least 1, got {chunk_size}")
         self.chunk_size = chunk_size
-        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.partial = partial_path(self.path)
         self.errors_path = errors_path(self.path)
         self.input_log = input_log
         self.force = force
@@ -201,11 +227,7 @@ class ResultWriter:
                 f"{self.partial} holds {manifest.get('format')} output but {self.fmt} was requested"
             )
         if manifest.get("chunk_size", self.chunk_size) != self.chunk_size:
-            raise ResumeError(
-                f"{self.partial} was written with --chunk-size {manifest['chunk_size']} but this run has "
-                f"{self.chunk_size}; scores batched in other chunks differ by float rounding: resume "
-                f"with --chunk-size {manifest['chunk_size']}, or remove {self.partial} to start over"
-            )
+            raise ResumeError(chunk_size_mismatch(self.partial, manifest["chunk_size"], self.chunk_size))
         if self.input_log and not manifest.get("input_log"):
             if not self.force:
                 raise ResumeError(

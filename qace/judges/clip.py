@@ -171,7 +171,7 @@ class ClipScore(FileScorer):
         self.base_key = f"{cfg.family}_s"
         self._index = image_index(cfg.images) if cfg.images else {}
         from qace.judges.clip_model import shared_encoder
-        from qace.models.loading import is_test_model
+        from qace.models.sources import is_test_model
 
         self.encoder = encoder or shared_encoder(
             cfg.checkpoint, device=cfg.device, precision=cfg.precision, workers=cfg.decode_workers

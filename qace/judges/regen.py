@@ -190,7 +190,7 @@ class RegenScore(FileScorer):
         self.config = cfg = (config or RegenConfig()).with_(**settings)
 
         from qace.judges.regen_loading import ImageEncoder, load_generator, tree_fingerprint
-        from qace.models.loading import is_test_model
+        from qace.models.sources import is_test_model
 
         dtype = torch_dtype(cfg.precision)
 

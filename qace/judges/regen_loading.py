@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from qace.errors import ConfigError, ModelNotFoundError
-from qace.models.loading import _hub_attempts, _looks_like_hub_id, _offline
+from qace.models.loading import _hub_attempts
+from qace.models.sources import hub_offline, looks_like_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def _fix_hint(role: str) -> str:
     flag = "--generator" if role.endswith("generator") else "--image-encoder"
     return (
         f"Fix: pass {flag} DIR (a local checkpoint in Hugging Face layout), download the model with "
-        "`huggingface-cli download <id>` while online, or build tiny test models with "
+        "`hf download <id>` while online, or build tiny test models with "
         "qace.testing.regen.make_regen_test_models (their scores mean nothing)."
     )
 
@@ -60,7 +61,7 @@ def _load_offline_first(
         if not (path / marker).is_file():
             raise _not_found(role, str(path), f"directory has no {marker}", fix)
         source, attempts = str(path), [True]
-    elif path.exists() or not _looks_like_hub_id(name_or_path):
+    elif path.exists() or not looks_like_hub_id(name_or_path):
         raise _not_found(role, str(path), "no such model directory", fix)
     else:
         source, attempts = name_or_path, _hub_attempts(name_or_path)
@@ -75,7 +76,7 @@ def _load_offline_first(
             first = str(exc).splitlines()[0] if str(exc) else ""
             errors.append(f"{where}: {type(exc).__name__}: {first}")
             logger.debug("loading %s from %s failed", role, where, exc_info=True)
-    offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if _offline() and not path.exists() else ""
+    offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if hub_offline() and not path.exists() else ""
     raise _not_found(role, source, "could not load it" + offline + "; " + "; ".join(errors), fix)
 
 

@@ -177,7 +177,7 @@ class VisCE2(FileScorer):
         if unknown:
             raise ConfigError(f"unknown VisCE² setting(s) {sorted(unknown)}; valid: {sorted(_CONFIG_FIELDS)}")
         self.config = replace(config or VisCE2Config(), **settings)
-        from qace.models.loading import is_test_model
+        from qace.models.sources import is_test_model
 
         model, processor = load_vlm(
             self.config.model, device=self.config.device, precision=self.config.precision

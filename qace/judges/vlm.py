@@ -46,13 +46,14 @@ def load_vlm(name_or_path: str, *, device: str = "cpu", precision: str = "fp32")
     """Load ``(model, processor)`` from a local directory, the HF cache, or (unless offline) the hub."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from qace.models.loading import _hub_attempts, _looks_like_hub_id, _offline
+    from qace.models.loading import _hub_attempts
+    from qace.models.sources import hub_offline, looks_like_hub_id
 
     dtype = torch_dtype(precision)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         attempts, source = [True], str(path)
-    elif path.exists() or not _looks_like_hub_id(name_or_path):
+    elif path.exists() or not looks_like_hub_id(name_or_path):
         raise ModelNotFoundError(f"VLM {name_or_path!r}: no such model directory. {_fix_hint()}")
     else:
         attempts, source = _hub_attempts(name_or_path), name_or_path
@@ -68,7 +69,7 @@ def load_vlm(name_or_path: str, *, device: str = "cpu", precision: str = "fp32")
             where = "local files" if local_only else "the Hugging Face hub"
             errors.append(f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             log.debug("loading VLM %s from %s failed", source, where, exc_info=True)
-    offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if _offline() and not path.exists() else ""
+    offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if hub_offline() and not path.exists() else ""
     raise ModelNotFoundError(
         f"VLM {source!r}: could not load it{offline}; {'; '.join(errors)}. {_fix_hint()}"
     )
@@ -77,7 +78,7 @@ def load_vlm(name_or_path: str, *, device: str = "cpu", precision: str = "fp32")
 def _fix_hint() -> str:
     return (
         "Fix: pass --vlm with a local directory in Hugging Face layout or a cached hub id "
-        "(`huggingface-cli download llava-hf/llava-1.5-7b-hf` while online); "
+        "(`hf download llava-hf/llava-1.5-7b-hf` while online); "
         "`qace demo --metric visce2` builds a tiny test VLM instead (its scores mean nothing)."
     )
 

@@ -52,6 +52,7 @@ def build_models(
     Visual-T5 is loaded only for QACE-Img.
     """
     from qace.models import loading
+    from qace.models.sources import is_test_model, model_sources
 
     if config.backend == "onnx":  # a missing onnxruntime(-gpu) fails here, before any model loads
         from qace.engine.onnx_runner import check_device
@@ -63,7 +64,6 @@ def build_models(
             f"models directory {base} does not exist; create it with `qace make-test-models "
             f"{base}` (test models) or put qg/, tqa/ and vqa/ checkpoints there"
         )
-    defaults = loading.default_sources()
     explicit = {"qg": qg, "tqa": tqa, "vqa": vqa}
     roles = ("qg", "tqa", "vqa") if config.variant == "img" else ("qg", "tqa")
     absent = [f"{role}/" for role in roles if base and not explicit[role] and not (base / role).exists()]
@@ -74,7 +74,7 @@ def build_models(
             "only, so point it at a directory with qg/, tqa/ and, for QACE-Img, vqa/, or name single "
             "models with --qg/--tqa/--vqa"
         )
-    sources = {role: str(explicit[role] or (base / role if base else defaults[role])) for role in roles}
+    sources = model_sources(base, explicit, roles)
     # ONNX only needs the torch weights to export them, on the CPU, in fp32
     onnx = config.backend == "onnx"
     dtype = torch.float32 if onnx else torch_dtype(config.precision)
@@ -106,5 +106,5 @@ def build_models(
     if "vqa" in loaded:
         models.vqa, models.vqa_tokenizer = runners["vqa"], loaded["vqa"][1]
         models.vqa_unanswerable = unanswerable_id(loaded["vqa"][1])
-    test_models = any(loading.is_test_model(src) for src in sources.values())
+    test_models = any(is_test_model(src) for src in sources.values())
     return models, fingerprints, test_models

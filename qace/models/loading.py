@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,23 +18,17 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
 
 from qace.errors import ConfigError, ModelNotFoundError
+from qace.models.sources import (
+    RAW_STATE_DICT_SUFFIXES,
+    TOKENIZER_FILES,
+    VQA_BASE,
+    hub_offline,
+    looks_like_hub_id,
+)
 from qace.models.visual_t5 import VisualT5ForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
-TEST_MODEL_MARKER = "QACE_TEST_MODEL"
-"""File in every test-model directory (`qace.testing`); its presence means "scores from this model mean
-nothing"."""
-DEFAULT_QG = "mrm8488/t5-base-finetuned-question-generation-ap"
-"""Question generation model of the release (spec section 2)."""
-DEFAULT_TQA = "valhalla/t5-base-qa-qg-hl"
-"""Text QA model of the release (spec section 3)."""
-DEFAULT_VQA = "~/.cache/qace/visual-t5"
-"""Where the Visual-T5 checkpoint is looked for (env ``QACE_VQA`` overrides): no hub id exists for
-the release, so this is a directory in our layout or the release's raw state-dict file (spec section 4)."""
-VQA_BASE = "t5-small"
-"""Config and tokenizer used with a raw Visual-T5 state dict (the release trained from t5-small)."""
-RAW_STATE_DICT_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors")
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 IMG_EMB_KEYS = ("encoder.img_emb.weight", "encoder.img_emb.bias")
 
@@ -44,7 +37,7 @@ def _fix_hint() -> str:
     return (
         "Fix: pass --models DIR (a directory holding qg/, tqa/, vqa/ in Hugging Face layout), "
         "build tiny test models with `qace make-test-models DIR` (their scores mean nothing), "
-        "or download the model with `huggingface-cli download <id>` while online."
+        "or download the model with `hf download <id>` while online."
     )
 
 
@@ -52,28 +45,9 @@ def _not_found(role: str, tried: str, why: str) -> ModelNotFoundError:
     return ModelNotFoundError(f"{role.upper()} model: {why} (tried {tried}). {_fix_hint()}")
 
 
-def is_test_model(path: str | Path) -> bool:
-    """True for directories written by ``make_test_models``: the CLI must warn that scores mean nothing."""
-    return (Path(path).expanduser() / TEST_MODEL_MARKER).is_file()
-
-
-def _looks_like_hub_id(name: str) -> bool:
-    """``owner/name`` or ``name``, not a filesystem path (``./x``, ``/x``, ``~/x``, ``x/y/z``, or
-    ``DIR/x`` where ``DIR`` is a local folder: a path's name is never taken for a hub id, since whoever
-    owns the hub user ``DIR`` would then supply the model)."""
-    if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
-        return False
-    owner = name.partition("/")[0] if "/" in name else ""
-    return not (owner and Path(owner).exists())
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def _hub_attempts(name: str) -> list[bool]:
     """``local_files_only`` values to try, cache first; online only if HF_HUB_OFFLINE is not set."""
-    return [True] if _offline() else [True, False]
+    return [True] if hub_offline() else [True, False]
 
 
 def _load_t5(
@@ -125,7 +99,7 @@ def _load_source(
             raise _not_found(role, str(path), "directory has no config.json, so it is not a T5 checkpoint")
         attempts = [True]
         source = str(path)
-    elif path.exists() or not _looks_like_hub_id(name_or_path):
+    elif path.exists() or not looks_like_hub_id(name_or_path):
         raise _not_found(role, str(path), "no such model directory")
     else:
         attempts = _hub_attempts(name_or_path)
@@ -150,7 +124,7 @@ def _load_source(
             errors.append(f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             logger.debug("loading %s model from %s failed", role, where, exc_info=True)
     hub = "" if path.exists() else " as a Hugging Face hub id, since no local path has that name"
-    offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if _offline() and not path.exists() else ""
+    offline = " (HF_HUB_OFFLINE=1, so the hub was not asked)" if hub_offline() and not path.exists() else ""
     raise _not_found(role, source, "could not load it" + hub + offline + "; " + "; ".join(errors))
 
 
@@ -294,10 +268,6 @@ def _weight_files(path: Path) -> list[Path]:
     return sorted({f for pattern in WEIGHT_FILE_PATTERNS for f in path.glob(pattern)})
 
 
-TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json", "special_tokens_map.json")
-"""Tokenizer files that change token ids, and so scores, as much as the weights do."""
-
-
 def checkpoint_fingerprint(model_dir_or_id: str | Path) -> str:
     """Hub id for hub models; ``sha256-<12 hex>`` of the weight and tokenizer files for local checkpoints.
 
@@ -321,8 +291,3 @@ def checkpoint_fingerprint(model_dir_or_id: str | Path) -> str:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
     return f"sha256-{digest.hexdigest()[:12]}"
-
-
-def default_sources() -> dict[str, str]:
-    """The models used when no directory is given (QACE_VQA overrides the Visual-T5 location)."""
-    return {"qg": DEFAULT_QG, "tqa": DEFAULT_TQA, "vqa": os.environ.get("QACE_VQA", DEFAULT_VQA)}

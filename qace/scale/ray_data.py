@@ -264,15 +264,18 @@ def check_resources(
     where = (
         f"the Ray cluster has {have['GPU']:g} GPU(s) and {have['CPU']:g} CPU(s) on {len(alive)} live node(s)"
     )
-    if placed(gpus_per_actor, 0.0) < need:
+    fit = placed(gpus_per_actor, 0.0)
+    if fit < need:
         raise ConfigError(
-            f"{where}: {need} actor(s) with --gpus-per-actor {gpus_per_actor:g} (gpus_per_actor=) cannot be "
-            "placed and would wait forever; pass --gpus-per-actor 0 to score on CPUs, start fewer --actors, "
+            f"{where}: {need} actor(s) with --gpus-per-actor {gpus_per_actor:g} cannot be placed ({fit} "
+            "fit) and would wait forever; pass --gpus-per-actor 0 to score on CPUs, start fewer --actors, "
             "or add GPU nodes"
         )
+    fit = placed(gpus_per_actor, cpus_per_actor)
+    fewer = f"pass --actors {fit} (or a MIN of at most {fit}), or " if fit else ""
     raise ConfigError(
-        f"{where}: {need} actor(s) of {cpus_per_actor:g} CPU(s) each cannot be placed and would wait "
-        "forever; start fewer --actors (actors=), or add nodes"
+        f"{where}: {need} actor(s) of {cpus_per_actor:g} CPU(s) each cannot be placed ({fit} fit) and would "
+        f"wait forever; {fewer}add nodes"
     )
 
 

@@ -19,12 +19,14 @@ route offers it):
   ``GET /metrics``: Prometheus text.
 
 Refusals are explicit, never a hang: 401 (token), 413 (body or item count too large, naming the flag
-that raises the limit), 400/422 (malformed input), 429 (queue full) and 503 (stopping, or waited past the
-timeout), the last two with ``Retry-After``. Reward requests that arrive during the warm-up are held until
-it ends (OpenRLHF retries a 503 only five times a second apart), within the same timeout; an empty one is
-answered at once. An item that cannot be scored (its caption, a reference over the limit, an error of the
-scorer on it alone) is rewarded as invalid with the reason, and its neighbours are scored
-(`qace.serve.batcher`). A bug answers 500 and keeps the connection open; the service goes on.
+that raises the limit), 400 (not JSON), 422 (a malformed envelope: `qace.serve.items`), 429 (queue full) and
+503 (stopping, or waited past the timeout), the last two with ``Retry-After``. Reward requests that arrive
+during the warm-up are held until it ends (OpenRLHF retries a 503 only five times a second apart), within
+the same timeout; an empty one is answered at once. An item that cannot be scored (its caption, its id,
+its context or label, its prompt, a reference over the limit, an error of the scorer on it alone) is
+rewarded as invalid with the reason, and its neighbours are scored (`qace.serve.batcher`); items made
+invalid by what their request gave with them are logged and counted (``qace_bad_context_total``). A bug
+answers 500 and keeps the connection open; the service goes on.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -48,7 +50,7 @@ from qace.errors import ConfigError
 from qace.reward import COMPONENTS, LOGGED_COMPONENTS, RewardResult
 from qace.serve import openrlhf
 from qace.serve.batcher import Item, MicroBatcher, Overloaded
-from qace.serve.items import RequestError, make_item
+from qace.serve.items import RequestError, json_type, make_item
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +164,7 @@ def create_app(
             f"--max-items {settings.max_items} exceeds --max-queue {settings.max_queue}: "
             "a full request could never be queued"
         )
-    counts: dict[str, int] = {"prompt_mismatch": 0}
+    counts: dict[str, int] = {"prompt_mismatch": 0, "bad_context": 0}
     served = _Served.of(reward)
 
     matcher = openrlhf.PromptMatcher(tokenizer)
@@ -170,6 +172,18 @@ def create_app(
 
     def invalid(reason: str) -> RewardResult:
         return RewardResult(served.invalid_reward, False, reason)
+
+    def note_bad_contexts(items: list[Item], mismatched: Sequence[int] = ()) -> None:
+        """Count and log the items made invalid by their own request (an id, a label or context, a prompt),
+        apart from queries that do not start with their prompt (counted on their own)."""
+        skip = set(mismatched)
+        bad = [n for n, item in enumerate(items) if item.problem is not None and n not in skip]
+        if bad:
+            counts["bad_context"] += len(bad)
+            log.warning(
+                "%d of %d items rewarded as invalid for what the request gave with them (first: item %d: %s)",
+                len(bad), len(items), bad[0], items[bad[0]].problem,
+            )  # fmt: skip
 
     def score_items(items: list[Item]) -> list[Any]:
         """Items with a problem are invalid; the others go to the reward in one call."""
@@ -290,6 +304,7 @@ def create_app(
         try:
             payload = await body(request)
             request_id, ids, items, component = _parse_v1(payload, served, limits)
+            note_bad_contexts(items)
             results = await run(items)
         except RequestError as exc:
             return _error(exc)
@@ -322,6 +337,7 @@ def create_app(
                     "(pass the policy's tokenizer: qace serve --tokenizer)",
                     len(mismatched), len(items), mismatched[0],
                 )  # fmt: skip
+            note_bad_contexts(items, mismatched)
             results = await run(items)
         except RequestError as exc:
             return _error(exc)
@@ -343,6 +359,7 @@ def create_app(
         lines = [f'qace_http_responses_total{{code="{code}"}} {n}' for code, n in codes]
         lines += [
             f"qace_prompt_mismatch_total {counts['prompt_mismatch']}",
+            f"qace_bad_context_total {counts['bad_context']}",
             f"qace_queue_items {s.queued_items}",
             f"qace_queue_limit_items {settings.max_queue}",
             f"qace_batches_total {s.batches}",
@@ -390,7 +407,10 @@ def _error(exc: RequestError) -> JSONResponse:
 
 def _parse_v1(
     payload: Any, served: _Served, limits: dict[str, int]
-) -> tuple[str, list[str], list[Item], str]:
+) -> tuple[str, list[str | None], list[Item], str]:
+    """The request id, the items' ids (echoed; None where an item has no string id), the items and the
+    component of a ``/v1/reward`` request. Only the envelope raises `RequestError` (422); an item without
+    a string id, with an id an earlier item has, or that is not an object is invalid on its own."""
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
         raise RequestError(422, 'expected {"request_id": str, "items": [{"id", "caption", ...}]}')
     request_id = payload.get("request_id")
@@ -400,12 +420,30 @@ def _parse_v1(
     if component not in served.components:
         choices = ", ".join(served.components)
         raise RequestError(422, f"unknown component {component!r}; choose one of {choices}")
-    ids, items = [], []
+    ids: list[str | None] = []
+    items: list[Item] = []
+    first: dict[str, int] = {}
     for n, entry in enumerate(payload["items"]):
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            raise RequestError(422, f"item {n} needs a string 'id'")
-        ids.append(entry["id"])
-        items.append(make_item(entry.get("caption"), entry, served.reads, f"item {entry['id']!r}", **limits))
-    if len(set(ids)) != len(ids):
-        raise RequestError(422, "item ids must be unique within a request")
+        if not isinstance(entry, dict):
+            ids.append(None)
+            items.append(
+                Item(
+                    None,
+                    problem=f'item {n} must be an object {{"id", "caption", ...}}, got {json_type(entry)}',
+                )
+            )
+            continue
+        item_id = entry.get("id")
+        item = make_item(entry.get("caption"), entry, served.reads, **limits)
+        if not isinstance(item_id, str):
+            item_id, item = (
+                None,
+                replace(item, problem=f"item {n} needs a string id, got {json_type(item_id)}"),
+            )
+        elif item_id in first:
+            item = replace(item, problem=f"duplicate id {item_id!r} (first: item {first[item_id]})")
+        else:
+            first[item_id] = n
+        ids.append(item_id)
+        items.append(item)
     return request_id, ids, items, component

@@ -1,9 +1,12 @@
 """The items of a reward request: a caption with its context, checked as the service reads them.
 
-A malformed request (no references where the metric reads them, no image id) is the caller's bug and
-is refused whole (`RequestError`, 422). A context that is well formed but cannot be scored (a reference
-over the length limit, too many references, text that is not valid Unicode) makes only its own item
-invalid: `Item.problem` says why, and the item's neighbours are scored.
+Only a request's envelope is refused whole (`RequestError`, 422: not an object, no item list, no
+``request_id``, an unknown component, lists of other lengths). Everything about one item is the item's
+own: a missing or malformed context (no references where the metric reads them, no image id, a label
+that cannot be read), a missing or repeated id, a context that is well formed but cannot be scored (a
+reference over the length limit, too many references, text that is not valid Unicode). `Item.problem`
+says why, the item is rewarded as invalid, and its neighbours are scored: one bad dataset row must not
+cost a training step (OpenRLHF 0.8 raises after five tries on a 422).
 """
 
 from __future__ import annotations
@@ -26,19 +29,18 @@ def make_item(
     caption: Any,
     context: dict[str, Any],
     reads: str | None,
-    where: str,
     *,
     max_chars: int,
     max_references: int,
 ) -> Item:
     """The item of ``caption`` with the context the metric ``reads`` (``references``, ``image_id``,
-    ``image`` or None); ``where`` names it in errors. A missing or malformed context raises
-    `RequestError` (422); references over ``max_chars`` characters or more than ``max_references`` of
-    them set `Item.problem`. The caption itself is judged by the reward."""
+    ``image`` or None). A missing or malformed context, references over ``max_chars`` characters or more
+    than ``max_references`` of them set `Item.problem`. The caption itself is judged by the reward."""
     if reads == "references":
-        refs = context.get("references")
-        if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
-            raise RequestError(422, f"{where}: references must be a non-empty list of non-empty strings")
+        refs: Any = context.get("references")
+        shape = _references_shape(refs)
+        if shape is not None:
+            return Item(caption, problem=shape)
         return Item(
             caption, references=tuple(refs), problem=references_problem(refs, max_chars, max_references)
         )
@@ -48,14 +50,41 @@ def make_item(
     if reads == "image_id" and isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value.strip():
-        kind = "(string or integer)" if reads == "image_id" else "(a file path on the server)"
-        raise RequestError(422, f"{where}: needs an {reads} {kind}")
+        kind = "a string or integer" if reads == "image_id" else "a file path on the server"
+        got = "an empty string" if isinstance(value, str) else json_type(value)
+        return Item(caption, problem=f"{reads} must be {kind}, got {got}")
     problem = surrogate_problem(reads, value)
     if problem is None and len(value) > max_chars:
         problem = f"{reads} has {len(value)} characters; the limit is {max_chars}"
     if reads == "image_id":
         return Item(caption, image_id=value, problem=problem)
     return Item(caption, image=value, problem=problem)
+
+
+def _references_shape(refs: Any) -> str | None:
+    """Why ``refs`` is not a non-empty list of non-empty strings, or None."""
+    if refs is None:
+        return "no references (null or missing)"
+    if not isinstance(refs, list):
+        return f"references must be a list of strings, got {json_type(refs)}"
+    if not refs:
+        return "references is an empty list"
+    other = next((r for r in refs if not isinstance(r, str)), "")
+    if not isinstance(other, str):
+        return f"references must be a list of strings, got one that is {json_type(other)}"
+    if not all(r.strip() for r in refs):
+        return "references contain an empty or whitespace-only string"
+    return None
+
+
+def json_type(value: Any) -> str:
+    """What JSON calls ``value``'s kind, with an article (``null``, ``a number``, ``an array``, ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = ((str, "a string"), (int | float, "a number"), (list, "an array"), (dict, "an object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
 def references_problem(refs: list[str], max_chars: int, max_references: int) -> str | None:

@@ -6,12 +6,16 @@ together (special tokens kept), and the prompt as the dataset wrote it. The capt
 prompt: the prompt is matched as written and as the tokenizer decodes it (``decode(encode(prompt))``,
 when the service has the policy's tokenizer, ``qace serve --tokenizer``), ignoring whitespace (a
 SentencePiece tokenizer drops a prompt's trailing space), and the end markers of the completion (the
-tokenizer's special tokens among them) are removed. A query that matches neither form is rewarded as
-invalid, never scored whole: scored whole, the prompt's own words would earn a reward for an empty
-completion.
+tokenizer's special tokens among them) are removed. A query that matches neither form, or comes without a
+prompt (null, or no visible character), is rewarded as invalid, never scored whole: scored whole, the
+prompt's own words would earn a reward for an empty completion. A request without ``prompts`` is refused
+(422); captions alone are scored by ``/v1/reward``.
 
 Labels carry the context: an image id (QACE-Img) or an image path, references as a list, a JSON list
-string or a single string, or ``{"references": [...]}`` / ``{"image_id": ...}`` / ``{"image": ...}``.
+string or a single string, or ``{"references": [...]}`` / ``{"image_id": ...}`` / ``{"image": ...}``. A
+label that cannot be read (null, an empty list, an empty reference, a number where references are read,
+a string that starts like JSON and does not parse) makes its sample invalid, with the reason; its
+neighbours are scored.
 
 ``extra_logs`` (the components, one number each) come only when the URL asks for them
 (``?extra_logs=1``) and the request has one query: OpenRLHF 0.11 sends one query per request and makes a
@@ -32,7 +36,7 @@ from qace.data.records import surrogate_problem
 from qace.errors import ConfigError
 from qace.reward import DEFAULT_STRIP, RewardResult, completion_text
 from qace.serve.batcher import Item
-from qace.serve.items import RequestError, make_item
+from qace.serve.items import RequestError, json_type, make_item
 
 MISMATCH = "the query does not start with its prompt (as written, nor as the policy's tokenizer decodes it)"
 """The reason of an invalid reward for a query whose prompt was not found."""
@@ -114,14 +118,21 @@ def parse(
     payload: Any, reads: str | None, matcher: PromptMatcher, *, max_chars: int, max_references: int
 ) -> tuple[list[Item], list[int]]:
     """The items of an OpenRLHF request, and the samples whose query did not start with its prompt (those
-    items carry `MISMATCH` as their problem)."""
+    items carry `MISMATCH` as their problem).
+
+    ``prompts`` must be a list as long as ``query`` (OpenRLHF always sends it): without the prompt there
+    is no telling the completion from the query, and the query scored whole earns the prompt's words a
+    reward, an empty completion too. A sample whose prompt is not a string with a visible character, or
+    whose label cannot be read (`label_context`), is rewarded as invalid with the reason."""
     if not isinstance(payload, dict) or not isinstance(payload.get("query"), list):
         raise RequestError(422, 'expected {"query": [...], "prompts": [...], "labels": [...]}')
     queries = payload["query"]
-    prompts = payload.get("prompts") or [None] * len(queries)
+    prompts = payload.get("prompts")
     labels = payload.get("labels")
     if not isinstance(prompts, list) or len(prompts) != len(queries):
-        raise RequestError(422, "prompts must be a list as long as query")
+        raise RequestError(
+            422, NO_PROMPTS if not isinstance(prompts, list) else "prompts must be as long as query"
+        )
     if reads is None and labels is None:
         labels = [{}] * len(queries)
     if not isinstance(labels, list) or len(labels) != len(queries):
@@ -130,32 +141,52 @@ def parse(
         )
     items, mismatched = [], []
     for n, (query, prompt, label) in enumerate(zip(queries, prompts, labels, strict=True)):
-        caption: Any = completion_text(query, matcher.strip)
-        if isinstance(query, str) and isinstance(prompt, str) and prompt:
+        context, problem = label_context(label, reads)
+        caption: Any = completion_text(query, matcher.strip)  # not a string: the reward says why
+        if problem is None and (not isinstance(prompt, str) or not prompt.strip()):
+            problem = (
+                f"{NO_PROMPT} (got {'a blank string' if isinstance(prompt, str) else json_type(prompt)})"
+            )
+        elif problem is None and isinstance(query, str):
             caption = matcher.completion(query, prompt)
-        item = make_item(
-            caption, label_context(label, reads), reads, f"sample {n}", max_chars=max_chars,
-            max_references=max_references,
-        )  # fmt: skip
-        if caption is None:
-            mismatched.append(n)
-            item = dataclasses.replace(item, problem=item.problem or MISMATCH)
-        items.append(item)
+            if caption is None:
+                mismatched.append(n)
+                problem = MISMATCH
+        item = make_item(caption, context, reads, max_chars=max_chars, max_references=max_references)
+        items.append(item if problem is None else dataclasses.replace(item, problem=problem))
     return items, mismatched
 
 
-def label_context(label: Any, reads: str | None) -> dict[str, Any]:
-    """Read an OpenRLHF label into ``{"references"}``, ``{"image_id"}`` or ``{"image"}``."""
+NO_PROMPTS = (
+    "prompts must be a list as long as query: the caption is what follows each query's prompt, and a "
+    "query scored whole would reward the prompt's words (OpenRLHF sends prompts; to score captions alone, "
+    "use /v1/reward)"
+)
+NO_PROMPT = "no prompt to cut from the query (the query scored whole would reward the prompt's words)"
+"""The reason of an invalid reward for a sample without a prompt."""
+
+
+def label_context(label: Any, reads: str | None) -> tuple[dict[str, Any], str | None]:
+    """Read an OpenRLHF label into ``{"references"}``, ``{"image_id"}`` or ``{"image"}``, and why it cannot
+    be read, else None: a string that starts like a JSON list or object (``[``, ``{``) is read as JSON and
+    must parse. Whether the context it gives is well formed is `make_item`'s to say."""
+    if reads is None:
+        return {}, None
     if isinstance(label, str) and label.lstrip().startswith(("[", "{")):
         try:
             label = json.loads(label)
-        except (ValueError, RecursionError):
-            pass
-    if isinstance(label, dict) or reads is None:
-        return label if isinstance(label, dict) else {}
+        except (ValueError, RecursionError) as exc:
+            kind = "list" if label.lstrip()[0] == "[" else "object"
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            return {}, (
+                f"the label starts like a JSON {kind} but is not valid JSON ({why}); send a JSON list or "
+                "object that parses, e.g. '[\"a dog runs\"]'"
+            )
+    if isinstance(label, dict):
+        return label, None
     if reads == "references":
-        return {"references": [label] if isinstance(label, str) else label}
-    return {reads: label}
+        return {"references": [label] if isinstance(label, str) else label}, None
+    return {reads: label}, None
 
 
 def reply(

@@ -28,7 +28,7 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration, T5TokenizerFast
 
 from qace.errors import ConfigError
-from qace.models.loading import TEST_MODEL_MARKER
+from qace.models.sources import TEST_MODEL_MARKER
 from qace.models.visual_t5 import (
     NUM_REGIONS,
     REGION_DIM,

@@ -288,7 +288,8 @@ def train_visual_t5(
     from transformers import PrinterCallback
     from transformers.trainer_utils import get_last_checkpoint
 
-    from qace.models.loading import TEST_MODEL_MARKER, checkpoint_fingerprint, is_test_model
+    from qace.models.loading import checkpoint_fingerprint
+    from qace.models.sources import TEST_MODEL_MARKER, is_test_model
     from qace.vqa.evaluate import validate
 
     out = Path(out_dir).expanduser()

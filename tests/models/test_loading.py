@@ -13,10 +13,10 @@ from qace.errors import ConfigError, ModelNotFoundError
 from qace.metric.runners import build_models
 from qace.models.loading import (
     checkpoint_fingerprint,
-    is_test_model,
     load_seq2seq,
     load_visual_t5,
 )
+from qace.models.sources import is_test_model
 from qace.models.visual_t5 import VisualT5ForConditionalGeneration
 
 
@@ -93,7 +93,7 @@ def test_raw_state_dict(tmp_path, test_models_dir) -> None:
 def test_hub_id_offline_fails_fast_with_hint() -> None:
     with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE") as err:
         load_seq2seq("qace-nonexistent/t5-model", role="tqa")
-    assert "TQA model" in str(err.value) and "huggingface-cli" in str(err.value)
+    assert "TQA model" in str(err.value) and "hf download" in str(err.value)
     assert "as a Hugging Face hub id, since no local path has that name" in str(err.value)
 
 

@@ -6,6 +6,7 @@ with the references of that prompt, so a reward attached to the wrong completion
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-from datasets import Dataset  # noqa: E402
+import pyarrow as pa  # noqa: E402
+from datasets import Dataset, load_dataset  # noqa: E402
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
@@ -25,6 +27,7 @@ REFS = {
     "a girl on the beach": ["a girl in a red dress runs on the beach", "a child plays near the sea"],
     "a dog in the snow": ["a brown dog runs through the snow", "a dog plays in the white snow"],
 }
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "rewards.md"
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
@@ -51,7 +54,9 @@ class Record(TrainerCallback):
         self.steps.append((list(logs["prompt"]), list(logs["completion"]), rewards))
 
 
-def _train(reward: QACEReward, test_models_dir: Path, tmp_path: Path, rows: list[dict[str, Any]]) -> Record:
+def _train(
+    reward: QACEReward, test_models_dir: Path, tmp_path: Path, rows: list[dict[str, Any]] | Dataset
+) -> Record:
     model, tokenizer = _policy(test_models_dir)
     config = GRPOConfig(
         output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, num_generations=4,
@@ -60,7 +65,8 @@ def _train(reward: QACEReward, test_models_dir: Path, tmp_path: Path, rows: list
     )  # fmt: skip
     record = Record()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward.trl_reward_func()], args=config,
-                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                          train_dataset=rows if isinstance(rows, Dataset) else Dataset.from_list(rows),
+                          processing_class=tokenizer,
                           callbacks=[record])  # fmt: skip
     record.trainer = trainer
     trainer.train()
@@ -106,3 +112,42 @@ def test_grpo_trains_with_qace_img_rewards(test_models_dir: Path, tmp_path: Path
         captions = [completion_text(c) for c in completions]
         want = reward(captions, image_ids=[images[p] for p in prompts]).tolist()
         assert rewards["qace_img_qace"] == pytest.approx(want, abs=1e-6)
+
+
+def test_a_references_column_mixing_strings_and_lists_fails_in_arrow_as_the_docs_say() -> None:
+    """A ``Dataset`` column holds one type: ``from_list`` refuses one reference as a string beside a list,
+    whichever comes first, with the messages the TRL section of docs/rewards.md quotes."""
+    one, many = {"references": "a dog"}, {"references": ["a cat", "a kitten"]}
+    section = DOCS.read_text().split("### TRL", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    trl_section = " ".join(section.split())  # as a reader sees it, lines joined
+    for rows, error, message in [
+        ([one, many], pa.ArrowTypeError, "Expected bytes, got a 'list' object"),
+        ([many, one], pa.ArrowInvalid, "cannot mix list and non-list, non-null values"),
+    ]:
+        with pytest.raises(error, match=message):
+            Dataset.from_list(rows)
+        assert message in trl_section
+
+
+def test_grpo_takes_a_json_file_mixing_string_and_list_references(
+    test_models_dir: Path, tmp_path: Path
+) -> None:
+    """``load_dataset("json")`` reads a column of strings and lists as a ``Json`` feature: each row's value
+    comes as written, and the reward takes both."""
+    refs = {
+        "a girl on the beach": REFS["a girl on the beach"][:1],
+        "a dog in the snow": REFS["a dog in the snow"],
+    }
+    rows = [{"prompt": "a girl on the beach", "references": refs["a girl on the beach"][0]},
+            {"prompt": "a dog in the snow", "references": refs["a dog in the snow"]}]  # fmt: skip
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    dataset = load_dataset("json", data_files=str(data), split="train", cache_dir=str(tmp_path / "cache"))
+    assert type(dataset.features["references"]).__name__ == "Json"
+    reward = QACEReward(models=test_models_dir)
+    record = _train(reward, test_models_dir, tmp_path / "out", dataset)
+    for prompts, completions, rewards in record.steps:
+        want = reward(
+            [completion_text(c) for c in completions], references=[refs[p] for p in prompts]
+        ).tolist()
+        assert rewards["qace_ref_qace"] == pytest.approx(want, abs=1e-6)

@@ -36,12 +36,28 @@ def test_check_resources_names_the_flag_to_change() -> None:
         check_resources([_node(0, 16)], 1, 1.0, 1.0)
     with pytest.raises(ConfigError, match="3 actor"):  # a dead node's GPUs do not count
         check_resources([_node(2, 16), _node(8, 16, alive=False)], (3, 8), 1.0, 1.0)
-    with pytest.raises(ConfigError, match=r"4 actor\(s\) of 1 CPU\(s\) each.*fewer --actors"):
+    with pytest.raises(ConfigError, match=r"4 actor\(s\) of 1 CPU\(s\) each.*pass --actors 3 "):
         check_resources([_node(0, 2), _node(0, 1)], 4, 0.0, 1.0)
     with pytest.raises(ConfigError, match="--gpus-per-actor 1.5"):  # an actor's GPUs come from one node
         check_resources([_node(1, 8), _node(1, 8)], 1, 1.5, 1.0)
     check_resources([_node(2, 8), _node(1, 8)], 6, 0.5, 1.0)
     check_resources([_node(0, 4)], (2, 8), 0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "actors", "gpus", "fit"),
+    [
+        ([_node(0, 16)], 1, 1.0, "0 fit"),
+        ([_node(2, 16)], (3, 8), 1.0, "2 fit"),
+        ([_node(0, 2)], 4, 0.0, "2 fit"),
+    ],
+)
+def test_check_resources_says_how_many_fit_and_prints_no_empty_placeholder(nodes, actors, gpus, fit) -> None:
+    """The messages once read ``(gpus_per_actor=)`` and ``(actors=)``: placeholders with nothing in them."""
+    with pytest.raises(ConfigError) as err:
+        check_resources(nodes, actors, gpus, 1.0)
+    message = str(err.value)
+    assert f"({fit})" in message and "=)" not in message and "()" not in message
 
 
 def test_a_failed_connection_says_how_token_authentication_is_set(monkeypatch, capsys) -> None:

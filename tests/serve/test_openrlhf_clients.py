@@ -190,6 +190,35 @@ def test_openrlhf_0_8_request_api_wrapper_and_batch_update(reward: QACEReward, u
     assert got == pytest.approx(want, abs=1e-6)
 
 
+def test_openrlhf_0_8_a_bad_dataset_row_costs_only_its_sample(reward: QACEReward, url: str) -> None:
+    """A label that cannot be read (null, ``[]``, ``[""]``, a number, a broken JSON list) made the whole
+    request 422, so 0.8's client raised after its tries and the step was lost; now only its sample is
+    invalid, and the others get their rewards."""
+    labels = [json.dumps(REFS), None, "[]", '[""]', 7, '["a', REFS]
+    n = len(labels)
+    with openrlhf("0.8"):
+        from openrlhf.utils.remote_rm_utils import request_api_wrapper
+
+        data = {"query": [PROMPT + CAPTIONS[0] + "</s>"] * n, "prompts": [PROMPT] * n, "labels": labels}
+        answer = request_api_wrapper(url, data, try_max_times=1)
+    want = reward([CAPTIONS[0]], references=[REFS]).item()
+    assert answer["rewards"] == pytest.approx([want, 0, 0, 0, 0, 0, want], abs=1e-6)
+
+
+def test_openrlhf_an_empty_completion_without_its_prompt_gets_no_reward(reward: QACEReward, url: str) -> None:
+    """Without its prompt (null, empty) a query was scored whole, and the prompt's words earned an empty
+    completion a reward; without ``prompts`` at all the request is refused (0.8's client raises)."""
+    empty = PROMPT + "</s>"
+    assert reward([empty.removesuffix("</s>")], references=[REFS]).item() > 0  # what scoring it whole gave
+    with openrlhf("0.8"):
+        from openrlhf.utils.remote_rm_utils import request_api_wrapper
+
+        data = {"query": [empty] * 4, "prompts": [None, "", " ", PROMPT], "labels": [REFS] * 4}
+        assert request_api_wrapper(url, data, try_max_times=1)["rewards"] == [0.0] * 4
+        with pytest.raises(Exception, match="Request error for 1 times"):
+            request_api_wrapper(url, {"query": [empty], "labels": [REFS]}, try_max_times=1)
+
+
 @pytest.fixture(scope="module")
 def t5(test_models_dir: Path) -> Any:
     """A real T5 (SentencePiece) tokenizer: the test models', as a T5 policy would have."""

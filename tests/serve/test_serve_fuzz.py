@@ -81,7 +81,7 @@ def _item(rng: random.Random, n: int) -> tuple[dict[str, Any], str | None]:
         caption = rng.choice(BAD_CAPTIONS + ODD_CAPTIONS)
     elif roll < 0.85:
         refs = rng.choice([["r" * 2001], ["a ref"] * 65, ["a \ud800 ref"], ["[" * 5000], ["ok", "\x00"]])
-    else:  # a malformed context or id: the whole request is refused (422)
+    else:  # a malformed context, id or item: that item is invalid
         return rng.choice(
             [
                 {"id": f"i{n}", "caption": caption},
@@ -123,7 +123,7 @@ def _openrlhf(rng: random.Random, k: int) -> Case:
             )
         elif roll < 0.85:
             label = rng.choice(["[" * 3000, "{" * 3000, '["a \\ud800"]', "x" * 3000, "[]", "null", 7])
-        else:  # no prompt to cut (the query is scored whole), or one the query does not start with
+        else:  # no prompt to cut, or one the query does not start with: invalid, never scored whole
             prompt = rng.choice([None, "", 7, PROMPT + "extra ", "   "])
         queries.append(query)
         prompts.append(prompt)

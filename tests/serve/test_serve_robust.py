@@ -113,7 +113,7 @@ def _post(conn: http.client.HTTPConnection, path: str, body: bytes) -> tuple[int
 
 def test_nested_bodies_get_400_and_the_connection_is_kept(fake, serve) -> None:
     """``[`` x 100,000 used to raise RecursionError (500) and drop the keep-alive connection; a label that
-    is such a string is a reference over the length limit (the item is invalid), not a crash."""
+    is such a string is a broken JSON list (the item is invalid), not a crash."""
     with serve(fake) as url:
         conn = _raw(url)
         status, detail = _post(conn, "/v1/reward", b"[" * 100_000)

@@ -36,7 +36,7 @@ def test_the_service_serves_visce2_rewards(visce2_reward: ScorerReward) -> None:
         label = {"query": [f"Caption: {CAPTIONS[0]}"], "prompts": ["Caption: "], "labels": [images[0]]}
         openrlhf = client.post("/get_reward?extra_logs=1", json=label, headers=AUTH).json()
         no_image = {"request_id": "r2", "items": [{"id": "x", "caption": "a dog"}]}
-        refused = client.post("/v1/reward", json=no_image, headers=AUTH)
+        (no_image_result,) = client.post("/v1/reward", json=no_image, headers=AUTH).json()["results"]
     assert got["signature"] == visce2_reward.signature and got["component"] == "visce2"
     assert [r["id"] for r in got["results"]] == [item["id"] for item in items]
     scorable = [i for i, caption in enumerate(CAPTIONS) if caption]
@@ -51,7 +51,8 @@ def test_the_service_serves_visce2_rewards(visce2_reward: ScorerReward) -> None:
     assert not got["results"][1]["valid"] and "empty" in got["results"][1]["reason"]
     assert openrlhf["rewards"] == [got["results"][0]["reward"]]
     assert set(openrlhf["extra_logs"]) == {"visce2_expected", "visce2_valid"}
-    assert refused.status_code == 422 and "needs an image" in refused.json()["detail"]
+    assert not no_image_result["valid"]  # its own item only
+    assert no_image_result["reason"] == "image must be a file path on the server, got null"
 
 
 def test_qace_serve_metric_visce2_builds_the_judges_reward(test_vlm_dir: Path, monkeypatch) -> None:
@@ -88,7 +89,8 @@ def test_the_service_serves_a_registered_toy_metric() -> None:
     items = [{"id": str(i), "caption": c} for i, c in enumerate(["a dog runs", "", "one"])]
     with TestClient(create_app(reward, token=TOKEN)) as client:
         got = client.post("/v1/reward", json={"request_id": "r", "items": items}, headers=AUTH).json()
-        openrlhf = client.post("/get_reward?extra_logs=1", json={"query": ["two words"]}, headers=AUTH).json()
+        one = {"query": ["Say: two words"], "prompts": ["Say: "]}
+        openrlhf = client.post("/get_reward?extra_logs=1", json=one, headers=AUTH).json()
         wrong = client.post("/v1/reward", json={"request_id": "r", "items": items, "component": "qace"},
                             headers=AUTH)  # fmt: skip
     assert [r["reward"] for r in got["results"]] == [3.0, -1.0, 1.0]
