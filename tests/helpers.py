@@ -39,3 +39,19 @@ def random_regions(seed: int) -> tuple[np.ndarray, np.ndarray]:
     size = rng.uniform(0.05, 0.5, size=(36, 2))
     boxes = np.concatenate([corner, corner + size, size], axis=1)
     return rng.random((36, 2048), dtype=np.float32), boxes
+
+
+def kill_in_chunk(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Make the ``n``-th chunk a scorer scores from now on raise KeyboardInterrupt, as a kill mid-run
+    would (the chunks before it are committed); ``monkeypatch.undo()`` ends it."""
+    from qace import api
+
+    real, calls = api.score_chunk, {"n": 0}
+
+    def dying(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "score_chunk", dying)

@@ -16,6 +16,7 @@ from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
 from qace.demo import example_path
 from qace.errors import ConfigError, InputError, ModelNotFoundError, ResumeError
+from tests.helpers import kill_in_chunk
 
 REFS = ["a young girl in a red dress runs on the beach", "a girl runs along the sand near the sea"]
 
@@ -121,21 +122,12 @@ def test_resumed_file_run_equals_uninterrupted_run(test_models_dir, tmp_path, mo
     whole = tmp_path / "whole.jsonl"
     scorer.score_file(example_path(), whole)
 
-    real = api.score_chunk
-    calls = {"n": 0}
-
-    def dying(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("killed")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api, "score_chunk", dying)
+    kill_in_chunk(monkeypatch, 3)
     broken = tmp_path / "broken.jsonl"
     with pytest.raises(KeyboardInterrupt):
         scorer.score_file(example_path(), broken)
     assert not broken.exists()  # never visible half-written
-    monkeypatch.setattr(api, "score_chunk", real)
+    monkeypatch.undo()
     with pytest.raises(ResumeError, match="--resume"):
         scorer.score_file(example_path(), broken)
     summary = scorer.score_file(example_path(), broken, resume=True)
@@ -150,15 +142,7 @@ def test_resumed_file_run_equals_uninterrupted_run(test_models_dir, tmp_path, mo
 def test_resume_refuses_output_of_other_settings(test_models_dir, tmp_path, monkeypatch):
     out = tmp_path / "out.jsonl"
     first = QACE(models=test_models_dir, variant="ref", progress=False, chunk_size=3)
-    real, calls = api.score_chunk, {"n": 0}
-
-    def dying(*args, **kwargs):  # killed in the second chunk: the first is committed
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("killed")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api, "score_chunk", dying)
+    kill_in_chunk(monkeypatch, 2)  # the first chunk is committed
     with pytest.raises(KeyboardInterrupt):
         first.score_file(example_path(), out)
     monkeypatch.undo()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from qace.cli import main
+from tests.helpers import kill_in_chunk
 
 
 def test_score_command_reports_bad_lines_and_scores_the_rest(test_models_dir, tmp_path, capsys):
@@ -186,21 +187,12 @@ def test_bad_paths_answer_at_once_and_leave_nothing(source, flags, message, test
 def test_resume_in_other_chunks_is_refused_before_any_model_loads(test_models_dir, tmp_path, monkeypatch):
     """A killed run's partial output goes on only in its own chunk size: another --chunk-size is refused
     at once (it was refused after the models had loaded), and none given takes the partial's."""
-    from qace import api
     from qace.api import QACE
     from qace.demo import example_path
 
     scorer = QACE(models=test_models_dir, variant="ref", progress=False, chunk_size=3)
     scorer.score_file(example_path(), tmp_path / "whole.jsonl")
-    real, calls = api.score_chunk, {"n": 0}
-
-    def dying(*args, **kwargs):  # killed in the second chunk: the first is committed
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("killed")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api, "score_chunk", dying)
+    kill_in_chunk(monkeypatch, 2)  # the first chunk is committed
     with pytest.raises(KeyboardInterrupt):
         scorer.score_file(example_path(), tmp_path / "out.jsonl")
     monkeypatch.undo()
