@@ -130,8 +130,10 @@ def _wait_gone(pids: list[int], seconds: float = 20.0) -> list[int]:
 
 
 def _command(inp: Path, out: Path, models: Path, *extra: str) -> list[str]:
+    """``qace score`` with host processes ready before its first chunk (`eager_hosts_cli`)."""
     return [
-        sys.executable, "-m", "qace.cli", "score", str(inp), "-o", str(out), "--models", str(models),
+        sys.executable, "-m", "tests.metric.eager_hosts_cli", "score", str(inp), "-o", str(out),
+        "--models", str(models),
         "--device", "cpu", "--chunk-size", "4", "--host-workers", "2", "--no-progress", *extra,
     ]  # fmt: skip
 
