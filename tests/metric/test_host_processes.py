@@ -215,7 +215,7 @@ def test_ctrl_c_stops_the_run_and_every_host_process(runs: dict[str, Path], tmp_
     hosts = _after_first_commit(proc, out)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode != 0, err
     assert not out.exists()
     assert _wait_gone(hosts) == [], err
     assert _children(proc.pid) == []
