@@ -313,7 +313,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--workers", type=int, help="decoding processes (default: cores less two, at most 8; 0 tiny)"
     )
     p.add_argument("--chunk", type=int, help="captions per chunk (default 4096; 16 with --tiny)")
-    p.add_argument("--text-batch", type=int, help="texts per text-tower call (default 256; 8 with --tiny)")
+    p.add_argument("--text-batch", type=int, help="texts per text-tower call (default 512; 8 with --tiny)")
     p.add_argument("--image-batch", type=int, help="images per vision-tower call (default 64; 4 with --tiny)")
     p.add_argument("--baseline-captions", type=int, help="torchmetrics loop captions (default 2000; 16 tiny)")
     p.add_argument("--baseline-batch", type=int, default=64, help="captions per torchmetrics update")
@@ -323,7 +323,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     tiny = args.tiny
     defaults = {"device": "cpu" if tiny else "cuda", "precisions": ["fp32"] if tiny else ["fp16", "fp32"],
                 "images": 8 if tiny else 1000, "captions": 40 if tiny else 20_000,
-                "chunk": 16 if tiny else 4096, "text_batch": 8 if tiny else 256,
+                "chunk": 16 if tiny else 4096, "text_batch": 8 if tiny else 512,
                 "image_batch": 4 if tiny else 64, "baseline_captions": 16 if tiny else 2000}  # fmt: skip
     for name, value in defaults.items():
         if getattr(args, name) is None:
