@@ -154,7 +154,12 @@ def score_dataset(
     """Lazily score a Ray ``Dataset`` with the metric of ``entry`` (a `qace.scorers.ScorerEntry`; default
     QACE) built from ``scorer_kwargs``; ``actors`` is a fixed pool size or ``(min, max)`` for autoscaling.
 
-    With ``gpus_per_actor=0`` the actors run on CPU (tests, CPU clusters).
+    With ``gpus_per_actor=0`` the actors run on CPU (tests, CPU clusters). Each actor calls the entry's
+    ``factory``: ``dataclasses.replace(entry, factory="module:function")`` builds the scorer another way
+    (``benchmarks/scaling.py`` does). An actor that dies (``kill -9``, out of memory) is restarted and the
+    batches it held run again, so every record still gives one row: Ray Data's defaults for actor pools
+    (``max_restarts=-1, max_task_retries=-1`` in Ray 2.60; passing them to ``map_batches`` is deprecated),
+    which ``benchmarks/scale_faults.py`` checks. A batch that raises fails the job.
     """
     from ray.data import ActorPoolStrategy
 
