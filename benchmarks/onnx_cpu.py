@@ -1,6 +1,7 @@
 """ONNX Runtime vs PyTorch eager on CPU, side by side in one run, with agreement next to speed.
 
     python -m benchmarks.onnx_cpu --out benchmarks/results/onnx_cpu.json
+    python -m benchmarks.onnx_cpu --tiny --n 4 --out /tmp/onnx_cpu.json      # smoke run, numbers mean nothing
 
 Speed: T5-small-shaped random QG and TQA models (benchmarks.workload shapes), the first ``--n``
 Flickr8k-Expert captions as QG prompts ("answer: <last word>  context: <caption> </s>") and TQA prompts,
@@ -40,11 +41,15 @@ from qace.metric.prompts import MAX_NEW_TOKENS
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _random_t5(seed: int) -> Any:
+TINY_T5 = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+"""The speed part's shape with ``--tiny`` (the smoke run's: exports in a second, numbers meaningless)."""
+
+
+def _random_t5(seed: int, shape: dict[str, int]) -> Any:
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(seed)
-    config = T5Config(**RANDOM_T5, **T5_SMALL)
+    config = T5Config(**RANDOM_T5, **shape)
     return T5ForConditionalGeneration(config).eval()
 
 
@@ -71,7 +76,7 @@ def speed(args: argparse.Namespace, tokenizer: Any, work: Path) -> list[dict[str
     }
     results = []
     for seed, role in enumerate(("qg", "tqa")):
-        model = _random_t5(seed)
+        model = _random_t5(seed, TINY_T5 if args.tiny else T5_SMALL)
         batches = _batches(tokenizer, prompts[role], args.batch_rows, args.batch_tokens)
         runners: dict[str, Any] = {"torch_eager_fp32": torch_runner(model)}
         exports = {}
@@ -93,7 +98,7 @@ def speed(args: argparse.Namespace, tokenizer: Any, work: Path) -> list[dict[str
         rows = sum(len(b.input_ids) for b in batches)
         entry: dict[str, Any] = {
             "role": role,
-            "model": "T5-small shape, random weights",
+            "model": f"{'tiny' if args.tiny else 'T5-small'} shape, random weights",
             "rows": rows,
             "batches": len(batches),
             "exports": exports,
@@ -172,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-rows", type=int, default=64)
     parser.add_argument("--batch-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny random T5s in the speed part (a smoke run: numbers mean nothing)"
+    )
     parser.add_argument("--test-models", default=str(REPO / ".qace-cache" / "test-models"))
     args = parser.parse_args(argv)
 
@@ -187,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         **record("benchmarks.onnx_cpu", argv, device="cpu", packages=("onnxruntime",)),
         "threads": args.threads,
+        "tiny": args.tiny,
         "note": "2-core machine shared with other jobs: timings are noisy",
         "speed": speed_results,
         "quality": quality(args, models_dir),

@@ -12,24 +12,36 @@ pytest.importorskip("onnxruntime")
 from benchmarks import backends  # noqa: E402
 from tests.helpers import flickr_records  # noqa: E402
 
-N = 12
+N = 6
 
 
-def test_records_workload_runs_both_backends(tiny_models: Path, tmp_path: Path) -> None:
+def _argv(models: Path, source: Path) -> list[str]:
+    argv = ["--tiny", "--records", str(source), "--models-dir", str(models), "--device", "cpu"]
+    argv += ["--precision", "fp32", "--variants", "ref", "--spacy-workers", "0"]
+    return argv + ["--batch-rows", "64", "--batch-tokens", "4096", "--chunk-size", "64"]
+
+
+@pytest.fixture(scope="module")
+def together(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """Both backends in this process on ``N`` Flickr8k records: the run's arguments and its report."""
     records = flickr_records(N, refs=5)
-    source = tmp_path / "distinct.jsonl"
+    work = tmp_path_factory.mktemp("backends")
+    source = work / "distinct.jsonl"
     rows = [
         {"id": r.id, "caption": r.caption, "image_id": r.image_id, "references": list(r.references)}
         for r in records
     ]
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    out = tmp_path / "backends.json"
-    argv = ["--tiny", "--records", str(source), "--models-dir", str(tiny_models), "--out", str(out)]
-    argv += ["--device", "cpu", "--precision", "fp32", "--variants", "ref", "--spacy-workers", "0"]
-    argv += ["--batch-rows", "64", "--batch-tokens", "4096", "--chunk-size", "64"]
-    assert backends.main(argv) == 0
+    argv, out = _argv(tiny_models, source), work / "together.json"
+    assert backends.main([*argv, "--out", str(out)]) == 0
+    return argv, out
+
+
+def test_records_workload_runs_both_backends(together: tuple[list[str], Path]) -> None:
+    argv, out = together
+    records = flickr_records(N, refs=5)
     report = json.loads(out.read_text())
-    assert report["workload"] == str(source)
+    assert report["workload"] == argv[argv.index("--records") + 1]
     assert report["captions"] == N and report["distinct_captions"] == len({r.caption for r in records})
     (entry,) = report["results"]
     assert entry["torch"]["captions_per_s"] > 0 and entry["onnx"]["captions_per_s"] > 0
@@ -46,22 +58,12 @@ def test_bad_record_is_named(tmp_path: Path) -> None:
         backends.main(["--tiny", "--records", str(source), "--out", str(tmp_path / "o.json")])
 
 
-def test_isolated_backends_give_the_same_scores(tiny_models: Path, tmp_path: Path) -> None:
+def test_isolated_backends_give_the_same_scores(together: tuple[list[str], Path], tmp_path: Path) -> None:
     """``--isolate`` runs each backend in a child process: the same figures come back to one report."""
-    records = flickr_records(6, refs=5)
-    source = tmp_path / "distinct.jsonl"
-    rows = [
-        {"id": r.id, "caption": r.caption, "image_id": r.image_id, "references": list(r.references)}
-        for r in records
-    ]
-    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    argv = ["--tiny", "--records", str(source), "--models-dir", str(tiny_models), "--device", "cpu"]
-    argv += ["--precision", "fp32", "--variants", "ref", "--spacy-workers", "0", "--batch-rows", "64"]
-    argv += ["--batch-tokens", "4096", "--chunk-size", "64"]
-    together, apart = tmp_path / "together.json", tmp_path / "apart.json"
-    assert backends.main([*argv, "--out", str(together)]) == 0
+    argv, out = together
+    apart = tmp_path / "apart.json"
     assert backends.main([*argv, "--isolate", "--out", str(apart)]) == 0
-    (a,), (b,) = (json.loads(p.read_text())["results"] for p in (together, apart))
+    (a,), (b,) = (json.loads(p.read_text())["results"] for p in (out, apart))
     for backend in ("torch", "onnx"):
         assert a[backend]["mean_qace"] == b[backend]["mean_qace"]
     assert a["mean_abs_qace_diff"] == b["mean_abs_qace_diff"] and a["onnx_decoding"] == b["onnx_decoding"]
