@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from benchmarks.run_info import record
-from benchmarks.workload import RANDOM_T5, T5_SMALL, batch_tokens, flickr_workload
+from benchmarks.workload import RANDOM_T5, T5_SMALL, TINY_T5, batch_tokens, flickr_workload
 from qace.engine import instrument
 from qace.engine.batches import TextBatch
 from qace.engine.onnx_runner import OnnxRunner
@@ -39,10 +39,6 @@ from qace.families import torch_runner
 from qace.metric.prompts import MAX_NEW_TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-TINY_T5 = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
-"""The speed part's shape with ``--tiny`` (the smoke run's: exports in a second, numbers meaningless)."""
 
 
 def _random_t5(seed: int, shape: dict[str, int]) -> Any:
