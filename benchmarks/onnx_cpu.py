@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-rows", type=int, default=64)
     parser.add_argument("--batch-tokens", type=int, default=16384)
     parser.add_argument(
-        "--tiny", action="store_true", help="tiny random T5s in the speed part (a smoke run: numbers mean nothing)"
+        "--tiny",
+        action="store_true",
+        help="tiny random T5s in the speed part (a smoke run: numbers mean nothing)",
     )
     parser.add_argument("--test-models", default=str(REPO / ".qace-cache" / "test-models"))
     args = parser.parse_args(argv)
