@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,15 @@ from qace.data.records import Record
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def run_benchmark(module: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.<module> ARGV`` from the checkout, as a user runs it: in a process of its own,
+    so what it starts in its interpreter (a Ray driver and Ray Data's threads) ends with it and never
+    reaches the tests that run after it in pytest's process."""
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *argv], cwd=REPO, capture_output=True, text=True
+    )
 
 
 def flickr_records(n: int, refs: int = 5) -> list[Record]:

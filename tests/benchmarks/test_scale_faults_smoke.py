@@ -14,6 +14,7 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from inside Ray Data
 
 from benchmarks import scale_faults  # noqa: E402
+from tests.helpers import run_benchmark  # noqa: E402
 
 N = 160
 
@@ -22,9 +23,10 @@ N = 160
 def report(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("faults") / "faults.json"
     argv = ["--tiny", "--n", str(N), "--out", str(out), "--models-dir", str(tiny_models)]
-    code = scale_faults.main(argv)
+    done = run_benchmark("scale_faults", argv)  # a process of its own: the Ray driver ends with it
+    assert out.exists(), done.stderr[-4000:]
     report = json.loads(out.read_text())
-    assert code == 0, json.dumps(report["cases"], indent=1)[:4000]
+    assert done.returncode == 0, json.dumps(report["cases"], indent=1)[:4000]
     return report
 
 
