@@ -10,9 +10,10 @@ Layout under ``<output>.shards/``:
 - ``shard-i.jsonl``: shard ``i``'s crash-safe, resumable `ResultWriter` output.
 
 Why contiguous slices: concatenating the shard outputs in shard order *is* input order, so the
-merge streams files and needs no sort. Each worker is a fresh ``spawn`` process (CUDA cannot
-survive ``fork``) that builds its own scorer on its device, and dies with the parent
-(`die_with_parent`), so a killed run leaves no worker writing; each shard output is locked while it
+merge streams files and needs no sort. Each worker is a fresh interpreter (`qace.engine.launch`:
+CUDA cannot survive ``fork``, and the caller's main module is never run again) that builds its own
+scorer on its device; all start at once, and each dies with the parent, so a killed run leaves no
+worker writing; each shard output is locked while it
 is written (`qace.data.output.ResultWriter`), so a rerun cannot write a shard an old worker holds.
 A killed run resumes per shard: each shard skips the ids its writer has committed. The merge writes
 the final output through a `ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so
@@ -28,9 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
-import queue
 import shutil
 import time
 import traceback
@@ -38,12 +37,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from qace.config import auto_host_workers, auto_spacy_workers
 from qace.data.output import errors_path
 from qace.data.records import References
-from qace.engine.launch import die_with_parent
 from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeError
 from qace.progress import track
 from qace.scorers import load_callable as load_factory
@@ -280,33 +278,42 @@ def _check_same_input(records: Any, work: Path, shards: int) -> None:
 def _run_workers(
     jobs: list[ShardJob], progress: Callable[[int], object] | None = None
 ) -> dict[int, dict[str, Any]]:
-    """One spawned process per job; waits for all, so one failure never discards the others' work.
+    """One child process per job (`qace.engine.launch`: started all at once, each reading its job as
+    soon as it runs, whatever the caller's main module); waits for all, so one failure never discards
+    the others' work.
 
     ``progress`` is called with the number of records the workers got through since its last call."""
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(job, results), name=f"qace-shard-{job.index}") for job in jobs]
-    for proc in procs:
-        proc.start()
+    from multiprocessing.connection import Connection, wait
+
+    from qace.engine.launch import start_child
+
+    children = {job.index: start_child(WORKER, job, name=f"qace-shard-{job.index}") for job in jobs}
     outcomes: dict[int, dict[str, Any]] = {}
+    talking: dict[Connection, int] = {child.control: index for index, child in children.items()}
     try:
-        while len(outcomes) < len(jobs):
-            try:
-                index, outcome = results.get(timeout=1.0)
-                if isinstance(outcome, int):  # a worker's progress report
-                    if progress is not None:
-                        progress(outcome)
+        while talking:
+            for ready in wait(list(talking)):
+                conn = cast(Connection, ready)
+                index = talking[conn]
+                try:
+                    message: int | dict[str, Any] = conn.recv()
+                except (EOFError, OSError):  # it ended: after its outcome, or without a word
+                    del talking[conn]
+                    if index not in outcomes:
+                        children[index].join(timeout=30)
+                        outcomes[index] = {"error": f"worker exited with code {children[index].exitcode}"}
                     continue
-                outcomes[index] = outcome
-            except queue.Empty:  # check for workers that died without a word
-                for job, proc in zip(jobs, procs, strict=True):
-                    if job.index not in outcomes and not proc.is_alive() and results.empty():
-                        outcomes[job.index] = {"error": f"worker exited with code {proc.exitcode}"}
+                if isinstance(message, int):  # a worker's progress report
+                    if progress is not None:
+                        progress(message)
+                else:
+                    outcomes[index] = message
     finally:
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.terminate()
+        for child in children.values():
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+                child.join()
     return outcomes
 
 
@@ -335,17 +342,20 @@ PROGRESS_EVERY_S = 1.0
 """How often a shard worker reports its progress to the parent."""
 
 
-def _worker(job: ShardJob, results: Any) -> None:
-    """Entry point of a shard process: report progress (record counts, at most every `PROGRESS_EVERY_S`),
-    then a summary dict or an error; never raise. It dies with its parent (`die_with_parent`)."""
-    die_with_parent()
+WORKER = "qace.scale.shards:_worker"
+"""The shard worker's target, for `qace.engine.launch.start_child`."""
+
+
+def _worker(job: ShardJob, control: Any) -> None:
+    """A shard process's work (`qace.engine.launch` child: it dies with its parent): send progress
+    (record counts, at most every `PROGRESS_EVERY_S`), then a summary dict or an error; never raise."""
     unreported, last = 0, time.monotonic()
 
     def progress(n: int) -> None:
         nonlocal unreported, last
         unreported += n
         if time.monotonic() - last >= PROGRESS_EVERY_S:
-            results.put((job.index, unreported))
+            control.send(unreported)
             unreported, last = 0, time.monotonic()
 
     try:
@@ -353,8 +363,8 @@ def _worker(job: ShardJob, results: Any) -> None:
     except BaseException as exc:  # noqa: BLE001  (reported to the parent, which raises)
         outcome = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     if unreported:
-        results.put((job.index, unreported))
-    results.put((job.index, outcome))
+        control.send(unreported)
+    control.send(outcome)
 
 
 def _references_key(references: References | None) -> str | None:
