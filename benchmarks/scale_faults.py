@@ -53,7 +53,13 @@ import torch
 from benchmarks.gpu_suite import gpu_tag
 from benchmarks.latency import DEFAULT_DATA
 from benchmarks.run_info import gpu_name, record
-from benchmarks.scaling import PASCAL_DISTINCT, forced_scorer, per_worker_settings, split_input
+from benchmarks.scaling import (
+    PASCAL_DISTINCT,
+    forced_scorer,
+    per_worker_settings,
+    scorer_settings,
+    split_input,
+)
 from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
@@ -64,7 +70,6 @@ from benchmarks.workload import (
 )
 from qace import scorers
 from qace.api import QACE
-from qace.data.features import RandomFeatureStore
 
 log = logging.getLogger(__name__)
 
@@ -384,18 +389,10 @@ def main(argv: list[str] | None = None) -> int:
     write_jsonl(records[: args.n], work / "input.jsonl")
     inputs = split_input(work / "input.jsonl", args.files, work / "input")
     per_worker = per_worker_settings(args, [f"cuda:{i}" for i in range(actors)] if cuda else ["cpu"] * actors)
-    bertscore = models_dir / "bertscore"
     job = {
         "inputs": [str(p) for p in inputs],
         "scorer_kwargs": {
-            "models": str(models_dir),
-            "variant": args.variant,
-            "features": RandomFeatureStore(seed=0),
-            "precision": args.precision,
-            "bertscore_model": str(bertscore) if bertscore.is_dir() else None,
-            "max_batch_rows": args.batch_rows,
-            "max_batch_tokens": args.batch_tokens,
-            "chunk_size": args.chunk_size,
+            **scorer_settings(models_dir, args.variant, args),
             "capture": False,  # graphs are captured when first met: a restarted actor is back sooner
             **per_worker,
         },

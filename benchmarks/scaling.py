@@ -421,6 +421,22 @@ def _devices(args: argparse.Namespace, count: int) -> list[str]:
     return [args.device if args.device == "cpu" else f"{args.device}:{i}" for i in range(count)]
 
 
+def scorer_settings(models_dir: Path, variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The workers' scorer settings every scaling benchmark shares: the workload's models, random
+    features, precision and batch settings (`forced_scorer` takes them)."""
+    bertscore = models_dir / "bertscore"
+    return {
+        "models": str(models_dir),
+        "variant": variant,
+        "features": RandomFeatureStore(seed=0),
+        "precision": args.precision,
+        "bertscore_model": str(bertscore) if bertscore.is_dir() else None,
+        "max_batch_rows": args.batch_rows,
+        "max_batch_tokens": args.batch_tokens,
+        "chunk_size": args.chunk_size,
+    }
+
+
 def run_variant(
     variant: str,
     input_path: Path,
@@ -435,16 +451,8 @@ def run_variant(
     """Every count of ``--counts`` on every path of ``--paths`` for ``variant``; speedups and score
     comparisons against each path's first run, and a Ray run's against the shards run of its count.
     ``save`` gets the variant's result after every run (a run cut short keeps the runs before it)."""
-    bertscore = models_dir / "bertscore"
     scorer_kwargs = {
-        "models": str(models_dir),
-        "variant": variant,
-        "features": RandomFeatureStore(seed=0),
-        "precision": args.precision,
-        "bertscore_model": str(bertscore) if bertscore.is_dir() else None,
-        "max_batch_rows": args.batch_rows,
-        "max_batch_tokens": args.batch_tokens,
-        "chunk_size": args.chunk_size,
+        **scorer_settings(models_dir, variant, args),
         "candidate_cache": args.candidate_cache,
         "capture": args.capture == "all",
         "warmup": warmup,
