@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from qace import __version__, interrupts, scorers
+from qace import __version__, scorers
 from qace.checks import check_device, check_exists, check_output_file
 from qace.data.output import chunk_size_mismatch, errors_path, partial_chunk_size, partial_path
 from qace.errors import BackendUnavailableError, QACEError, ResumeError
@@ -400,7 +400,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown and not getattr(args, "accepts_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure(quiet=args.quiet, verbose=args.verbose, log_format=args.log_format)
-    interrupts.install()
     try:
         return int(args.func(args) or 0)
     except QACEError as exc:

@@ -59,7 +59,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from qace import interrupts
 from qace.data import durable
 from qace.errors import OutputError, QACEError, ResumeError
 
@@ -372,9 +371,7 @@ class ResultWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Commit the pending rows and errors as one whole chunk (no-op when nothing is pending); a
-        Ctrl-C that was swallowed since the last commit is raised here instead (`qace.interrupts`)."""
-        interrupts.check()
+        """Commit the pending rows and errors as one whole chunk (no-op when nothing is pending)."""
         rows = len(self._rows) + len(self._plain_rows)
         if not rows and not self._errors:
             return

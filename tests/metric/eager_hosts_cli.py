@@ -11,6 +11,7 @@ first makes every chunk a host process's, as in a long run once they are ready.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -26,5 +27,8 @@ def _eager(args: Any, models: str | None = None) -> Any:
 
 
 if __name__ == "__main__":
+    # Ctrl-C as a terminal's foreground job gets it: a test run started in the background by a
+    # non-interactive shell (`pytest &` in a script) hands SIGINT on ignored, and Python keeps it so
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cli._scorer = _eager
     sys.exit(cli.main(sys.argv[1:]))
