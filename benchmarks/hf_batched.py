@@ -38,7 +38,7 @@ from qace.kernels.token_f1 import token_f1
 from qace.metric.candidates import candidates_from_doc
 from qace.metric.prompts import MAX_LENGTH, clean_question, qg_input, tqa_input, unanswerable_id
 from qace.metric.text import filter_stopwords_all
-from qace.models.visual_t5 import visual_question_inputs
+from qace.models.visual_inputs import visual_question_inputs
 
 MAX_INPUT_TOKENS = QACEConfig.max_input_tokens
 """Prompts are cut to the engine's default ``max_input_tokens`` (keeping EOS), T5's 512 positions, as

@@ -197,7 +197,7 @@ class QACE(FileScorer):
         from qace.engine.scheduler import batch_shapes
         from qace.kernels.token_f1 import token_f1
         from qace.metric.prompts import MAX_NEW_TOKENS
-        from qace.models.visual_t5 import NUM_REGIONS, encoder_length
+        from qace.models.visual_inputs import NUM_REGIONS, encoder_length
 
         c, m = self.config, self.models
         text_lengths = range(1, min(max_length, c.max_input_tokens) + 1)

@@ -45,3 +45,19 @@ def test_a_plain_import_loads_no_api_torch_or_model_code() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+def test_host_processes_and_the_api_load_no_model_code() -> None:
+    """A host process imports `qace.metric.host` (as does `qace.api`): transformers' modelling code
+    (seconds of imports: torch._dynamo, DTensor) stays out of both; only loading a model brings it."""
+    probe = (
+        "import json, sys\nimport qace.metric.host, qace.api\n"
+        "print(json.dumps(sorted(m for m in ('transformers.modeling_utils', 'qace.models.visual_t5') "
+        "if m in sys.modules)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

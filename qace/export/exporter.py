@@ -91,7 +91,7 @@ def _export_graphs(model: Any, out: Path, steps: int) -> None:
     mask = (ids != 0).long()
     enc_out = list(fmt.ENCODER_OUTPUTS)
     if is_visual(model):
-        from qace.models.visual_t5 import NUM_REGIONS, QUESTION_SLOTS, REGION_DIM
+        from qace.models.visual_inputs import NUM_REGIONS, QUESTION_SLOTS, REGION_DIM
 
         ids = torch.zeros((batch, QUESTION_SLOTS), dtype=torch.long)
         ids[:, :5] = 5

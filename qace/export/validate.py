@@ -72,7 +72,7 @@ def sample_batch(model: Any, rows: int = ROWS, seed: int = 0) -> TextBatch | Vis
     rng = np.random.default_rng(seed)
     vocab, eos = int(model.config.vocab_size), int(model.config.eos_token_id)
     if hasattr(model.encoder, "img_emb"):
-        from qace.models.visual_t5 import NUM_REGIONS, QUESTION_SLOTS, REGION_DIM
+        from qace.models.visual_inputs import NUM_REGIONS, QUESTION_SLOTS, REGION_DIM
 
         ids = np.zeros((rows, QUESTION_SLOTS), dtype=np.int64)
         for row in range(rows):

@@ -21,7 +21,7 @@ from qace.engine.instrument import NO_TIMER
 from qace.metric.aggregate import COMPONENTS, caption_scores
 from qace.metric.prompts import MAX_NEW_TOKENS, QG_TEMPLATE, TQA_TEMPLATE, clean_question
 from qace.metric.text import filter_stopwords_all
-from qace.models.visual_t5 import visual_question_inputs
+from qace.models.visual_inputs import visual_question_inputs
 
 
 @dataclass

@@ -29,12 +29,8 @@ from transformers import T5Config, T5ForConditionalGeneration, T5TokenizerFast
 
 from qace.errors import ConfigError
 from qace.models.sources import TEST_MODEL_MARKER
-from qace.models.visual_t5 import (
-    NUM_REGIONS,
-    REGION_DIM,
-    VisualT5ForConditionalGeneration,
-    visual_question_inputs,
-)
+from qace.models.visual_inputs import NUM_REGIONS, REGION_DIM, visual_question_inputs
+from qace.models.visual_t5 import VisualT5ForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 

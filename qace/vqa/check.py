@@ -360,7 +360,7 @@ def check_models(
     from qace.metric.prompts import MAX_NEW_TOKENS
     from qace.metric.runners import build_models
     from qace.metric.text import filter_stopwords_all
-    from qace.models.visual_t5 import visual_question_inputs
+    from qace.models.visual_inputs import visual_question_inputs
     from qace.vqa.qgqa import caption_qa
 
     config = QACEConfig().with_(variant="img" if visual else "ref", device=device, precision=precision)

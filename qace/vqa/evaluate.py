@@ -22,7 +22,7 @@ def validate(model: Any, tokenizer: Any, table: Any, features: str, *, device: s
     from qace.kernels.token_f1 import normalize_answer, token_f1
     from qace.metric.prompts import MAX_NEW_TOKENS, unanswerable_id
     from qace.metric.text import filter_stopwords_all
-    from qace.models.visual_t5 import visual_question_inputs
+    from qace.models.visual_inputs import visual_question_inputs
 
     n = table.num_rows
     if n == 0:

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from qace.errors import ConfigError, FeatureError, ModelNotFoundError, ResumeError
-from qace.models.visual_t5 import IMAGE_PREFIX_TEXT, VisualT5ForConditionalGeneration, visual_question_inputs
+from qace.models.visual_inputs import IMAGE_PREFIX_TEXT, visual_question_inputs
+from qace.models.visual_t5 import VisualT5ForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from qace.engine import prompt_ids as pid
 from qace.engine.prompt_ids import PromptIds, composable, prompt_ids
 from qace.engine.tokenize import token_ids
 from qace.metric.prompts import QG_TEMPLATE, TQA_TEMPLATE, qg_input, tqa_input
-from qace.models.visual_t5 import VISUAL_QUESTION_PREFIX
+from qace.models.visual_inputs import VISUAL_QUESTION_PREFIX
 
 CAPTIONS = [
     "A young child is wearing blue goggles and sitting in a float in a pool.",

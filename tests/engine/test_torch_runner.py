@@ -11,7 +11,7 @@ from qace.engine.scheduler import pad_batch
 from qace.engine.torch_runner import TorchRunner
 from qace.families import torch_runner
 from qace.models.loading import load_seq2seq, load_visual_t5
-from qace.models.visual_t5 import visual_question_inputs
+from qace.models.visual_inputs import visual_question_inputs
 
 WORDS = "a dog runs on the grass two girls play with a red ball in the park near water".split()
 

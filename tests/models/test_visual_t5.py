@@ -8,15 +8,15 @@ import torch
 from transformers import AutoTokenizer, T5Config
 
 from qace.errors import FeatureError, InputError
-from qace.models.visual_t5 import (
+from qace.models.visual_inputs import (
     DEFAULT_IMAGE_PREFIX_IDS,
     NUM_REGIONS,
     QUESTION_SLOTS,
     REGION_DIM,
-    VisualT5ForConditionalGeneration,
     encoder_length,
     visual_question_inputs,
 )
+from qace.models.visual_t5 import VisualT5ForConditionalGeneration
 
 
 def _tiny(**extra: object) -> VisualT5ForConditionalGeneration:

@@ -10,7 +10,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 from qace.engine.scheduler import pad_batch
 from qace.families.t5.encoder import T5Encoder
 from qace.models.loading import load_seq2seq, load_visual_t5
-from qace.models.visual_t5 import visual_question_inputs
+from qace.models.visual_inputs import visual_question_inputs
 
 PROMPTS = [
     "answer: young girl  context: a young girl in a red dress runs on the beach </s>",

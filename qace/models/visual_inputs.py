@@ -1,0 +1,74 @@
+"""Visual-T5's input layout (spec section 4): the 64 question slots, the "image :" prefix and the 36
+regions, and the question ids for a batch. No model code: host processes and scripts that only build
+inputs import this without transformers' modelling code (`qace.models.visual_t5` holds the model).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from qace.engine.prompt_ids import prompt_ids
+from qace.engine.scheduler import pad_batch
+from qace.engine.tokenize import token_ids
+from qace.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+NUM_REGIONS = 36
+"""Region boxes per image in the bottom-up-attention features the release was trained on."""
+REGION_DIM = 2054
+"""2048 pooled CNN features plus 6 box numbers per region."""
+QUESTION_SLOTS = 64
+"""Fixed number of question-token positions; shorter questions are right-padded with id 0."""
+IMAGE_PREFIX_TEXT = "image :"
+"""The text of the prefix between the question and the regions."""
+DEFAULT_IMAGE_PREFIX_IDS: tuple[int, ...] = (1023, 10)
+"""``"image :"`` in the t5-small vocabulary, placed between the question and the regions."""
+VISUAL_QUESTION_PREFIX = "visual answer: "
+"""Task prefix the release puts before every visual question."""
+PAD_ID = 0
+"""T5's pad id, used for the empty question slots (release)."""
+
+
+def encoder_length(config: Any) -> int:
+    """Number of encoder positions (102 for the release layout)."""
+    return QUESTION_SLOTS + len(image_prefix_ids(config)) + NUM_REGIONS
+
+
+def image_prefix_ids(config: Any) -> tuple[int, ...]:
+    """The prefix token ids for this checkpoint: ``config.image_prefix_ids`` or the release default."""
+    ids = getattr(config, "image_prefix_ids", None)
+    return DEFAULT_IMAGE_PREFIX_IDS if ids is None else tuple(int(i) for i in ids)
+
+
+def visual_question_inputs(
+    tokenizer: object, questions: Sequence[str], *, compose: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+    """Tokenize ``"visual answer: " + q`` without EOS into 64 right-padded slots (release layout).
+
+    Returns ``(input_ids, attention_mask, truncated)``; both tensors are (B, 64) int64. Questions
+    longer than 64 tokens are cut to 64 and flagged, where the release crashed (spec, ours).
+    ``compose=True`` (the engine) gives the same ids, each question's reused across calls
+    (`qace.engine.prompt_ids`); the reference implementation tokenises each prompt whole.
+    """
+    if isinstance(questions, str):
+        raise InputError("visual_question_inputs expects a sequence of questions, not a single string")
+    if compose:
+        encode = prompt_ids(tokenizer, VISUAL_QUESTION_PREFIX + "{question}", special_tokens=False)
+        encoded = encode([(q,) for q in questions])
+    else:
+        encoded = token_ids(tokenizer, [VISUAL_QUESTION_PREFIX + q for q in questions], special_tokens=False)
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    cut = lengths > QUESTION_SLOTS
+    for row in np.flatnonzero(cut):
+        logger.warning("visual question %d truncated to %d tokens", row, QUESTION_SLOTS)
+    # one scatter for the whole batch (a Visual-T5 chunk asks thousands of questions), widened to the slots
+    ids, mask = pad_batch([x[:QUESTION_SLOTS] for x in encoded] if cut.any() else encoded, PAD_ID)
+    wider = ((0, 0), (0, QUESTION_SLOTS - ids.shape[1]))
+    ids, mask = np.pad(ids, wider, constant_values=PAD_ID), np.pad(mask, wider)
+    return torch.from_numpy(ids), torch.from_numpy(mask), cut.tolist()
