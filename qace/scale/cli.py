@@ -61,7 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     scorers.add_options(p)
     p.add_argument("--actors", default="1", help="actor pool size N, or MIN,MAX to autoscale")
     p.add_argument("--gpus-per-actor", type=float, default=1.0, help="0 runs the actors on CPU")
-    p.add_argument("--batch-size", type=int, default=512, help="captions per map_batches call")
+    p.add_argument(
+        "--batch-size", type=int, default=None,
+        help="records per actor call (default: 8,192 with GPU actors, 512 on CPU)",
+    )  # fmt: skip
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     p.add_argument("--resume", action="store_true", help="skip records already in the output directory")
     p.set_defaults(func=cmd_score_ray)

@@ -62,6 +62,19 @@ def output_schema(columns: Sequence[str] = SCORE_FIELDS) -> Any:
     )
 
 
+GPU_ACTOR_BATCH = 8192
+"""Records a GPU actor takes a call: four of the engine's 2,048-caption chunks, so a call keeps the
+actor's host processes and GPU busy together (the setting `benchmarks/scaling.py` measures, docs/scale.md).
+A call ends with its last chunk alone on the GPU, so much smaller calls leave the GPU idle more often."""
+CPU_ACTOR_BATCH = 512
+"""Records a CPU actor takes a call (a CPU scores a few captions a second to a few hundred)."""
+
+
+def default_batch_size(gpus_per_actor: float) -> int:
+    """Records an actor call when none are given: `GPU_ACTOR_BATCH` with GPUs, else `CPU_ACTOR_BATCH`."""
+    return GPU_ACTOR_BATCH if gpus_per_actor > 0 else CPU_ACTOR_BATCH
+
+
 class BatchScorer:
     """Callable class for ``Dataset.map_batches``: one scorer per actor, built from a registry entry
     (`qace.scorers`; default QACE), and one Arrow table per batch.
@@ -70,7 +83,8 @@ class BatchScorer:
     or a JSON list string), ``image_id`` (QACE-Img) or ``image`` (a file path every node can read);
     optional ``error`` (a row the reader rejected: passed through as an error row), ``source`` and
     ``line`` (copied to the output). Under Ray each GPU actor sees only its GPU, so the default device
-    is ``cuda`` when one is visible, else ``cpu``.
+    is ``cuda`` when one is visible, else ``cpu``. A scorer with host processes (QACE's engine core)
+    starts them when the actor is built; its CPU pool (QACE's spaCy processes) is 0 unless given.
     """
 
     def __init__(
@@ -94,6 +108,11 @@ class BatchScorer:
         self.columns = entry.columns
         self.scorer = entry.build(device, **kwargs)
         self.signature = self.scorer.signature
+        start = getattr(self.scorer, "start_host_processes", None)
+        if start is not None:
+            # an actor lives for the whole job, but each batch is too short to start a scorer's host
+            # processes by itself (QACE: `qace.api.HOST_MIN_CHUNKS`): start them now, in the background
+            start()
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -148,11 +167,12 @@ def score_dataset(
     actors: int | tuple[int, int] = 1,
     gpus_per_actor: float = 1.0,
     cpus_per_actor: float = 1.0,
-    batch_size: int = 512,
+    batch_size: int | None = None,
     torch_threads: int | None = None,
 ) -> Any:
     """Lazily score a Ray ``Dataset`` with the metric of ``entry`` (a `qace.scorers.ScorerEntry`; default
-    QACE) built from ``scorer_kwargs``; ``actors`` is a fixed pool size or ``(min, max)`` for autoscaling.
+    QACE) built from ``scorer_kwargs``; ``actors`` is a fixed pool size or ``(min, max)`` for autoscaling;
+    ``batch_size`` records an actor call (`default_batch_size` when None).
 
     With ``gpus_per_actor=0`` the actors run on CPU (tests, CPU clusters). Each actor calls the entry's
     ``factory``: ``dataclasses.replace(entry, factory="module:function")`` builds the scorer another way
@@ -174,7 +194,7 @@ def score_dataset(
             "torch_threads": torch_threads,
             "entry": entry,
         },
-        batch_size=batch_size,
+        batch_size=default_batch_size(gpus_per_actor) if batch_size is None else batch_size,
         batch_format="pyarrow",
         compute=pool,
         num_gpus=gpus_per_actor,
@@ -193,7 +213,7 @@ def score_to_parquet(
     actors: int | tuple[int, int] = 1,
     gpus_per_actor: float = 1.0,
     cpus_per_actor: float = 1.0,
-    batch_size: int = 512,
+    batch_size: int | None = None,
     torch_threads: int | None = None,
 ) -> dict[str, Any]:
     """Read JSONL, CSV, COCO or Parquet ``inputs`` (files, or directories of ``.parquet`` files), score
