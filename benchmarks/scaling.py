@@ -81,6 +81,7 @@ from benchmarks.workload import (
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
+from qace.scale.ray_data import GPU_ACTOR_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -543,7 +544,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="each worker caches parsed candidates (default: off for distinct, on for flickr)",
     )
-    parser.add_argument("--ray-batch-size", type=int, default=None, help="records per actor call (8,192)")
+    parser.add_argument(
+        "--ray-batch-size", type=int, default=None, help="records per actor call (qace score-ray's: 8,192)"
+    )
     parser.add_argument("--ray-files", type=int, default=None, help="Ray input files, one read task each (8)")
     parser.add_argument(
         "--ray-object-store-gb", type=float, default=None, help="the cluster's object store (default 2)"
@@ -565,7 +568,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.repeat = 1 if distinct else args.repeat or (1 if tiny else 2)
     args.warmup = args.warmup if args.warmup is not None else (4 if tiny else args.chunk_size)
     args.candidate_cache = args.candidate_cache if args.candidate_cache is not None else not distinct
-    args.ray_batch_size = args.ray_batch_size or (8 if tiny else 8192)
+    args.ray_batch_size = args.ray_batch_size or (8 if tiny else GPU_ACTOR_BATCH)  # qace score-ray's default
     args.ray_files = args.ray_files or (2 if tiny else 8)
     args.ray_object_store_gb = args.ray_object_store_gb or (0.25 if tiny else 2.0)
     cores = len(os.sched_getaffinity(0))
