@@ -33,31 +33,26 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         exec("from qace import nothing_here", {})
 
 
-def test_a_plain_import_loads_no_api_torch_or_model_code() -> None:
+def _loaded_after(imports: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has loaded after ``import <imports>``."""
     probe = (
-        "import json, sys\nimport qace\n"
-        "print(json.dumps(sorted(m for m in ('qace.api', 'qace.reward', 'torch', 'transformers', 'spacy') "
-        "if m in sys.modules)))\n"
+        f"import json, sys\nimport {imports}\n"
+        f"print(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == []
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def test_a_plain_import_loads_no_api_torch_or_model_code() -> None:
+    assert _loaded_after("qace", ("qace.api", "qace.reward", "torch", "transformers", "spacy")) == []
 
 
 def test_host_processes_and_the_api_load_no_model_code() -> None:
     """A host process imports `qace.metric.host` (as does `qace.api`): transformers' modelling code
     (seconds of imports: torch._dynamo, DTensor) stays out of both; only loading a model brings it."""
-    probe = (
-        "import json, sys\nimport qace.metric.host, qace.api\n"
-        "print(json.dumps(sorted(m for m in ('transformers.modeling_utils', 'qace.models.visual_t5') "
-        "if m in sys.modules)))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == []
+    modules = ("transformers.modeling_utils", "qace.models.visual_t5")
+    assert _loaded_after("qace.metric.host, qace.api", modules) == []
