@@ -19,7 +19,7 @@ from qace.errors import ConfigError
 from qace.families import t5
 
 FAMILIES: dict[str, Callable[[Any], Seq2SeqParts]] = {
-    "t5": t5.parts,  # T5ForConditionalGeneration and Visual-T5 (a T5 config)
+    "t5": t5.parts,  # T5 and Visual-T5 (a T5 config)
 }
 """Model type (``model.config.model_type``) -> the builder of its encoder and decoder."""
 

@@ -4,18 +4,23 @@ A missing or wrong model is the most common first-run failure, and transformers'
 (network retries, random init of missing weights) hide it. Every failure here becomes a
 ``ModelNotFoundError`` naming the role, what was tried and the fix; a checkpoint that loads but lacks
 weights (e.g. a Visual-T5 without ``encoder.img_emb``) is rejected instead of silently random.
+
+Half precision (the default on a GPU) builds the models from their weights with `qace.models.t5_modules`,
+without importing transformers' modelling code (2-3.5 s of every run); fp32 loads transformers' classes,
+whose forward the fp32 engine and the reference implementation share.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
+from transformers import AutoConfig, AutoTokenizer
 
 from qace.errors import ConfigError, ModelNotFoundError
 from qace.models.sources import (
@@ -25,7 +30,6 @@ from qace.models.sources import (
     hub_offline,
     looks_like_hub_id,
 )
-from qace.models.visual_t5 import VisualT5ForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +54,18 @@ def _hub_attempts(name: str) -> list[bool]:
     return [True] if hub_offline() else [True, False]
 
 
+HALF = (torch.float16, torch.bfloat16)
+"""Precisions whose models are built without transformers' modelling code (`qace.models.t5_modules`)."""
+
+
 def _load_t5(
-    cls: type[T5ForConditionalGeneration],
     source: str,
     role: str,
     *,
     local_files_only: bool,
     dtype: torch.dtype,
-    required: Sequence[str] = (),
+    device: str | torch.device,
+    visual: bool = False,
     tokenizer: bool = True,
 ) -> tuple[Any, Any]:
     """Load config, weights and (unless ``tokenizer`` is False: None) tokenizer of one checkpoint; raise
@@ -65,27 +73,108 @@ def _load_t5(
     config = AutoConfig.from_pretrained(source, local_files_only=local_files_only)
     if config.model_type != "t5":
         raise _not_found(role, source, f"checkpoint has model_type {config.model_type!r}, not a T5 model")
-    model, info = cls.from_pretrained(
-        source, config=config, dtype=dtype, local_files_only=local_files_only, output_loading_info=True
-    )
-    missing = sorted(set(info.get("missing_keys", ())))
-    _warn_unexpected(role, source, info.get("unexpected_keys", ()))
-    absent = [k for k in required if k in missing]
-    if absent:
-        raise _not_found(role, source, f"not a Visual-T5 checkpoint: weights {absent} are missing")
-    if missing:
-        raise _not_found(role, source, f"checkpoint lacks weights {missing[:5]} (wrong architecture?)")
+    if dtype in HALF:
+        directory = checkpoint_dir(source, local_files_only)
+        model = _build(config, read_checkpoint(directory), role, source, visual, device, dtype)
+    else:
+        model = _transformers_model(config, source, role, local_files_only, dtype, visual)
     if not tokenizer:
         return model, None
     return model, AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
 
 
+def _transformers_model(
+    config: Any, source: str, role: str, local_files_only: bool, dtype: torch.dtype, visual: bool
+) -> Any:
+    """transformers' ``T5ForConditionalGeneration`` (or our Visual-T5 subclass of it), checked for
+    missing weights."""
+    from transformers import T5ForConditionalGeneration
+
+    cls: type[T5ForConditionalGeneration] = T5ForConditionalGeneration
+    if visual:
+        from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
+        cls = VisualT5ForConditionalGeneration
+    model, info = cls.from_pretrained(
+        source, config=config, dtype=dtype, local_files_only=local_files_only, output_loading_info=True
+    )
+    missing = sorted(set(info.get("missing_keys", ())))
+    _warn_unexpected(role, source, info.get("unexpected_keys", ()))
+    _check_missing(role, source, missing, visual)
+    return model
+
+
+def _check_missing(role: str, source: str, missing: Sequence[str], visual: bool) -> None:
+    absent = [k for k in IMG_EMB_KEYS if visual and k in missing]
+    if absent:
+        raise _not_found(role, source, f"not a Visual-T5 checkpoint: weights {absent} are missing")
+    if missing:
+        raise _not_found(role, source, f"checkpoint lacks weights {list(missing)[:5]} (wrong architecture?)")
+
+
+def _build(
+    config: Any,
+    weights: dict[str, torch.Tensor],
+    role: str,
+    source: str,
+    visual: bool,
+    device: str | torch.device,
+    dtype: torch.dtype,
+) -> Any:
+    """The half-precision model of ``weights`` (`qace.models.t5_modules.build_t5`), checked like
+    transformers' loading is."""
+    from qace.models.t5_modules import build_t5
+
+    try:
+        model, missing, unexpected = build_t5(config, weights, visual=visual, device=device, dtype=dtype)
+    except ValueError as exc:  # an activation or layout these modules do not build
+        raise _not_found(role, source, str(exc)) from exc
+    _warn_unexpected(role, source, unexpected)
+    _check_missing(role, source, missing, visual)
+    return model
+
+
+def checkpoint_dir(source: str, local_files_only: bool) -> Path:
+    """A local checkpoint directory as it is; a hub id's snapshot in the Hugging Face cache (downloaded
+    first unless ``local_files_only``): config, tokenizer and safetensors weights, else the legacy
+    ``pytorch_model*.bin``."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.model", "*.safetensors"]
+    directory = Path(snapshot_download(source, allow_patterns=patterns, local_files_only=local_files_only))
+    if not any(directory.glob("*.safetensors")):
+        legacy = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
+        directory = Path(snapshot_download(source, allow_patterns=legacy, local_files_only=local_files_only))
+    return directory
+
+
+def read_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
+    """Every weight of a checkpoint directory: ``model.safetensors``, a sharded safetensors or
+    ``pytorch_model.bin`` checkpoint (its index's files), or the legacy ``pytorch_model.bin``."""
+    for single, index in (
+        ("model.safetensors", "model.safetensors.index.json"),
+        ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ):
+        if (directory / single).is_file():
+            return _read_state_dict(directory / single)
+        if (directory / index).is_file():
+            shards = sorted(set(json.loads((directory / index).read_text())["weight_map"].values()))
+            weights: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                weights.update(_read_state_dict(directory / shard))
+            return weights
+    raise FileNotFoundError(f"{directory} holds no model.safetensors or pytorch_model.bin weights")
+
+
 def _load_source(
-    cls: type[T5ForConditionalGeneration],
     name_or_path: str,
     role: str,
     dtype: torch.dtype,
-    required: Sequence[str] = (),
+    device: str | torch.device,
+    visual: bool = False,
     tokenizer: bool = True,
 ) -> tuple[Any, Any]:
     """Local directory directly; hub id from the HF cache first, then online unless HF_HUB_OFFLINE=1.
@@ -109,12 +198,12 @@ def _load_source(
     for local_only in attempts:
         try:
             return _load_t5(
-                cls,
                 source,
                 role,
                 local_files_only=local_only,
                 dtype=dtype,
-                required=required,
+                device=device,
+                visual=visual,
                 tokenizer=tokenizer,
             )
         except ModelNotFoundError:
@@ -138,30 +227,23 @@ def load_seq2seq(
     """Load the QG or TQA T5 model (hub id or local directory) in eval mode, with its tokenizer."""
     if role.lower() not in {"qg", "tqa"}:
         raise ConfigError(f"load_seq2seq role must be 'qg' or 'tqa', got {role!r}")
-    model, tokenizer = _load_source(T5ForConditionalGeneration, str(name_or_path), role, dtype)
+    model, tokenizer = _load_source(str(name_or_path), role, dtype, device)
     return _finish(model, device, dtype), tokenizer
 
 
 def load_visual_t5(
     name_or_path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> tuple[VisualT5ForConditionalGeneration, Any]:
+) -> tuple[Any, Any]:
     """Load Visual-T5 from a checkpoint directory (Hugging Face layout; the release's ``ckpt/``, which
     has no tokenizer files, takes t5-small's tokenizer as the release did) or a raw state-dict file
     (t5-small's config and tokenizer)."""
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix in RAW_STATE_DICT_SUFFIXES:
-        model, tokenizer = _load_raw_state_dict(path, dtype)
+        model, tokenizer = _load_raw_state_dict(path, dtype, device)
     else:
         _precheck_img_emb(path)
         own = not path.is_dir() or any((path / name).is_file() for name in TOKENIZER_FILES)
-        model, tokenizer = _load_source(
-            VisualT5ForConditionalGeneration,
-            str(name_or_path),
-            "vqa",
-            dtype,
-            required=IMG_EMB_KEYS,
-            tokenizer=own,
-        )
+        model, tokenizer = _load_source(str(name_or_path), "vqa", dtype, device, visual=True, tokenizer=own)
         if not own:
             tokenizer = _from_base(AutoTokenizer, "tokenizer", path)
     return _finish(model, device, dtype), tokenizer
@@ -239,7 +321,7 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load_raw_state_dict(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+def _load_raw_state_dict(path: Path, dtype: torch.dtype, device: str | torch.device) -> tuple[Any, Any]:
     """The release ships ``torch.save(model.state_dict())``: pair it with t5-small's config/tokenizer."""
     try:
         state = _read_state_dict(path)
@@ -251,6 +333,10 @@ def _load_raw_state_dict(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     config = _from_base(AutoConfig, "config", path)
     tokenizer = _from_base(AutoTokenizer, "tokenizer", path)
     config.d_model = int(state["encoder.img_emb.weight"].shape[0])
+    if dtype in HALF:
+        return _build(config, state, "vqa", str(path), True, device, dtype), tokenizer
+    from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
     model = VisualT5ForConditionalGeneration(config)
     result = model.load_state_dict(state, strict=False)
     _warn_unexpected("vqa", str(path), result.unexpected_keys)

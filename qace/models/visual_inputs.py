@@ -1,6 +1,7 @@
 """Visual-T5's input layout (spec section 4): the 64 question slots, the "image :" prefix and the 36
-regions, and the question ids for a batch. No model code: host processes and scripts that only build
-inputs import this without transformers' modelling code (`qace.models.visual_t5` holds the model).
+regions, the question ids for a batch, and the encoder's input embeddings built from them. No model
+code: host processes and scripts that only build inputs import this without transformers' modelling
+code (`qace.models.visual_t5` and `qace.models.t5_modules` hold the model classes).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from qace.engine.prompt_ids import prompt_ids
 from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
-from qace.errors import InputError
+from qace.errors import FeatureError, InputError
 
 logger = logging.getLogger(__name__)
 
@@ -72,3 +73,41 @@ def visual_question_inputs(
     wider = ((0, 0), (0, QUESTION_SLOTS - ids.shape[1]))
     ids, mask = np.pad(ids, wider, constant_values=PAD_ID), np.pad(mask, wider)
     return torch.from_numpy(ids), torch.from_numpy(mask), cut.tolist()
+
+
+def visual_embeds(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Visual-T5 ``model``'s encoder input embeddings ``(B, 102, d_model)`` and mask ``(B, 102)``:
+    question slots, prefix, regions projected by ``model.encoder.img_emb``.
+
+    ``input_ids``/``attention_mask`` are ``(B, 64)`` from `visual_question_inputs`; ``features`` is
+    ``(B, 36, 2054)``. The mask is needed again by the decoder's cross-attention.
+    """
+    _check_shapes(input_ids, attention_mask, features)
+    batch = input_ids.shape[0]
+    shared = model.get_input_embeddings()
+    device = shared.weight.device
+    input_ids = input_ids.to(device)
+    attention_mask = attention_mask.to(device)
+    prefix = torch.tensor(image_prefix_ids(model.config), dtype=torch.long, device=device).expand(batch, -1)
+    img_emb = model.encoder.img_emb
+    regions = img_emb(features.to(device=device, dtype=img_emb.weight.dtype))
+    embeds = torch.cat([shared(input_ids), shared(prefix), regions.to(shared.weight.dtype)], dim=1)
+    ones = attention_mask.new_ones((batch, prefix.shape[1] + NUM_REGIONS))
+    return embeds, torch.cat([attention_mask, ones], dim=1)
+
+
+def _check_shapes(input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor) -> None:
+    """Reject wrongly shaped inputs with a message, instead of a matmul error deep inside T5."""
+    if input_ids.ndim != 2 or input_ids.shape[1] != QUESTION_SLOTS:
+        raise InputError(
+            f"visual question ids must have shape (B, {QUESTION_SLOTS}), got {tuple(input_ids.shape)}"
+        )
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise InputError(
+            f"attention mask shape {tuple(attention_mask.shape)} differs from ids {tuple(input_ids.shape)}"
+        )
+    expected = (input_ids.shape[0], NUM_REGIONS, REGION_DIM)
+    if tuple(features.shape) != expected:
+        raise FeatureError(f"region features must have shape {expected}, got {tuple(features.shape)}")

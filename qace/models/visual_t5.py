@@ -14,8 +14,7 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
 
-from qace.errors import FeatureError, InputError
-from qace.models.visual_inputs import NUM_REGIONS, QUESTION_SLOTS, REGION_DIM, image_prefix_ids
+from qace.models.visual_inputs import REGION_DIM, image_prefix_ids, visual_embeds
 
 
 class VisualT5ForConditionalGeneration(T5ForConditionalGeneration):
@@ -54,32 +53,5 @@ class VisualT5ForConditionalGeneration(T5ForConditionalGeneration):
     def visual_embeds(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The encoder's input embeddings (B, 102, d_model) and mask (B, 102): question slots, prefix,
-        projected regions (the engine runs its own encoder forward on them)."""
-        _check_shapes(input_ids, attention_mask, features)
-        batch = input_ids.shape[0]
-        shared = self.get_input_embeddings()
-        device = shared.weight.device
-        input_ids = input_ids.to(device)
-        attention_mask = attention_mask.to(device)
-        prefix = torch.tensor(self.prefix_ids, dtype=torch.long, device=device).expand(batch, -1)
-        img_emb: nn.Linear = self.encoder.img_emb
-        regions = img_emb(features.to(device=device, dtype=img_emb.weight.dtype))
-        embeds = torch.cat([shared(input_ids), shared(prefix), regions.to(shared.weight.dtype)], dim=1)
-        ones = attention_mask.new_ones((batch, prefix.shape[1] + NUM_REGIONS))
-        return embeds, torch.cat([attention_mask, ones], dim=1)
-
-
-def _check_shapes(input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor) -> None:
-    """Reject wrongly shaped inputs with a message, instead of a matmul error deep inside T5."""
-    if input_ids.ndim != 2 or input_ids.shape[1] != QUESTION_SLOTS:
-        raise InputError(
-            f"visual question ids must have shape (B, {QUESTION_SLOTS}), got {tuple(input_ids.shape)}"
-        )
-    if tuple(attention_mask.shape) != tuple(input_ids.shape):
-        raise InputError(
-            f"attention mask shape {tuple(attention_mask.shape)} differs from ids {tuple(input_ids.shape)}"
-        )
-    expected = (input_ids.shape[0], NUM_REGIONS, REGION_DIM)
-    if tuple(features.shape) != expected:
-        raise FeatureError(f"region features must have shape {expected}, got {tuple(features.shape)}")
+        """The encoder's input embeddings and mask (`qace.models.visual_inputs.visual_embeds`)."""
+        return visual_embeds(self, input_ids, attention_mask, features)

@@ -47,5 +47,6 @@ class T5Encoding:
 
 
 def parts(model: Any) -> Seq2SeqParts:
-    """The encoder and decoder of a loaded ``T5ForConditionalGeneration`` or Visual-T5."""
+    """The encoder and decoder of a loaded T5 or Visual-T5: transformers' classes (fp32) or
+    `qace.models.t5_modules` (half precision)."""
     return Seq2SeqParts(T5Encoding(model), StaticT5Decoder(model))

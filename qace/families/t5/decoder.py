@@ -14,8 +14,9 @@ recomputes nothing it could keep. Here, per batch:
   graph (`qace.families.t5.decode_graphs`) and replayed: one launch instead of hundreds of kernels a step;
 - answerability is read from the first step's logits of the same pass.
 
-It reads the weights of a loaded ``T5ForConditionalGeneration`` (or Visual-T5), so it works for any T5
-checkpoint, ReLU or gated-GELU, in fp32 (identical tokens to ``generate``), bf16 or fp16.
+It reads the weights of a loaded T5 or Visual-T5 (transformers' classes or `qace.models.t5_modules`), so
+it works for any T5 checkpoint, ReLU or gated-GELU, in fp32 (identical tokens to ``generate``), bf16 or
+fp16.
 """
 
 from __future__ import annotations
