@@ -33,6 +33,7 @@ from qace.engine.pinned_upload import to_device
 from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
 from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
+from qace.kernels.bert_encoder import FAMILIES, BertEncoder, build_bert
 from qace.precision import torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -68,19 +69,28 @@ def default_model_dir() -> Path:
     return path
 
 
-def _load(name_or_path: str) -> tuple[Any, Any]:
-    """Tokenizer and fp32 encoder from a local dir or hub id, trying the local cache before the network."""
-    from transformers import AutoModel, AutoTokenizer, GPT2Tokenizer, RobertaTokenizer
+def _load(name_or_path: str, half: bool) -> tuple[Any, Any, dict[str, torch.Tensor] | None]:
+    """Tokenizer, and either the fp32 encoder (transformers' ``AutoModel``) and None or, in half precision
+    for the BERT family (`qace.kernels.bert_encoder`), its config and weights; from a local dir or hub
+    id, trying the local cache before the network."""
+    from transformers import AutoConfig, AutoTokenizer, GPT2Tokenizer, RobertaTokenizer
 
-    def attempt(local_only: bool) -> tuple[Any, Any]:
+    from qace.models.loading import checkpoint_dir, read_checkpoint
+
+    def attempt(local_only: bool) -> tuple[Any, Any, dict[str, torch.Tensor] | None]:
         tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
         if isinstance(tok, GPT2Tokenizer | RobertaTokenizer):
             # bert-score encodes with add_prefix_space=True so the first word is tokenised like the rest.
             tok = AutoTokenizer.from_pretrained(
                 name_or_path, local_files_only=local_only, add_prefix_space=True
             )
+        config = AutoConfig.from_pretrained(name_or_path, local_files_only=local_only)
+        if half and config.model_type in FAMILIES:
+            return tok, config, read_checkpoint(checkpoint_dir(name_or_path, local_only))
+        from transformers import AutoModel
+
         model = AutoModel.from_pretrained(name_or_path, local_files_only=local_only, dtype=torch.float32)
-        return tok, model
+        return tok, model, None
 
     is_dir = Path(name_or_path).expanduser().is_dir()
     try:
@@ -245,10 +255,11 @@ class BertScoreMatcher:
         else:
             self.name_or_path = model
             self.short_name = Path(model.rstrip("/")).name or model
-        self._tokenizer, encoder = _load(self.name_or_path)
+        self._tokenizer, encoder, weights = _load(self.name_or_path, dtype == torch.float16)
         if hasattr(encoder, "encoder") and hasattr(encoder, "decoder"):
             encoder = encoder.get_encoder()  # seq2seq checkpoints: score with the encoder only, as bert-score
-        n_layers = int(encoder.config.num_hidden_layers)
+        config = encoder if weights is not None else encoder.config
+        n_layers = int(config.num_hidden_layers)
         if layer is None:
             layer = KNOWN_LAYERS.get(self.short_name, n_layers)
         if not 0 <= layer <= n_layers:
@@ -256,7 +267,14 @@ class BertScoreMatcher:
                 f"BertScoreMatcher: layer={layer} but {self.name_or_path!r} has layers 0..{n_layers}"
             )
         self.layer = layer
-        self._truncated = _truncate_layers(encoder, layer)
+        if weights is not None:
+            try:
+                encoder = build_bert(config, weights, layer, device=self.device, dtype=dtype)
+            except KeyError as exc:
+                raise ModelNotFoundError(f"BERTScore encoder {self.name_or_path!r}: {exc.args[0]}") from exc
+            self._truncated = True
+        else:
+            self._truncated = _truncate_layers(encoder, layer)
         self._encoder = encoder.to(self.device, dtype).eval()
         tok = self._tokenizer
         self._pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0  # type: ignore[attr-defined]
@@ -326,6 +344,8 @@ class BertScoreMatcher:
         """Hidden states of the chosen layer (the last one left, when the stack was truncated); any
         attention kernel but cuDNN's (see the class docstring)."""
         with sdpa_kernel(_ATTENTION_BACKENDS):
+            if isinstance(self._encoder, BertEncoder):
+                return self._encoder(input_ids, mask)
             if self._truncated:
                 return self._encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
             out = self._encoder(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
