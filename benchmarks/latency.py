@@ -18,7 +18,9 @@ Not timed: ``QACEReward.warm_up`` per variant (every batch shape's CUDA graphs f
 ``--graph-warm-up-length`` tokens, spaCy's workers, BERTScore; 0 skips it), three calls of the smallest
 batch (timed apart as ``first_calls_ms``: what a fresh service's first requests wait), one full chunk of
 records, then ``--warmup`` calls per cell; graphs still captured during timed calls (a batch shape
-first seen there) are counted in the cell's ``graph_captures_in_timed_calls``.
+first seen there) are counted in the cell's ``graph_captures_in_timed_calls``. After the cells,
+``stages_ms`` says where a call's time goes, per batch size: five more in-process calls with each
+pipeline stage timed (the device synchronised after each), their mean wall and CPU milliseconds.
 
 Answer-candidate caching across calls is off by default (``cache_size 0``: an RL policy writes new
 captions every step, while this workload repeats its 977 distinct captions), and the region features of
@@ -54,7 +56,8 @@ from benchmarks.workload import (
 )
 from qace.api import QACE
 from qace.data.records import Record
-from qace.engine.instrument import cuda_sync
+from qace.engine import instrument
+from qace.engine.instrument import StageTimer, cuda_sync
 from qace.reward import QACEReward
 
 log = logging.getLogger(__name__)
@@ -283,7 +286,38 @@ def run_variant(
                     )
                 log.info("%s %s batch %d: p50 %.1f ms", variant, path, batch, cell["p50_ms"])
                 write()
+    info["stages_ms"] = {
+        str(b): stage_profile(reward, scorer, records, b, args.seed, variant) for b in args.batches
+    }
+    write()
     scorer.candidates.close()
+
+
+def stage_profile(
+    reward: QACEReward,
+    scorer: QACE,
+    records: Sequence[Record],
+    batch: int,
+    seed: int,
+    variant: str,
+    calls: int = 5,
+) -> dict[str, Any]:
+    """Where one in-process call's time goes: the mean milliseconds of each pipeline stage over ``calls``
+    calls of fresh batches (wall with the device synchronised after each stage, and the CPU time of the
+    thread that ran it), and the calls' mean wall. Not the timed calls: the synchronisation costs a
+    little."""
+    timer = StageTimer(sync=cuda_sync)
+    walls = []
+    with instrument.attached(scorer, timer=timer):
+        for i in range(calls):
+            picked = draw(records, batch, seed, 5000 + i)
+            walls.append(timed(reward, [r.caption for r in picked], **context_columns(picked, variant)))
+    return {
+        "calls": calls,
+        "call": 1000 * float(np.mean(walls)),
+        "wall": {stage: 1000 * s / calls for stage, s in timer.seconds.items()},
+        "cpu": {stage: 1000 * s / calls for stage, s in timer.cpu_seconds.items()},
+    }
 
 
 @contextmanager

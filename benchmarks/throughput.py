@@ -67,6 +67,7 @@ from benchmarks.workload import (
     flickr_workload,
     pascal_workload,
     reset_caches,
+    transformers_model,
     workload_scorer,
     write_jsonl,
 )
@@ -334,6 +335,7 @@ def engine_section(
 
 def baseline_section(
     scorer: QACE,
+    models_dir: Path,
     variant: str,
     records: list,
     warm: list,
@@ -343,11 +345,14 @@ def baseline_section(
     """The fair baseline on the same records (same model weights), then its `generate` bound; with the
     engine's scores of the same records, how far the baseline's are from them (same work: the same
     forced outputs; bf16 rounding differs)."""
+    device = torch.device(args.device)
     models = {
-        role: (runner.model, getattr(scorer.models, f"{role}_tokenizer"))
+        role: (
+            transformers_model(runner.model, models_dir / role),
+            getattr(scorer.models, f"{role}_tokenizer"),
+        )
         for role, runner in _runners(scorer).items()
     }
-    device = torch.device(args.device)
     baseline = hf_batched.Baseline(
         models,
         load_spacy(),
@@ -490,7 +495,9 @@ def run_variant(
             result, engine_scores = engine_section(scorer, records, warm, args)
             save("engine", result)
         if not args.skip_baseline:
-            save("baseline", baseline_section(scorer, variant, records, warm, args, engine_scores))
+            save(
+                "baseline", baseline_section(scorer, models_dir, variant, records, warm, args, engine_scores)
+            )
         scorer.close()
         del scorer  # its decoders' graph pools and buffers, before the CLI's process needs the GPU
         _release_memory()

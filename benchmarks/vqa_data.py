@@ -42,6 +42,7 @@ from benchmarks.workload import (
     engine_defaults,
     padded_target_tokens,
     pascal_workload,
+    transformers_model,
     workload_models,
 )
 
@@ -111,12 +112,16 @@ def _generate(model: Any, tokenizer: Any, prompts: list[str], role: str, device:
     return tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
-def baseline_run(models: Any, extractor: Any, records: list[Any], device: str) -> dict[str, Any]:
-    """The release's loop over ``records``: per caption, QG on its candidates, then TQA on its questions."""
+def baseline_run(
+    models: Any, models_dir: Path, extractor: Any, records: list[Any], device: str
+) -> dict[str, Any]:
+    """The release's loop over ``records``: per caption, QG on its candidates, then TQA on its questions
+    (transformers' ``generate`` on the same weights, `benchmarks.workload.transformers_model`)."""
     from qace.metric.prompts import clean_question, qg_input, tqa_input
 
     candidates = extractor([r.caption for r in records])
-    qg, tqa = models.qg.model, models.tqa.model
+    qg = transformers_model(models.qg.model, models_dir / "qg")
+    tqa = transformers_model(models.tqa.model, models_dir / "tqa")
     questions = 0
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_run(models, extractor, write_captions(warm, work / "warm.jsonl"), work / "warm.parquet", args)
         captions = write_captions(records, work / "captions.jsonl")
         engine = engine_run(models, extractor, captions, work / "out.parquet", args)
-    baseline = baseline_run(models, extractor, records[: args.baseline_captions], args.device)
+    baseline = baseline_run(models, models_dir, extractor, records[: args.baseline_captions], args.device)
     extractor.close()
     for section in (engine, baseline):
         section["paper_1m_triples_s"] = PAPER_TRIPLES / section["questions_per_s"]

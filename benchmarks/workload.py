@@ -367,3 +367,17 @@ def workload_models(args: argparse.Namespace, records: Sequence[Record], prefix:
     """The benchmark's models (tiny with --tiny), in ``--models-dir`` or a new temporary directory."""
     out = Path(args.models_dir or tempfile.mkdtemp(prefix=prefix))
     return build_tiny_models(out, records) if args.tiny else build_models(out, records, args.bertscore_files)
+
+
+def transformers_model(model: Any, directory: Path) -> Any:
+    """The baseline's model: ``model`` when it is transformers' class (fp32), else the same checkpoint
+    loaded as transformers' class (half precision builds `qace.models.t5_modules`, which cannot
+    ``generate``) in ``model``'s precision on its device, so both read the same weights."""
+    if hasattr(model, "generate"):
+        return model
+    weight = model.shared.weight
+    if hasattr(model.encoder, "img_emb"):
+        from qace.models.visual_t5 import VisualT5ForConditionalGeneration as cls
+    else:
+        from transformers import T5ForConditionalGeneration as cls
+    return cls.from_pretrained(directory, dtype=torch.float32).to(weight.device, weight.dtype).eval()
