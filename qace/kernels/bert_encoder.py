@@ -14,8 +14,10 @@ BERTScore matches; layers above are never built.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +27,41 @@ FAMILIES = ("bert", "roberta")
 """``config.model_type`` values this module builds."""
 _PREFIXES = ("bert.", "roberta.")
 """Checkpoints of task heads (``RobertaForMaskedLM``, the hub's roberta-large) keep the encoder here."""
+
+
+@dataclass(frozen=True)
+class BertSettings:
+    """The fields of a BERT or RoBERTa ``config.json`` the encoder reads (transformers' ``BertConfig``
+    defaults); read by `read_settings`, since transformers' config classes import its modelling code."""
+
+    model_type: str = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    position_embedding_type: str = "absolute"
+
+
+def read_settings(path: Path) -> BertSettings:
+    """`BertSettings` of a ``config.json``; keys it does not know are ignored."""
+    raw = json.loads(Path(path).read_text())
+    known = {f.name for f in fields(BertSettings)}
+    return BertSettings(**{k: v for k, v in raw.items() if k in known and v is not None})
+
+
+def supports(config: BertSettings) -> bool:
+    """True where `BertEncoder` builds this configuration (else transformers' ``AutoModel`` runs it)."""
+    return (
+        config.model_type in FAMILIES
+        and config.position_embedding_type == "absolute"
+        and config.hidden_act == "gelu"
+    )
 
 
 class _Layer(nn.Module):
@@ -66,14 +103,10 @@ _LAYER_NAMES = {
 class BertEncoder(nn.Module):
     """The first ``layers`` layers of a BERT or RoBERTa checkpoint (module docstring)."""
 
-    def __init__(self, config: Any, layers: int) -> None:
+    def __init__(self, config: BertSettings, layers: int) -> None:
         super().__init__()
-        if config.model_type not in FAMILIES:
-            raise ValueError(f"BertEncoder builds {FAMILIES}, not {config.model_type!r}")
-        if getattr(config, "position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"BertEncoder needs absolute positions, not {config.position_embedding_type!r}")
-        if config.hidden_act != "gelu":
-            raise ValueError(f"BertEncoder needs the GELU activation, not {config.hidden_act!r}")
+        if not supports(config):
+            raise ValueError(f"BertEncoder does not build {config} (see `supports`)")
         self.config = config
         hidden, eps = config.hidden_size, config.layer_norm_eps
         # tables, not nn.Embedding: its random initialisation on the meta device imports torch._dynamo
@@ -85,7 +118,7 @@ class BertEncoder(nn.Module):
             _Layer(hidden, config.intermediate_size, config.num_attention_heads, eps) for _ in range(layers)
         )
         self.roberta = config.model_type == "roberta"
-        self.pad_id = int(config.pad_token_id or 0)
+        self.pad_id = int(config.pad_token_id)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``(B, L, hidden)`` states after the built layers; padded positions are computed and ignored."""
@@ -103,7 +136,12 @@ class BertEncoder(nn.Module):
 
 
 def build_bert(
-    config: Any, weights: Mapping[str, torch.Tensor], layers: int, *, device: torch.device, dtype: torch.dtype
+    config: BertSettings,
+    weights: Mapping[str, torch.Tensor],
+    layers: int,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> BertEncoder:
     """The encoder of ``config`` with the first ``layers`` layers of ``weights`` (transformers' names,
     with or without a ``bert.``/``roberta.`` prefix), in ``dtype`` on ``device``; a weight it needs and

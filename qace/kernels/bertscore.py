@@ -19,6 +19,7 @@ bert-score agrees with this module to ~1e-7).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from qace.engine.pinned_upload import to_device
 from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
 from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
-from qace.kernels.bert_encoder import FAMILIES, BertEncoder, build_bert
+from qace.kernels.bert_encoder import BertEncoder, build_bert
 from qace.precision import torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -73,20 +74,21 @@ def _load(name_or_path: str, half: bool) -> tuple[Any, Any, dict[str, torch.Tens
     """Tokenizer, and either the fp32 encoder (transformers' ``AutoModel``) and None or, in half precision
     for the BERT family (`qace.kernels.bert_encoder`), its config and weights; from a local dir or hub
     id, trying the local cache before the network."""
-    from transformers import AutoConfig, AutoTokenizer, GPT2Tokenizer, RobertaTokenizer
+    from transformers import GPT2Tokenizer, RobertaTokenizer
 
-    from qace.models.loading import checkpoint_dir, read_checkpoint
+    from qace.kernels.bert_encoder import read_settings, supports
+    from qace.models.loading import checkpoint_dir, config_file, load_tokenizer, read_checkpoint
 
     def attempt(local_only: bool) -> tuple[Any, Any, dict[str, torch.Tensor] | None]:
-        tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
+        config = config_file(name_or_path, local_only)
+        model_type = json.loads(config.read_text()).get("model_type", "")
+        tok = load_tokenizer(name_or_path, model_type, local_files_only=local_only)
         if isinstance(tok, GPT2Tokenizer | RobertaTokenizer):
             # bert-score encodes with add_prefix_space=True so the first word is tokenised like the rest.
-            tok = AutoTokenizer.from_pretrained(
-                name_or_path, local_files_only=local_only, add_prefix_space=True
-            )
-        config = AutoConfig.from_pretrained(name_or_path, local_files_only=local_only)
-        if half and config.model_type in FAMILIES:
-            return tok, config, read_checkpoint(checkpoint_dir(name_or_path, local_only))
+            tok = load_tokenizer(name_or_path, model_type, local_files_only=local_only, add_prefix_space=True)
+        settings = read_settings(config)
+        if half and supports(settings):
+            return tok, settings, read_checkpoint(checkpoint_dir(name_or_path, local_only))
         from transformers import AutoModel
 
         model = AutoModel.from_pretrained(name_or_path, local_files_only=local_only, dtype=torch.float32)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 from qace.errors import ConfigError, ModelNotFoundError
 from qace.models.sources import (
@@ -30,6 +30,7 @@ from qace.models.sources import (
     hub_offline,
     looks_like_hub_id,
 )
+from qace.models.t5_modules import T5Settings, read_settings
 
 logger = logging.getLogger(__name__)
 
@@ -70,17 +71,57 @@ def _load_t5(
 ) -> tuple[Any, Any]:
     """Load config, weights and (unless ``tokenizer`` is False: None) tokenizer of one checkpoint; raise
     ModelNotFoundError on anything odd."""
-    config = AutoConfig.from_pretrained(source, local_files_only=local_files_only)
-    if config.model_type != "t5":
-        raise _not_found(role, source, f"checkpoint has model_type {config.model_type!r}, not a T5 model")
     if dtype in HALF:
         directory = checkpoint_dir(source, local_files_only)
-        model = _build(config, read_checkpoint(directory), role, source, visual, device, dtype)
+        settings = read_settings(directory / "config.json")
+        _check_t5(settings.model_type, role, source)
+        model = _build(settings, read_checkpoint(directory), role, source, visual, device, dtype)
     else:
+        config = AutoConfig.from_pretrained(source, local_files_only=local_files_only)
+        _check_t5(config.model_type, role, source)
         model = _transformers_model(config, source, role, local_files_only, dtype, visual)
     if not tokenizer:
         return model, None
-    return model, AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+    return model, load_tokenizer(source, "t5", local_files_only=local_files_only)
+
+
+TOKENIZER_CLASSES = {"t5": "T5Tokenizer", "bert": "BertTokenizer", "roberta": "RobertaTokenizer"}
+"""Model type -> the tokenizer class ``AutoTokenizer`` picks for it, loaded by name (`load_tokenizer`)."""
+
+
+def load_tokenizer(source: str | Path, model_type: str, *, local_files_only: bool, **kwargs: Any) -> Any:
+    """The tokenizer ``AutoTokenizer.from_pretrained(source, ...)`` gives, loaded through its own class
+    when the checkpoint's ``tokenizer_config.json`` names the class of its family (`TOKENIZER_CLASSES`,
+    a ``Fast`` suffix or none at all included), else through ``AutoTokenizer``.
+
+    ``AutoTokenizer``'s module imports transformers' generation code, which in some releases (5.17)
+    imports ``torch._dynamo``: 1.8 s of every run that only needed a T5 or BERT tokenizer.
+    """
+    import transformers
+    from transformers.utils.hub import cached_file
+
+    family = TOKENIZER_CLASSES.get(model_type)
+    named = None
+    if family is not None:
+        config = cached_file(
+            str(source),
+            "tokenizer_config.json",
+            local_files_only=local_files_only,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+        if config is not None:
+            named = json.loads(Path(config).read_text()).get("tokenizer_class")
+    if family is not None and (named is None or named.removesuffix("Fast") == family):
+        cls = getattr(transformers, family)
+    else:
+        cls = transformers.AutoTokenizer
+    return cls.from_pretrained(str(source), local_files_only=local_files_only, **kwargs)
+
+
+def _check_t5(model_type: str, role: str, source: str) -> None:
+    if model_type != "t5":
+        raise _not_found(role, source, f"checkpoint has model_type {model_type!r}, not a T5 model")
 
 
 def _transformers_model(
@@ -113,7 +154,7 @@ def _check_missing(role: str, source: str, missing: Sequence[str], visual: bool)
 
 
 def _build(
-    config: Any,
+    config: T5Settings,
     weights: dict[str, torch.Tensor],
     role: str,
     source: str,
@@ -245,17 +286,29 @@ def load_visual_t5(
         own = not path.is_dir() or any((path / name).is_file() for name in TOKENIZER_FILES)
         model, tokenizer = _load_source(str(name_or_path), "vqa", dtype, device, visual=True, tokenizer=own)
         if not own:
-            tokenizer = _from_base(AutoTokenizer, "tokenizer", path)
+            tokenizer = _from_base(_t5_tokenizer, "tokenizer", path)
     return _finish(model, device, dtype), tokenizer
 
 
+def config_file(source: str, local_files_only: bool) -> Path:
+    """The ``config.json`` of a local checkpoint directory or a hub id (from the cache, or downloaded
+    unless ``local_files_only``), without loading it through transformers' config classes."""
+    from transformers.utils.hub import cached_file
+
+    return Path(str(cached_file(source, "config.json", local_files_only=local_files_only)))
+
+
+def _t5_tokenizer(source: str, local_files_only: bool) -> Any:
+    return load_tokenizer(source, "t5", local_files_only=local_files_only)
+
+
 def _from_base(loader: Any, what: str, path: Path) -> Any:
-    """``loader.from_pretrained(VQA_BASE)`` (a config or tokenizer class), from the cache first, then the
-    hub unless HF_HUB_OFFLINE=1, for the Visual-T5 checkpoint at ``path`` that lacks its own."""
+    """``loader(VQA_BASE, local_files_only)`` (a config or tokenizer), from the cache first, then the hub
+    unless HF_HUB_OFFLINE=1, for the Visual-T5 checkpoint at ``path`` that lacks its own."""
     errors: list[str] = []
     for local_only in _hub_attempts(VQA_BASE):
         try:
-            return loader.from_pretrained(VQA_BASE, local_files_only=local_only)
+            return loader(VQA_BASE, local_only)
         except (OSError, ValueError) as exc:
             errors.append(f"{VQA_BASE} ({'cache' if local_only else 'hub'}): {type(exc).__name__}")
     raise _not_found("vqa", f"{path} + {VQA_BASE}", f"cannot load the t5-small {what}; " + "; ".join(errors))
@@ -330,12 +383,20 @@ def _load_raw_state_dict(path: Path, dtype: torch.dtype, device: str | torch.dev
     absent = [k for k in IMG_EMB_KEYS if k not in state]
     if absent:
         raise _not_found("vqa", str(path), f"not a Visual-T5 checkpoint: weights {absent} are missing")
-    config = _from_base(AutoConfig, "config", path)
-    tokenizer = _from_base(AutoTokenizer, "tokenizer", path)
-    config.d_model = int(state["encoder.img_emb.weight"].shape[0])
+    tokenizer = _from_base(_t5_tokenizer, "tokenizer", path)
+    d_model = int(state["encoder.img_emb.weight"].shape[0])
     if dtype in HALF:
-        return _build(config, state, "vqa", str(path), True, device, dtype), tokenizer
+        import dataclasses
+
+        settings = read_settings(_from_base(config_file, "config", path))
+        settings = dataclasses.replace(settings, d_model=d_model)
+        return _build(settings, state, "vqa", str(path), True, device, dtype), tokenizer
     from qace.models.visual_t5 import VisualT5ForConditionalGeneration
+
+    config = _from_base(
+        lambda name, local: AutoConfig.from_pretrained(name, local_files_only=local), "config", path
+    )
+    config.d_model = d_model
 
     model = VisualT5ForConditionalGeneration(config)
     result = model.load_state_dict(state, strict=False)

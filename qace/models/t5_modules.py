@@ -8,6 +8,9 @@ position bias, the layer norms' epsilon and, for gated checkpoints, the feed-for
 model, never its forward; so half precision builds these modules (`build_t5`). fp32 keeps transformers'
 classes, whose forward the fp32 encoder runs, so fp32 scores stay the reference implementation's.
 
+The configuration is read from ``config.json`` by `read_settings` (`T5Settings`): transformers'
+``T5Config`` module imports its modelling code too (through its docstring decorator).
+
 Attribute paths and weight names are Hugging Face's (``encoder.block.0.layer.0.SelfAttention.q.weight``,
 Visual-T5's ``encoder.img_emb``), so checkpoints load without renaming; the embedding is one module
 shared by both stacks, and ``lm_head`` is tied to it where the config says so (T5 v1.0).
@@ -15,14 +18,70 @@ shared by both stacks, and ``lm_head`` is tied to it where the config says so (T
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from qace.models.visual_inputs import REGION_DIM, image_prefix_ids, visual_embeds
+
+
+@dataclass(frozen=True)
+class T5Settings:
+    """The fields of a T5 ``config.json`` these modules and the engine read, with ``T5Config``'s defaults."""
+
+    model_type: str = "t5"
+    vocab_size: int = 32128
+    d_model: int = 512
+    d_kv: int = 64
+    d_ff: int = 2048
+    num_layers: int = 6
+    num_decoder_layers: int | None = None
+    num_heads: int = 8
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
+    feed_forward_proj: str = "relu"
+    tie_word_embeddings: bool = True
+    """T5 v1.0 (the paper's models): the output projection is the embedding, and outputs are scaled."""
+    scale_decoder_outputs: bool = True
+    """Scale the last hidden state by ``d_model ** -0.5`` before the output projection (T5 v1.0)."""
+    pad_token_id: int = 0
+    eos_token_id: int = 1
+    decoder_start_token_id: int = 0
+    image_prefix_ids: tuple[int, ...] | None = None
+    """Visual-T5: the ids between question slots and regions (`qace.models.visual_inputs`)."""
+
+    @property
+    def is_gated_act(self) -> bool:
+        return self.feed_forward_proj.startswith("gated-")
+
+    @property
+    def dense_act_fn(self) -> str:
+        """``gated-gelu`` means the tanh GELU (``gelu_new``), as transformers reads it."""
+        act = self.feed_forward_proj.split("-")[-1]
+        return "gelu_new" if self.feed_forward_proj == "gated-gelu" else act
+
+
+def read_settings(path: Path) -> T5Settings:
+    """`T5Settings` of a ``config.json``; keys it does not know are ignored. Configurations written by
+    transformers 4 say ``tie_word_embeddings: false`` for T5 v1.1 and nothing about scaling (it followed the
+    tie); transformers 5 writes ``scale_decoder_outputs``."""
+    raw = json.loads(Path(path).read_text())
+    known = {f.name for f in fields(T5Settings)}
+    values = {k: v for k, v in raw.items() if k in known and v is not None}
+    if "scale_decoder_outputs" not in raw:
+        values["scale_decoder_outputs"] = raw.get("tie_word_embeddings", True) is not False
+    if "decoder_start_token_id" not in raw:
+        values["decoder_start_token_id"] = raw.get("pad_token_id", 0)
+    if values.get("image_prefix_ids") is not None:
+        values["image_prefix_ids"] = tuple(int(i) for i in values["image_prefix_ids"])
+    return T5Settings(**values)
+
 
 IGNORED_WEIGHTS = frozenset({"decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"})
 """Weights some T5 checkpoints carry and T5 never uses (transformers drops them on load too)."""
@@ -49,7 +108,7 @@ class Attention(nn.Module):
     """q, k, v, o projections without bias; the first layer of each stack also holds the relative
     position bias table (`compute_bias`)."""
 
-    def __init__(self, config: Any, *, relative_bias: bool, decoder: bool) -> None:
+    def __init__(self, config: T5Settings, *, relative_bias: bool, decoder: bool) -> None:
         super().__init__()
         inner = config.num_heads * config.d_kv
         self.n_heads, self.key_value_proj_dim, self.is_decoder = config.num_heads, config.d_kv, decoder
@@ -116,7 +175,7 @@ class TanhGELU(nn.Module):
 class DenseActDense(nn.Module):
     """ReLU (or other) feed-forward: ``wo(act(wi(x)))``."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: T5Settings) -> None:
         super().__init__()
         self.wi = nn.Linear(config.d_model, config.d_ff, bias=False)
         self.wo = nn.Linear(config.d_ff, config.d_model, bias=False)
@@ -129,7 +188,7 @@ class DenseActDense(nn.Module):
 class DenseGatedActDense(nn.Module):
     """Gated feed-forward (T5 v1.1): ``wo(act(wi_0(x)) * wi_1(x))``."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: T5Settings) -> None:
         super().__init__()
         self.wi_0 = nn.Linear(config.d_model, config.d_ff, bias=False)
         self.wi_1 = nn.Linear(config.d_model, config.d_ff, bias=False)
@@ -141,21 +200,21 @@ class DenseGatedActDense(nn.Module):
 
 
 class _SelfAttentionLayer(nn.Module):
-    def __init__(self, config: Any, *, relative_bias: bool, decoder: bool) -> None:
+    def __init__(self, config: T5Settings, *, relative_bias: bool, decoder: bool) -> None:
         super().__init__()
         self.SelfAttention = Attention(config, relative_bias=relative_bias, decoder=decoder)
         self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
 
 
 class _CrossAttentionLayer(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: T5Settings) -> None:
         super().__init__()
         self.EncDecAttention = Attention(config, relative_bias=False, decoder=True)
         self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
 
 
 class _FeedForwardLayer(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: T5Settings) -> None:
         super().__init__()
         gated = bool(getattr(config, "is_gated_act", False))
         self.DenseReluDense = DenseGatedActDense(config) if gated else DenseActDense(config)
@@ -165,7 +224,7 @@ class _FeedForwardLayer(nn.Module):
 class Block(nn.Module):
     """``layer``: self-attention, (decoder only) cross-attention, feed-forward."""
 
-    def __init__(self, config: Any, *, first: bool, decoder: bool) -> None:
+    def __init__(self, config: T5Settings, *, first: bool, decoder: bool) -> None:
         super().__init__()
         layers: list[nn.Module] = [_SelfAttentionLayer(config, relative_bias=first, decoder=decoder)]
         if decoder:
@@ -177,7 +236,7 @@ class Block(nn.Module):
 class Stack(nn.Module):
     """An encoder or decoder stack: shared embedding, blocks, final layer norm."""
 
-    def __init__(self, config: Any, embed_tokens: nn.Embedding, *, decoder: bool, layers: int) -> None:
+    def __init__(self, config: T5Settings, embed_tokens: nn.Embedding, *, decoder: bool, layers: int) -> None:
         super().__init__()
         self.embed_tokens = embed_tokens
         self.is_decoder = decoder
@@ -186,10 +245,9 @@ class Stack(nn.Module):
 
 
 class T5Weights(nn.Module):
-    """A T5 or Visual-T5 checkpoint's weights in Hugging Face's layout (module docstring); ``config`` is
-    its transformers ``T5Config`` (configuration code only)."""
+    """A T5 or Visual-T5 checkpoint's weights in Hugging Face's layout (module docstring)."""
 
-    def __init__(self, config: Any, *, visual: bool = False) -> None:
+    def __init__(self, config: T5Settings, *, visual: bool = False) -> None:
         super().__init__()
         self.config = config
         self.shared = Embedding(config.vocab_size, config.d_model)
@@ -222,7 +280,7 @@ class T5Weights(nn.Module):
 
 
 def build_t5(
-    config: Any,
+    config: T5Settings,
     weights: Mapping[str, torch.Tensor],
     *,
     visual: bool,
@@ -237,7 +295,7 @@ def build_t5(
     with torch.device("meta"):
         model = T5Weights(config, visual=visual)
     tied = ["shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
-    if getattr(config, "tie_word_embeddings", True):
+    if config.tie_word_embeddings:
         tied.append("lm_head.weight")
     source = next((name for name in tied if name in weights), None)
     expected = set(model.state_dict())

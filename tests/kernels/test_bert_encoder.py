@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-from transformers import AutoConfig, AutoModel, AutoTokenizer, RobertaConfig
+from transformers import AutoModel, AutoTokenizer, RobertaConfig
 
-from qace.kernels import bertscore
-from qace.kernels.bert_encoder import BertEncoder, build_bert
+from qace.kernels import bert_encoder, bertscore
+from qace.kernels.bert_encoder import BertEncoder, BertSettings, build_bert, read_settings
 from qace.models.loading import read_checkpoint
 
 WORDS = "a dog runs on the grass two girls play with red ball in park near water".split()
@@ -26,7 +26,7 @@ def _sentences(n: int, seed: int) -> list[str]:
 @pytest.mark.parametrize("layers", [6, 3, 0])
 def test_minilm_hidden_states_equal_transformers_in_fp32(layers: int) -> None:
     directory = bertscore.default_model_dir()
-    config = AutoConfig.from_pretrained(directory)
+    config = read_settings(directory / "config.json")
     ours = build_bert(
         config, read_checkpoint(directory), layers, device=torch.device("cpu"), dtype=torch.float32
     )
@@ -52,7 +52,9 @@ def test_roberta_positions_and_prefixed_weights(tmp_path) -> None:
     theirs = RobertaForMaskedLM(config).eval()
     weights = theirs.state_dict()
     assert any(k.startswith("roberta.") for k in weights)
-    ours = build_bert(config, weights, 2, device=torch.device("cpu"), dtype=torch.float32)
+    known = BertSettings.__dataclass_fields__
+    settings = BertSettings(**{k: v for k, v in config.to_dict().items() if k in known})
+    ours = build_bert(settings, weights, 2, device=torch.device("cpu"), dtype=torch.float32)
     ids = torch.tensor([[0, 5, 9, 7, 2], [0, 4, 2, 1, 1]])
     mask = ids.ne(1).long()
     with torch.inference_mode():
@@ -61,7 +63,7 @@ def test_roberta_positions_and_prefixed_weights(tmp_path) -> None:
     assert torch.equal(got[mask.bool()], want[mask.bool()])
     with pytest.raises(KeyError, match="query"):
         build_bert(
-            config,
+            settings,
             {k: v for k, v in weights.items() if "query" not in k},
             2,
             device="cpu",
@@ -72,7 +74,7 @@ def test_roberta_positions_and_prefixed_weights(tmp_path) -> None:
 def test_half_matcher_scores_equal_transformers_half(monkeypatch) -> None:
     native = bertscore.BertScoreMatcher(precision="fp16")
     assert isinstance(native._encoder, BertEncoder)
-    monkeypatch.setattr(bertscore, "FAMILIES", ())  # the same matcher on transformers' model
+    monkeypatch.setattr(bert_encoder, "FAMILIES", ())  # the same matcher on transformers' model
     theirs = bertscore.BertScoreMatcher(precision="fp16")
     assert not isinstance(theirs._encoder, BertEncoder)
     cands, refs = _sentences(200, 1), _sentences(200, 2)
@@ -80,13 +82,26 @@ def test_half_matcher_scores_equal_transformers_half(monkeypatch) -> None:
     assert native.signature == theirs.signature
 
 
+def test_settings_defaults_are_transformers() -> None:
+    from transformers import BertConfig
+
+    defaults = BertConfig().to_dict()
+    for name in BertSettings.__dataclass_fields__:
+        if name in defaults:  # transformers 5 dropped position_embedding_type (always absolute)
+            assert getattr(BertSettings(), name) == defaults[name], name
+
+
 def test_half_matcher_imports_no_modelling_code() -> None:
+    """Nor transformers' auto classes and generation code: in some releases (5.17) they import
+    torch._dynamo."""
     script = (
         "import sys\n"
         "from qace.kernels.bertscore import BertScoreMatcher\n"
         "m = BertScoreMatcher(precision='fp16')\n"
         "m.score(['a dog'], ['the dog'])\n"
-        "print(sorted(x for x in ('transformers.modeling_utils', 'torch._dynamo') if x in sys.modules))\n"
+        "heavy = ('transformers.modeling_utils', 'torch._dynamo', 'transformers.models.auto.auto_factory',"
+        " 'transformers.generation.utils')\n"
+        "print(sorted(x for x in heavy if x in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

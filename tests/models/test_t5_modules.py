@@ -3,6 +3,7 @@ exactly the weights transformers' classes hold, and the engine gets the same out
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from transformers import T5Config
 from qace.errors import ModelNotFoundError
 from qace.families import torch_runner
 from qace.models import loading
-from qace.models.t5_modules import T5Weights, build_t5
+from qace.models.t5_modules import T5Settings, T5Weights, build_t5, read_settings
 from tests.engine.test_torch_runner import _text_batches, _visual_batches
 
 HALVES = [torch.bfloat16, torch.float16]
@@ -109,7 +110,7 @@ def test_build_reports_what_the_checkpoint_lacks_and_adds(test_models_dir) -> No
     from safetensors.torch import load_file
 
     weights = load_file(test_models_dir / "qg" / "model.safetensors")
-    config = T5Config.from_pretrained(test_models_dir / "qg")
+    config = read_settings(test_models_dir / "qg" / "config.json")
     weights["encoder.extra.weight"] = torch.zeros(1)
     weights["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"] = torch.zeros(1)
     _, missing, unexpected = build_t5(config, weights, visual=True, device="cpu", dtype=torch.bfloat16)
@@ -139,7 +140,8 @@ def test_hub_snapshot_in_the_cache_loads_offline(tmp_path, test_models_dir, monk
 
 def test_half_precision_loading_imports_no_modelling_code(test_models_dir) -> None:
     """The point of these modules: building the scorer's models in half precision leaves transformers'
-    modelling code (and torch._dynamo, which it pulls in) unimported."""
+    modelling code (and torch._dynamo, which it pulls in) unimported, and its auto classes and generation
+    code, which import torch._dynamo in some releases (5.17) and which its T5Config imports."""
     script = textwrap.dedent(
         f"""
         import sys, torch
@@ -149,8 +151,54 @@ def test_half_precision_loading_imports_no_modelling_code(test_models_dir) -> No
         for role in ("qg", "tqa"):
             torch_runner(loading.load_seq2seq(d + "/" + role, role=role, dtype=torch.bfloat16)[0])
         torch_runner(loading.load_visual_t5(d + "/vqa", dtype=torch.bfloat16)[0])
-        print(sorted(m for m in ("transformers.modeling_utils", "torch._dynamo") if m in sys.modules))
+        heavy = ("transformers.modeling_utils", "torch._dynamo", "transformers.models.auto.auto_factory",
+                 "transformers.generation.utils")
+        print(sorted(m for m in heavy if m in sys.modules))
         """
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_settings_defaults_are_t5configs() -> None:
+    defaults, ours = T5Config(), T5Settings()
+    assert ours.num_decoder_layers is None and defaults.num_decoder_layers == ours.num_layers  # None: as many
+    for name in T5Settings.__dataclass_fields__:
+        if hasattr(defaults, name) and name not in {"image_prefix_ids", "num_decoder_layers"}:
+            assert getattr(ours, name) == getattr(defaults, name), name
+
+
+def test_settings_of_both_transformers_releases(tmp_path) -> None:
+    """transformers 4 wrote ``tie_word_embeddings: false`` for T5 v1.1 (its outputs are not scaled and its
+    output projection is its own); transformers 5 writes ``scale_decoder_outputs``."""
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps({"model_type": "t5", "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False})
+    )
+    v11 = read_settings(config)
+    assert not v11.tie_word_embeddings and not v11.scale_decoder_outputs
+    assert v11.is_gated_act and v11.dense_act_fn == "gelu_new" and v11.decoder_start_token_id == 0
+    config.write_text(
+        json.dumps({"model_type": "t5", "tie_word_embeddings": True, "scale_decoder_outputs": False})
+    )
+    assert not read_settings(config).scale_decoder_outputs
+    config.write_text(json.dumps({"model_type": "t5", "image_prefix_ids": [5, 6]}))
+    assert read_settings(config).image_prefix_ids == (5, 6) and read_settings(config).scale_decoder_outputs
+
+
+def test_an_untied_head_is_the_checkpoints_own(test_models_dir) -> None:
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    weights = load_file(test_models_dir / "qg" / "model.safetensors")
+    settings = dataclasses.replace(
+        read_settings(test_models_dir / "qg" / "config.json"), tie_word_embeddings=False
+    )
+    _, missing, _ = build_t5(settings, weights, visual=False, device="cpu", dtype=torch.bfloat16)
+    if "lm_head.weight" not in weights:
+        assert missing == ["lm_head.weight"]
+    weights["lm_head.weight"] = torch.randn_like(weights["shared.weight"])
+    model, missing, _ = build_t5(settings, weights, visual=False, device="cpu", dtype=torch.bfloat16)
+    assert not missing and model.lm_head.weight is not model.shared.weight
+    assert torch.equal(model.lm_head.weight, weights["lm_head.weight"].to(torch.bfloat16))

@@ -9,6 +9,7 @@ import torch
 from qace.engine.scheduler import pad_batch
 from qace.families.t5.decode_graphs import bucket_length, bucket_rows, windows
 from qace.families.t5.decoder import StaticT5Decoder
+from qace.families.t5.encoder import T5Encoder
 from qace.models.loading import load_seq2seq
 
 PROMPTS = [
@@ -34,8 +35,7 @@ def _decode(model, tokenizer, prompts: list[str], device: str, graphs: bool, for
     ids, mask = pad_batch(tokenizer(prompts)["input_ids"], tokenizer.pad_token_id)
     ids_t, mask_t = torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
     decoder = decoder or StaticT5Decoder(model, cuda_graphs=graphs)
-    with torch.inference_mode():
-        hidden = model.get_encoder()(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+    hidden, mask_t = T5Encoder(model)(mask_t, input_ids=ids_t)  # fp32: Hugging Face's forward
     tokens, answerability = decoder.generate(
         hidden, mask_t, max_new_tokens=31, unanswerable_id=5, forced=forced
     )
