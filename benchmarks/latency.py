@@ -20,7 +20,13 @@ batch (timed apart as ``first_calls_ms``: what a fresh service's first requests 
 records, then ``--warmup`` calls per cell; graphs still captured during timed calls (a batch shape
 first seen there) are counted in the cell's ``graph_captures_in_timed_calls``. After the cells,
 ``stages_ms`` says where a call's time goes, per batch size: five more in-process calls with each
-pipeline stage timed (the device synchronised after each), their mean wall and CPU milliseconds.
+pipeline stage timed (the device synchronised after each), their mean wall and CPU milliseconds (with
+``--design engine-core`` the stages run in the host processes, out of its sight).
+
+``--design default`` (the default) times what a `QACEReward` or `qace serve` left to its defaults runs:
+calls of up to `qace.api.HOST_MIN_CHUNKS` chunks are scored in the caller's process, the engine core's
+host processes are never started. ``--design engine-core`` starts them first, so every call runs
+through them (a scorer that has also scored a large input).
 
 Answer-candidate caching across calls is off by default (``cache_size 0``: an RL policy writes new
 captions every step, while this workload repeats its 977 distinct captions), and the region features of
@@ -78,6 +84,7 @@ def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Name
         precision=args.precision,
         args=args,
         candidate_cache=args.candidate_cache,
+        host_processes=args.design == "engine-core",
     )
 
 
@@ -331,6 +338,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="benchmarks/results/latency.json")
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    parser.add_argument(
+        "--design",
+        choices=["default", "engine-core"],
+        default="default",
+        help="default: what a QACEReward or `qace serve` left to its defaults runs (a call of up to 4 chunks "
+        "is scored in the caller's process); engine-core: the host processes started first, so calls run "
+        "through them",
+    )
     parser.add_argument("--variants", nargs="+", default=["img", "ref"], choices=["img", "ref"])
     parser.add_argument("--batches", nargs="+", type=int, default=None, help="default 64 256 1024")
     parser.add_argument(
@@ -406,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         + ", random features, forced seeded outputs (questions 8-16, answers 2-4 tokens); each batch drawn "
         f"without replacement from the {len(records)} Flickr8k-Expert records (seed {args.seed})",
         "settings": {
+            "design": args.design,
+            "host_workers": args.host_workers if args.design == "engine-core" else "not started",
             "batch_rows": args.batch_rows,
             "batch_tokens": args.batch_tokens,
             "chunk_size": args.chunk_size,

@@ -220,11 +220,15 @@ def workload_scorer(
     backend: str = "torch",
     candidate_cache: bool = False,
     features: Any = None,
+    host_processes: bool = True,
 ) -> QACE:
     """The benchmarks' engine: the workload's models (and BERTScore encoder, when built), ``features``
     (a store or a path; default random features), forced output lengths and the batch settings in
     ``args``. ``candidate_cache=False`` makes every pass parse its captions again, as the baselines and an
-    RL policy's fresh captions do."""
+    RL policy's fresh captions do. ``host_processes``: the engine core's host processes (``args``'
+    ``host_workers``) are started before anything is timed, so every pass runs the same design; False
+    leaves them to the scorer, which starts them only for input longer than `qace.api.HOST_MIN_CHUNKS`
+    chunks (a reward call never is)."""
     bertscore = models_dir / "bertscore"
     scorer = QACE(
         backend=backend,
@@ -243,7 +247,8 @@ def workload_scorer(
     )
     if not candidate_cache:
         scorer.candidates.cache_size = 0
-    scorer.start_host_processes(wait=True)  # every pass by the same design, from the first
+    if host_processes:
+        scorer.start_host_processes(wait=True)  # every pass by the same design, from the first
     scorer.candidates.start(wait=True)
     return force_lengths(scorer)
 
