@@ -120,7 +120,10 @@ class BatchScorer:
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else _rows_of(batch)
         if rows and "id" not in rows[0]:
             raise InputError("the data set needs an 'id' column (unique per caption; resume relies on it)")
-        results = list(self.scorer.score_records([_record(row) for row in rows]))
+        # a batch is a piece of one long stream: whole chunks, as a file's (`score_committed`); the ramp of
+        # `score_records` (small first chunks, to start a single long input early) would be paid again
+        # on every batch, and rows would depend on where Ray cut the batches inside a chunk's ramp
+        results = list(self.scorer.score_committed([_record(row) for row in rows]))
         schema = output_schema(self.columns)
         out: dict[str, list[Any]] = {name: [] for name in schema.names}
         for row, result in zip(rows, results, strict=True):

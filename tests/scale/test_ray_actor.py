@@ -22,6 +22,12 @@ class _Scorer:
     def start_host_processes(self) -> None:
         self.started += 1
 
+    def score_records(self, records: Any) -> Any:
+        raise AssertionError("an actor's batch is scored in whole chunks (score_committed)")
+
+    def score_committed(self, records: Any) -> Any:
+        return ({"id": r.id, "qace": 0.5, "flags": []} for r in records)
+
 
 class _Judge:
     """A scorer without host processes (the judges)."""
@@ -71,3 +77,14 @@ def test_an_actor_call_takes_a_gpu_sized_batch_unless_told(
 
     ds = score_dataset(_Dataset(), gpus_per_actor=gpus, batch_size=given)
     assert ds.kwargs["batch_size"] == expected
+
+
+def test_an_actors_batch_is_scored_in_whole_chunks() -> None:
+    """`score_committed`, not the ramp of `score_records` that each batch would pay again."""
+    pa = pytest.importorskip("pyarrow")
+    entry = dataclasses.replace(scorers.get("qace-ref"), factory=f"{__name__}:scorer")
+    actor = BatchScorer({"device": "cpu"}, entry=entry)
+    batch = pa.table({"id": ["a", "b"], "caption": ["a dog", "a cat"], "references": [["x"], ["y"]]})
+    table = actor(batch)
+    assert table.column("id").to_pylist() == ["a", "b"]
+    assert table.column("qace").to_pylist() == [0.5, 0.5]
