@@ -151,3 +151,35 @@ def test_checkpoint_fingerprint(tmp_path, test_models_dir) -> None:
 def test_is_test_model(tmp_path, test_models_dir) -> None:
     assert is_test_model(test_models_dir / "tqa")
     assert not is_test_model(tmp_path)
+
+
+def test_tokenizers_load_by_their_family_class_unless_the_checkpoint_names_another(
+    tmp_path, test_models_dir
+) -> None:
+    """`load_tokenizer` gives what AutoTokenizer gives; it names the class itself only where the
+    checkpoint's tokenizer_config.json names its family's (or nothing)."""
+    from transformers import AutoTokenizer
+
+    from qace.models.loading import load_tokenizer
+
+    texts = ["A girl in a red dress running on the beach.", "question: who runs ?  context: a dog </s>"]
+    want = AutoTokenizer.from_pretrained(test_models_dir / "qg")
+    shutil.copytree(test_models_dir / "qg", tmp_path / "qg")
+    config_path = tmp_path / "qg" / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    for named, expected in (
+        ("T5TokenizerFast", "T5Tokenizer"),
+        (None, "T5Tokenizer"),
+        ("PreTrainedTokenizerFast", None),
+    ):
+        if named is None:
+            config.pop("tokenizer_class", None)
+        else:
+            config["tokenizer_class"] = named
+        config_path.write_text(json.dumps(config))
+        got = load_tokenizer(tmp_path / "qg", "t5", local_files_only=True)
+        assert got(texts)["input_ids"] == want(texts)["input_ids"]
+        assert type(got).__name__ == (
+            expected or type(AutoTokenizer.from_pretrained(tmp_path / "qg")).__name__
+        )
+    assert type(got).__name__ != "T5Tokenizer"  # another class named: AutoTokenizer's choice
