@@ -18,10 +18,8 @@ Not timed: ``QACEReward.warm_up`` per variant (every batch shape's CUDA graphs f
 ``--graph-warm-up-length`` tokens, spaCy's workers, BERTScore; 0 skips it), three calls of the smallest
 batch (timed apart as ``first_calls_ms``: what a fresh service's first requests wait), one full chunk of
 records, then ``--warmup`` calls per cell; graphs still captured during timed calls (a batch shape
-first seen there) are counted in the cell's ``graph_captures_in_timed_calls``. After the cells,
-``stages_ms`` says where a call's time goes, per batch size: five more in-process calls with each
-pipeline stage timed (the device synchronised after each), their mean wall and CPU milliseconds (with
-``--design engine-core`` the stages run in the host processes, out of its sight).
+first seen there) are counted in the cell's ``graph_captures_in_timed_calls``. Where a call's time
+goes: ``benchmarks.profile`` (same scorer, `make_scorer`).
 
 ``--design default`` (the default) times what a `QACEReward` or `qace serve` left to its defaults runs:
 calls of up to `qace.api.HOST_MIN_CHUNKS` chunks are scored in the caller's process, the engine core's
@@ -62,8 +60,7 @@ from benchmarks.workload import (
 )
 from qace.api import QACE
 from qace.data.records import Record
-from qace.engine import instrument
-from qace.engine.instrument import StageTimer, cuda_sync
+from qace.engine.instrument import cuda_sync
 from qace.reward import QACEReward
 
 log = logging.getLogger(__name__)
@@ -75,8 +72,11 @@ OPENRLHF_PROMPT = "<image> Describe the image in one sentence: "
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Namespace) -> QACE:
-    """The benchmark engine (`workload_scorer`), candidate cache as ``--candidate-cache`` says."""
+def make_scorer(
+    models_dir: Path, variant: str, device: str, args: argparse.Namespace, *, host_processes: bool = False
+) -> QACE:
+    """The benchmark engine (`workload_scorer`), candidate cache as ``--candidate-cache`` says; by default
+    without the engine core's host processes, as a `QACEReward` left to its defaults scores a call."""
     return workload_scorer(
         models_dir,
         variant,
@@ -84,7 +84,7 @@ def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Name
         precision=args.precision,
         args=args,
         candidate_cache=args.candidate_cache,
-        host_processes=args.design == "engine-core",
+        host_processes=host_processes,
     )
 
 
@@ -224,7 +224,7 @@ def run_variant(
 ) -> None:
     """Time every (batch, path) cell of ``variant`` into ``report["cells"]``, writing after each."""
     load = time.perf_counter()
-    scorer = make_scorer(models_dir, variant, args.device, args)
+    scorer = make_scorer(models_dir, variant, args.device, args, host_processes=args.design == "engine-core")
     preload_features(scorer, records)
     reward = QACEReward(scorer)
     info: dict[str, Any] = {"signature": reward.signature, "load_seconds": time.perf_counter() - load}
@@ -293,38 +293,7 @@ def run_variant(
                     )
                 log.info("%s %s batch %d: p50 %.1f ms", variant, path, batch, cell["p50_ms"])
                 write()
-    info["stages_ms"] = {
-        str(b): stage_profile(reward, scorer, records, b, args.seed, variant) for b in args.batches
-    }
-    write()
     scorer.candidates.close()
-
-
-def stage_profile(
-    reward: QACEReward,
-    scorer: QACE,
-    records: Sequence[Record],
-    batch: int,
-    seed: int,
-    variant: str,
-    calls: int = 5,
-) -> dict[str, Any]:
-    """Where one in-process call's time goes: the mean milliseconds of each pipeline stage over ``calls``
-    calls of fresh batches (wall with the device synchronised after each stage, and the CPU time of the
-    thread that ran it), and the calls' mean wall. Not the timed calls: the synchronisation costs a
-    little."""
-    timer = StageTimer(sync=cuda_sync)
-    walls = []
-    with instrument.attached(scorer, timer=timer):
-        for i in range(calls):
-            picked = draw(records, batch, seed, 5000 + i)
-            walls.append(timed(reward, [r.caption for r in picked], **context_columns(picked, variant)))
-    return {
-        "calls": calls,
-        "call": 1000 * float(np.mean(walls)),
-        "wall": {stage: 1000 * s / calls for stage, s in timer.seconds.items()},
-        "cpu": {stage: 1000 * s / calls for stage, s in timer.cpu_seconds.items()},
-    }
 
 
 @contextmanager

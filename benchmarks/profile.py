@@ -4,7 +4,8 @@
     python -m benchmarks.profile --tiny --out-dir /tmp/profile-tiny      # CPU smoke run
 
 The latency and throughput benchmarks say how long; this says why. Same engine, workload and settings as
-``benchmarks/latency.py`` (its ``make_scorer``). After the same warm-up (one full chunk, then a few calls),
+``benchmarks/latency.py`` (its ``make_scorer``, the default design: a call scored in the caller's process,
+as a `QACEReward` left to its defaults scores it). After the same warm-up (one full chunk, then a few calls),
 it times ``--calls`` calls of ``--batch`` captions three ways, each on its own calls so that no tool
 distorts another:
 

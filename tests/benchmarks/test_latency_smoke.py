@@ -83,18 +83,7 @@ def test_batches_are_seeded_and_distinct_records() -> None:
     assert len(set(a)) == 10
 
 
-def test_default_design_and_where_a_call_goes(report: dict[str, Any]) -> None:
-    """The default design is a reward object's own (no host processes), so the stage profile sees every
-    stage of the call, and the stages fit inside the call."""
+def test_the_default_design_is_a_reward_objects_own(report: dict[str, Any]) -> None:
+    """No host processes started: a reward call of up to 4 chunks is scored in the caller's process."""
     assert report["settings"]["design"] == "default"
     assert report["settings"]["host_workers"] == "not started"
-    for variant in ("img", "ref"):
-        stages = report["variants"][variant]["stages_ms"]
-        assert set(stages) == {"4", "8"}
-        for profile in stages.values():
-            assert {"prepare", "candidates", "questions", "answers", "bertscore", "token_f1"} <= set(
-                profile["wall"]
-            )
-            assert all(ms >= 0 for ms in profile["wall"].values())
-            inside = sum(ms for stage, ms in profile["wall"].items() if stage != "prepare")
-            assert 0 < inside <= profile["call"]
