@@ -81,25 +81,28 @@ BAD_LINES = ('{"id": "bad-json", "caption": "a dog runs", \n', '{"id": "bad-capt
 
 
 def fault_scorer(*, progress_dir: str, **kwargs: Any) -> QACE:
-    """`forced_scorer` (no timings) whose ``score_records`` writes ``<progress_dir>/<pid>.json`` (`_write`)
-    when the actor is built and at the start and end of every batch: ``{"pid", "born", "started",
-    "done", "rows"}`` (batches started and finished, rows scored)."""
+    """`forced_scorer` (no timings) whose ``score_records`` and ``score_committed`` write
+    ``<progress_dir>/<pid>.json`` (`_write`) when the actor is built and at the start and end of every
+    batch: ``{"pid", "born", "started", "done", "rows"}`` (batches started and finished, rows scored)."""
     scorer = forced_scorer(**kwargs)
     state = {"pid": os.getpid(), "born": time.time(), "started": 0, "done": 0, "rows": 0}
     path = Path(progress_dir, f"{os.getpid()}.json")
     _write(path, state)
-    score_records = scorer.score_records
 
-    def counted(records: Any) -> Iterator[Any]:
-        state["started"] += 1
-        _write(path, state)
-        rows = list(score_records(records))
-        state["done"] += 1
-        state["rows"] += len(rows)
-        _write(path, state)
-        yield from rows
+    def counted(score: Any) -> Any:
+        def run(records: Any) -> Iterator[Any]:
+            state["started"] += 1
+            _write(path, state)
+            rows = list(score(records))
+            state["done"] += 1
+            state["rows"] += len(rows)
+            _write(path, state)
+            yield from rows
 
-    scorer.score_records = counted  # type: ignore[method-assign]
+        return run
+
+    for name in ("score_records", "score_committed"):  # a Ray actor's batches: score_committed
+        setattr(scorer, name, counted(getattr(scorer, name)))
     return scorer
 
 

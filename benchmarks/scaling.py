@@ -108,11 +108,12 @@ def forced_scorer(
     forced output lengths, its host and spaCy processes started, every batch shape's CUDA graphs captured
     (``capture``; nothing to capture on the CPU) and warmed up on ``warmup`` records.
 
-    With ``timings_dir`` it then writes ``ready-<pid>`` there, and its ``score_records`` waits, at its
-    first call, until ``workers`` workers are ready (a start barrier: the steady-state window times
-    parallel scoring, not one worker waiting for another to load). It writes ``<pid>.json`` when ready
-    and again after every call (Ray calls it once a batch): start-up times, settings, the first call's
-    start and the last one's end, rows and calls so far, peak GPU memory (`_workers` reads them)."""
+    With ``timings_dir`` it then writes ``ready-<pid>`` there, and its ``score_records`` and
+    ``score_committed`` (a Ray actor's batches) wait, at the first call, until ``workers`` workers are
+    ready (a start barrier: the steady-state window times parallel scoring, not one worker waiting for
+    another to load). It writes ``<pid>.json`` when ready and again after every call (Ray calls it once a
+    batch): start-up times, settings, the first call's start and the last one's end, rows and calls so
+    far, peak GPU memory (`_workers` reads them)."""
     started = time.time()
     scorer = QACE(device=device, **kwargs)
     force_lengths(scorer)
@@ -149,25 +150,28 @@ def forced_scorer(
     }
     _write_atomic(folder / f"{os.getpid()}.json", json.dumps(info))  # a Ray actor may get no batch
     (folder / f"ready-{os.getpid()}").touch()
-    score_records = scorer.score_records
 
-    def timed(records: Any) -> Iterator[Any]:
-        if info["start"] is None:
-            _wait_for_all(folder, workers)
-            info["start"] = time.time()
-        for row in score_records(records):
-            info["rows"] += 1
-            yield row
-        _sync(device)
-        info.update(
-            end=time.time(),
-            calls=info["calls"] + 1,
-            engine_core=scorer.host is not None and scorer.host.ready(),
-            peak_bytes_by_gpu=_peak_bytes(),
-        )
-        _write_atomic(folder / f"{os.getpid()}.json", json.dumps(info))
+    def timed(score: Any) -> Any:
+        def run(records: Any) -> Iterator[Any]:
+            if info["start"] is None:
+                _wait_for_all(folder, workers)
+                info["start"] = time.time()
+            for row in score(records):
+                info["rows"] += 1
+                yield row
+            _sync(device)
+            info.update(
+                end=time.time(),
+                calls=info["calls"] + 1,
+                engine_core=scorer.host is not None and scorer.host.ready(),
+                peak_bytes_by_gpu=_peak_bytes(),
+            )
+            _write_atomic(folder / f"{os.getpid()}.json", json.dumps(info))
 
-    scorer.score_records = timed  # type: ignore[method-assign]
+        return run
+
+    for name in ("score_records", "score_committed"):  # shard workers use the first, Ray actors the second
+        setattr(scorer, name, timed(getattr(scorer, name)))
     return scorer
 
 
