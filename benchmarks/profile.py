@@ -5,7 +5,8 @@
 
 The latency and throughput benchmarks say how long; this says why. Same engine, workload and settings as
 ``benchmarks/latency.py`` (its ``make_scorer``, the default design: a call scored in the caller's process,
-as a `QACEReward` left to its defaults scores it). After the same warm-up (one full chunk, then a few calls),
+as a `QACEReward` left to its defaults scores it). After the same warm-up (``QACEReward.warm_up``, one full
+chunk, then a few calls; ``graph_captures_in_profiled_calls`` says if a call still captured a graph),
 it times ``--calls`` calls of ``--batch`` captions three ways, each on its own calls so that no tool
 distorts another:
 
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.latency import DEFAULT_DATA, context_columns, draw, make_scorer
+from benchmarks.latency import DEFAULT_DATA, context_columns, draw, graph_captures, make_scorer
 from benchmarks.run_info import record
 from benchmarks.workload import (
     add_engine_arguments,
@@ -77,6 +78,10 @@ def stage_walls(reward: QACEReward, call: Callable[[int], None], calls: int) -> 
         "prefetch_ms": 1000 * timer.seconds.get("prepare", 0.0) / calls,
         "gc_ms": 1000 * pauses.seconds / calls,
         "gc_collections": pauses.count / calls,
+        "gc_by_generation": {
+            str(g): {"collections": n / calls, "ms": 1000 * s / calls}
+            for g, (n, s) in sorted(pauses.by_generation.items())
+        },
     }
 
 
@@ -143,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     scorer = make_scorer(models_dir, args.variant, args.device, args)
     preload_features(scorer, records)
     reward = QACEReward(scorer)
+    reward.warm_up()
     list(scorer.score_records(records[: min(args.chunk_size, 64 if args.tiny else args.chunk_size)]))
     call = _calls(reward, records, args.batch, args.calls, args.seed)
     for i in range(2):
         call(-1 - i)
+    captured = graph_captures(scorer)
     report = {
         **record("benchmarks.profile", argv, device=args.device, packages=("transformers",)),
         "variant": args.variant,
@@ -156,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_profiler": kernel_tables(call, args.calls, out_dir),
         "python": python_profile(call, args.calls, out_dir),
     }
+    report["graph_captures_in_profiled_calls"] = graph_captures(scorer) - captured
     scorer.candidates.close()
     (out_dir / "profile.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=1))

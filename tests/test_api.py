@@ -353,25 +353,40 @@ def test_bertscore_encoder_is_half_for_half_precision_on_a_gpu(device, precision
     assert api.bertscore_precision(QACEConfig(device=device, precision=precision)) == bertscore
 
 
-def test_warm_up_starts_the_host_work_and_captures_nothing_on_the_cpu(ref_scorer, monkeypatch):
-    """Parsing, BERTScore and token F1 run once, so a first call waits for none of them to start; the
-    spaCy processes start first (beside the graph captures) and are ready when it returns."""
+def test_warm_up_starts_spacy_then_scores_a_caption_and_captures_nothing_on_the_cpu(ref_scorer, monkeypatch):
+    """spaCy's processes start first (beside the graph captures); then one synthetic caption runs through
+    every stage, so a first call loads no kernel and allocates no buffer for the first time; the
+    processes are ready when it returns."""
     seen: list[str] = []
+    real_chunk, real_start = api.score_chunk, ref_scorer.candidates.start
 
-    class Candidates:
-        def start(self, wait: bool = False) -> None:
-            seen.append(f"start spaCy processes, wait={wait}")
+    def score_chunk(records, candidates, *args, **kwargs):
+        rows = real_chunk(records, candidates, *args, **kwargs)
+        seen.append(f"chain of {len(records)}: {rows[0]['n_questions'] > 0}")
+        return rows
 
-        def __call__(self, captions: list[str]) -> None:
-            seen.append(f"parse {len(captions)}")
+    def start(wait: bool = False) -> None:
+        seen.append(f"start spaCy processes, wait={wait}")
+        real_start(wait)
 
-    monkeypatch.setattr(ref_scorer, "candidates", Candidates())
-    monkeypatch.setattr(ref_scorer.matcher, "score", lambda c, r: seen.append("bertscore"))
-    monkeypatch.setattr("qace.kernels.token_f1.token_f1", lambda a, b: seen.append("f1"))
+    monkeypatch.setattr(api, "score_chunk", score_chunk)
+    monkeypatch.setattr(ref_scorer.candidates, "start", start)
     assert ref_scorer.warm_up() == 0
     assert seen == [
-        "start spaCy processes, wait=False", "parse 1", "f1", "bertscore", "start spaCy processes, wait=True"
+        "start spaCy processes, wait=False", "chain of 1: True", "start spaCy processes, wait=True"
     ]  # fmt: skip
+
+
+def test_the_warm_up_image_leaves_no_trace(test_models_dir):
+    """QACE-Img's warm-up caption reads zero features under an id no store holds; the device's feature
+    cache forgets them, and rows after a warm-up equal a cold scorer's."""
+    kwargs = dict(models=test_models_dir, variant="img", features=RandomFeatureStore(seed=0), progress=False)
+    warm, cold = QACE(**kwargs), QACE(**kwargs)
+    warm.warm_up()
+    resident = warm.models.vqa.features
+    assert resident is not None and resident.uploads == 1 and api._WARM_UP_IMAGE not in resident._slots
+    captions, images = ["a dog runs on the grass", "two girls on the beach"], ["i1", "i2"]
+    assert warm.score(captions, image_ids=images) == cold.score(captions, image_ids=images)
 
 
 def _graph_shapes(scorer: QACE) -> int:

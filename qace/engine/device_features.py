@@ -54,6 +54,11 @@ class DeviceFeatureCache:
         slots = to_device(np.array([self._slots[i] for i in image_ids], dtype=np.int64), self.device)
         return self._slab, slots
 
+    def discard(self, image_ids: Sequence[str]) -> None:
+        """Forget ``image_ids`` (those resident); their slots take the next images loaded."""
+        for image_id in image_ids:
+            self._slots.pop(image_id, None)
+
     def _free_slots(self, needed: int) -> list[int]:
         """``needed`` slots: unused ones first (growing the slab), then the least recently used."""
         used = len(self._slots)

@@ -57,18 +57,25 @@ class StageTimer:
 
 class CollectorPauses:
     """The cyclic garbage collector's collections and the seconds they paused the process, counted from
-    construction until `close` (through ``gc.callbacks``)."""
+    construction until `close` (through ``gc.callbacks``), in all and by the oldest generation collected
+    (``by_generation``: generation -> [collections, seconds]; a generation-2 collection walks every
+    object the process holds)."""
 
     def __init__(self) -> None:
         self.count, self.seconds, self._start = 0, 0.0, 0.0
+        self.by_generation: dict[int, list[float]] = {}
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._start = time.perf_counter()
         else:
+            seconds = time.perf_counter() - self._start
             self.count += 1
-            self.seconds += time.perf_counter() - self._start
+            self.seconds += seconds
+            entry = self.by_generation.setdefault(int(info["generation"]), [0, 0.0])
+            entry[0] += 1
+            entry[1] += seconds
 
     def close(self) -> None:
         """Stop counting."""

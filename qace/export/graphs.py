@@ -36,7 +36,6 @@ outputs for the export validation, which compares them with PyTorch's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ import torch
 from torch import nn
 
 from qace.families.t5.ops import rms_norm
+from qace.models.t5_modules import relative_bucket
 from qace.onnx_format import compact_input_names, compact_output_names
 
 OPSET = 17
@@ -53,32 +53,12 @@ IR_VERSION = 8
 ONNX Runtime that runs opset 17 loads them (a newer onnx package would stamp its own, newer version)."""
 
 
-def _bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
-    """T5's relative-position bucket (same ops, in the same order, as transformers)."""
-    buckets = torch.zeros_like(relative)
-    if bidirectional:
-        num_buckets //= 2
-        buckets = buckets + (relative > 0).to(torch.long) * num_buckets
-        relative = torch.abs(relative)
-    else:
-        relative = -torch.min(relative, torch.zeros_like(relative))
-    max_exact = num_buckets // 2
-    is_small = relative < max_exact
-    large = max_exact + (
-        torch.log(relative.float() / max_exact)
-        / math.log(max_distance / max_exact)
-        * (num_buckets - max_exact)
-    ).to(torch.long)
-    large = torch.min(large, torch.full_like(large, num_buckets - 1))
-    return buckets + torch.where(is_small, relative, large)
-
-
 def position_bias(
     attn: Any, config: Any, query: torch.Tensor, key: torch.Tensor, decoder: bool
 ) -> torch.Tensor:
     """(1, H, Q, K) bias for query positions ``query`` and key positions ``key`` (1-D long tensors)."""
     relative = key[None, :] - query[:, None]
-    bucket = _bucket(
+    bucket = relative_bucket(
         relative, not decoder, config.relative_attention_num_buckets, config.relative_attention_max_distance
     )
     return attn.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)

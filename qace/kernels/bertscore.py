@@ -376,9 +376,9 @@ def _greedy_f1(
     c_emb, c_valid, c_w = _pad(emb, weight, offsets, ci)
     r_emb, r_valid, r_w = _pad(emb, weight, offsets, ri)
     sim = torch.bmm(c_emb, r_emb.transpose(1, 2)).double()
-    neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype, device=sim.device)
-    best_for_cand = torch.where(r_valid[:, None, :], sim, neg_inf).amax(dim=2)
-    best_for_ref = torch.where(c_valid[:, :, None], sim, neg_inf).amax(dim=1)
+    # (masked_fill: a -inf tensor made on the host would be a pageable copy, which waits for the GPU)
+    best_for_cand = sim.masked_fill(~r_valid[:, None, :], float("-inf")).amax(dim=2)
+    best_for_ref = sim.masked_fill(~c_valid[:, :, None], float("-inf")).amax(dim=1)
     # Padding is -inf here and has weight 0; replace it so 0 * -inf does not poison the sums.
     best_for_cand = torch.where(c_valid, best_for_cand, 0.0)
     best_for_ref = torch.where(r_valid, best_for_ref, 0.0)

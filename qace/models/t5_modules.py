@@ -130,16 +130,19 @@ class Attention(nn.Module):
         device = table.weight.device if device is None else device
         context = torch.arange(query_length, dtype=torch.long, device=device)[:, None]
         memory = torch.arange(key_length, dtype=torch.long, device=device)[None, :]
-        buckets = _bucket(memory - context, not self.is_decoder, self.buckets, self.max_distance)
+        buckets = relative_bucket(memory - context, not self.is_decoder, self.buckets, self.max_distance)
         return table(buckets).permute([2, 0, 1]).unsqueeze(0)
 
 
-def _bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
-    """T5's relative position -> bucket (Mesh TensorFlow's rule, as transformers computes it)."""
+def relative_bucket(
+    relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
+    """T5's relative position -> bucket (Mesh TensorFlow's rule, with transformers' ops in its order;
+    out of place, so the ONNX exporter traces it too)."""
     buckets = torch.zeros_like(relative)
     if bidirectional:
         num_buckets //= 2
-        buckets += (relative > 0).to(torch.long) * num_buckets
+        buckets = buckets + (relative > 0).to(torch.long) * num_buckets
         relative = torch.abs(relative)
     else:
         relative = -torch.min(relative, torch.zeros_like(relative))

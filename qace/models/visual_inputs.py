@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,13 @@ def image_prefix_ids(config: Any) -> tuple[int, ...]:
     """The prefix token ids for this checkpoint: ``config.image_prefix_ids`` or the release default."""
     ids = getattr(config, "image_prefix_ids", None)
     return DEFAULT_IMAGE_PREFIX_IDS if ids is None else tuple(int(i) for i in ids)
+
+
+@lru_cache(maxsize=8)
+def _prefix_tensor(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The prefix ids on ``device``, made once: a tensor made from a list on a GPU waits for the GPU to
+    finish its queue (a pageable copy), which kept the host from preparing the next batch."""
+    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def visual_question_inputs(
@@ -90,7 +98,7 @@ def visual_embeds(
     device = shared.weight.device
     input_ids = input_ids.to(device)
     attention_mask = attention_mask.to(device)
-    prefix = torch.tensor(image_prefix_ids(model.config), dtype=torch.long, device=device).expand(batch, -1)
+    prefix = _prefix_tensor(image_prefix_ids(model.config), device).expand(batch, -1)
     img_emb = model.encoder.img_emb
     regions = img_emb(features.to(device=device, dtype=img_emb.weight.dtype))
     embeds = torch.cat([shared(input_ids), shared(prefix), regions.to(shared.weight.dtype)], dim=1)

@@ -74,8 +74,9 @@ def test_stage_timer_tells_waiting_from_working() -> None:
 def test_collector_pauses_count_collections_until_closed() -> None:
     pauses = instrument.CollectorPauses()
     gc.collect()
-    gc.collect()
+    gc.collect(0)
     assert pauses.count == 2 and pauses.seconds > 0
+    assert {g: n for g, (n, _) in pauses.by_generation.items()} == {2: 1, 0: 1}
     pauses.close()
     gc.collect()
     assert pauses.count == 2 and pauses._on_gc not in gc.callbacks
