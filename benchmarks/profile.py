@@ -12,8 +12,9 @@ distorts another:
 
 - ``stages``: wall milliseconds per pipeline stage, the GPU synchronised at each stage's end, and the
   time the interpreter's garbage collector paused the calls;
-- ``torch.profiler``: time per operator on the host and per kernel on the GPU, and how busy the GPU was
-  during the calls (``gpu_busy_fraction``: kernel time over wall time);
+- ``torch.profiler``: time per operator on the host and per kernel on the GPU, how busy the GPU was
+  during the calls (``gpu_busy_fraction``: kernel time over wall time), and per stage the wall time and
+  the time the GPU ran anything (``gpu_busy_by_stage``, from the trace, ``trace.json``);
 - ``cProfile``: Python functions by cumulative and by own time.
 
 Writes ``profile.json`` (the summary) and the three tables as text files to ``--out-dir``.
@@ -28,7 +29,8 @@ import json
 import pstats
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,26 +87,79 @@ def stage_walls(reward: QACEReward, call: Callable[[int], None], calls: int) -> 
     }
 
 
-def kernel_tables(call: Callable[[int], None], calls: int, out_dir: Path) -> dict[str, Any]:
+def kernel_tables(
+    reward: QACEReward, call: Callable[[int], None], calls: int, out_dir: Path
+) -> dict[str, Any]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     start = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with instrument.attached(reward.scorer, timer=_labelled), profile(activities=activities) as prof:
         for i in range(calls):
-            call(calls + i)
+            with torch.profiler.record_function(_CALL):
+                call(calls + i)
     wall = time.perf_counter() - start
     events = prof.key_averages()
     # kernels only: an operator's row repeats the time of the kernels it launched
     gpu_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
     (out_dir / "ops_by_gpu.txt").write_text(events.table(sort_by="self_device_time_total", row_limit=50))
     (out_dir / "ops_by_host.txt").write_text(events.table(sort_by="self_cpu_time_total", row_limit=50))
+    trace = out_dir / "trace.json"
+    prof.export_chrome_trace(str(trace))
     return {
         "wall_ms_per_call": 1000 * wall / calls,
         "gpu_kernel_ms_per_call": gpu_us / 1000 / calls,
         "gpu_busy_fraction": gpu_us / 1e6 / wall if wall else 0.0,
+        "gpu_busy_by_stage": stage_busy(json.loads(trace.read_text())["traceEvents"], calls),
     }
+
+
+_CALL, _STAGE = "qace:call", "qace:stage:"
+
+
+@contextmanager
+def _labelled(stage: str) -> Iterator[None]:
+    """A stage timer that only names the stage in the profiler's trace."""
+    with torch.profiler.record_function(_STAGE + stage):
+        yield
+
+
+def stage_busy(events: list[dict[str, Any]], calls: int) -> dict[str, dict[str, float]]:
+    """Per stage, and for the whole call (``call``), milliseconds per call of wall time and of time the
+    GPU ran anything (kernels, copies, fills; overlapping ones counted once), from a chrome trace whose
+    calls and stages are labelled ``qace:call`` and ``qace:stage:<name>``. A stage's host-only time is
+    the difference: the GPU idles while the host prepares, waits for spaCy or reads results."""
+    spans = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
+    device = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    out: dict[str, dict[str, float]] = {}
+    for e in spans:
+        name = str(e["name"])
+        if name != _CALL and not name.startswith(_STAGE):
+            continue
+        key = "call" if name == _CALL else name[len(_STAGE) :]
+        lo, hi = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        entry = out.setdefault(key, {"wall_ms": 0.0, "gpu_busy_ms": 0.0})
+        entry["wall_ms"] += (hi - lo) / 1000 / calls
+        entry["gpu_busy_ms"] += _covered(device, lo, hi) / 1000 / calls
+    return out
+
+
+def _covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of ``[lo, hi]`` covered by the union of sorted ``intervals``."""
+    total, reach = 0.0, lo
+    for start, end in intervals:
+        if start >= hi:
+            break
+        start, end = max(start, reach), min(end, hi)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
 
 
 def python_profile(call: Callable[[int], None], calls: int, out_dir: Path) -> dict[str, Any]:
@@ -160,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         "calls": args.calls,
         "stages": stage_walls(reward, call, args.calls),
-        "torch_profiler": kernel_tables(call, args.calls, out_dir),
+        "torch_profiler": kernel_tables(reward, call, args.calls, out_dir),
         "python": python_profile(call, args.calls, out_dir),
     }
     report["graph_captures_in_profiled_calls"] = graph_captures(scorer) - captured

@@ -25,6 +25,29 @@ def test_tiny_profile_writes_its_report_and_tables(tiny_models: Path, tmp_path: 
     assert stages["prefetch_ms"] > 0  # reading and checking the call's records, in the prefetch thread
     assert report["torch_profiler"]["wall_ms_per_call"] > 0
     assert report["torch_profiler"]["gpu_kernel_ms_per_call"] == 0  # a CPU run launches no kernels
+    busy = report["torch_profiler"]["gpu_busy_by_stage"]
+    assert set(busy) == {"call", *stages["stage_ms"]} and all(v["gpu_busy_ms"] == 0 for v in busy.values())
+    assert sum(busy[k]["wall_ms"] for k in stages["stage_ms"]) <= busy["call"]["wall_ms"]
     assert "aten::" in (tmp_path / "ops_by_host.txt").read_text()
     assert "score_chunk" in (tmp_path / "python_cumulative.txt").read_text()
     assert report["python"]["top_own_ms_per_call"]
+
+
+def test_stage_busy_counts_overlapping_device_work_once() -> None:
+    def span(cat: str, name: str, ts: float, dur: float) -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        span("user_annotation", "qace:call", 0, 10_000),
+        span("user_annotation", "qace:stage:questions", 1_000, 4_000),
+        span("user_annotation", "other", 0, 10_000),
+        span("kernel", "k1", 500, 2_000),  # 1,500 of it inside the stage
+        span("kernel", "k2", 2_000, 1_000),  # overlaps k1 for 500: counted once
+        span("gpu_memcpy", "c", 4_000, 3_000),  # 1,000 inside the stage
+        span("cpu_op", "aten::mm", 1_000, 4_000),  # host work is not device time
+    ]
+    busy = profile.stage_busy(events, calls=2)
+    assert busy == {
+        "call": {"wall_ms": 5.0, "gpu_busy_ms": 2.75},  # (2,500 + 3,000) / 2 calls
+        "questions": {"wall_ms": 2.0, "gpu_busy_ms": 1.5},  # (1,500 + 500 + 1,000) / 2
+    }
