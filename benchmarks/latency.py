@@ -21,10 +21,8 @@ records, then ``--warmup`` calls per cell; graphs still captured during timed ca
 first seen there) are counted in the cell's ``graph_captures_in_timed_calls``. Where a call's time
 goes: ``benchmarks.profile`` (same scorer, `make_scorer`).
 
-``--design default`` (the default) times what a `QACEReward` or `qace serve` left to its defaults runs:
-calls of up to `qace.api.HOST_MIN_CHUNKS` chunks are scored in the caller's process, the engine core's
-host processes are never started. ``--design engine-core`` starts them first, so every call runs
-through them (a scorer that has also scored a large input).
+A call of one chunk (every batch timed here) is scored in the caller's process, with the engine core's
+host processes running or not (`qace.api.QACE._choose_design`), so they are not started.
 
 Answer-candidate caching across calls is off by default (``cache_size 0``: an RL policy writes new
 captions every step, while this workload repeats its 977 distinct captions), and the region features of
@@ -72,11 +70,9 @@ OPENRLHF_PROMPT = "<image> Describe the image in one sentence: "
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def make_scorer(
-    models_dir: Path, variant: str, device: str, args: argparse.Namespace, *, host_processes: bool = False
-) -> QACE:
-    """The benchmark engine (`workload_scorer`), candidate cache as ``--candidate-cache`` says; by default
-    without the engine core's host processes, as a `QACEReward` left to its defaults scores a call."""
+def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Namespace) -> QACE:
+    """The benchmark engine (`workload_scorer`), candidate cache as ``--candidate-cache`` says, without the
+    engine core's host processes, which a call of one chunk never uses."""
     return workload_scorer(
         models_dir,
         variant,
@@ -84,7 +80,7 @@ def make_scorer(
         precision=args.precision,
         args=args,
         candidate_cache=args.candidate_cache,
-        host_processes=host_processes,
+        host_processes=False,
     )
 
 
@@ -224,7 +220,7 @@ def run_variant(
 ) -> None:
     """Time every (batch, path) cell of ``variant`` into ``report["cells"]``, writing after each."""
     load = time.perf_counter()
-    scorer = make_scorer(models_dir, variant, args.device, args, host_processes=args.design == "engine-core")
+    scorer = make_scorer(models_dir, variant, args.device, args)
     preload_features(scorer, records)
     reward = QACEReward(scorer)
     info: dict[str, Any] = {"signature": reward.signature, "load_seconds": time.perf_counter() - load}
@@ -307,14 +303,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="benchmarks/results/latency.json")
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA))
-    parser.add_argument(
-        "--design",
-        choices=["default", "engine-core"],
-        default="default",
-        help="default: what a QACEReward or `qace serve` left to its defaults runs (a call of up to 4 chunks "
-        "is scored in the caller's process); engine-core: the host processes started first, so calls run "
-        "through them",
-    )
     parser.add_argument("--variants", nargs="+", default=["img", "ref"], choices=["img", "ref"])
     parser.add_argument("--batches", nargs="+", type=int, default=None, help="default 64 256 1024")
     parser.add_argument(
@@ -390,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", random features, forced seeded outputs (questions 8-16, answers 2-4 tokens); each batch drawn "
         f"without replacement from the {len(records)} Flickr8k-Expert records (seed {args.seed})",
         "settings": {
-            "design": args.design,
-            "host_workers": args.host_workers if args.design == "engine-core" else "not started",
+            "host_workers": "not started (a call of one chunk never uses them)",
             "batch_rows": args.batch_rows,
             "batch_tokens": args.batch_tokens,
             "chunk_size": args.chunk_size,

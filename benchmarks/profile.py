@@ -4,8 +4,8 @@
     python -m benchmarks.profile --tiny --out-dir /tmp/profile-tiny      # CPU smoke run
 
 The latency and throughput benchmarks say how long; this says why. Same engine, workload and settings as
-``benchmarks/latency.py`` (its ``make_scorer``, the default design: a call scored in the caller's process,
-as a `QACEReward` left to its defaults scores it). After the same warm-up (``QACEReward.warm_up``, one full
+``benchmarks/latency.py`` (its ``make_scorer``: a call scored in the caller's process, as every call of
+one chunk is). After the same warm-up (``QACEReward.warm_up``, one full
 chunk, then a few calls; ``graph_captures_in_profiled_calls`` says if a call still captured a graph),
 it times ``--calls`` calls of ``--batch`` captions three ways, each on its own calls so that no tool
 distorts another:

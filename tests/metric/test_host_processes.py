@@ -53,7 +53,8 @@ def test_rows_equal_the_single_process_design(
 ) -> None:
     """Lists are cut alike by both designs (`qace.api._Tapered`), so their rows are equal, also while
     host processes start (the first chunks run in this process) and once they are ready; input of at
-    most `HOST_MIN_CHUNKS` chunks starts no process, longer input starts them and says so."""
+    most `HOST_MIN_CHUNKS` chunks starts no process, longer input starts them and says so, and input of
+    one chunk is scored in this process even once they are ready."""
     features = RandomFeatureStore() if variant == "img" else None
     kw = dict(models=test_models_dir, variant=variant, features=features, progress=False, explain=True)
     captions = [r["caption"] for r in _records(30)] + ["", "  "]  # two bad records among them
@@ -78,6 +79,14 @@ def test_rows_equal_the_single_process_design(
         with caplog.at_level(logging.DEBUG, logger="qace.api"):
             assert split.score(captions, **inputs) == alone
         assert "scored by 2 host processes and 1 spaCy processes" in caplog.text
+        # one chunk (a reward call) is scored here even with the host processes ready
+        one = {k: v[:4] for k, v in inputs.items()}
+        dispatch, split._dispatch = split._dispatch, None  # calling it would raise
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="qace.api"):
+            assert split.score(captions[:4], **one) == single.score(captions[:4], **one)
+        assert "input of one chunk: scored by this process" in caplog.text
+        split._dispatch = dispatch
         # a failing batch in the core fails its call with the core's message; the next call is served
         tqa = split.core.runners["tqa"]
 
