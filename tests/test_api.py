@@ -377,6 +377,32 @@ def test_warm_up_starts_spacy_then_scores_a_caption_and_captures_nothing_on_the_
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("device", "max_rows", "sizes"),
+    [("cuda", None, [1, 64, 256, 1024]), ("cuda", 600, [1, 64]), ("cuda", 64, [1]), ("cpu", None, [1])],
+)
+def test_warm_up_calls_on_a_gpu_are_reward_sized_within_the_captured_rows(
+    ref_scorer, monkeypatch, device, max_rows, sizes
+):
+    """On a GPU the warm-up scores 1 to 1,024 distinct captions (the kernels a call of each size picks),
+    but never a batch above the rows its graphs were captured for; elsewhere one caption."""
+    import dataclasses
+
+    seen: list[int] = []
+
+    def score_chunk(records, candidates, *args, **kwargs):
+        assert len({r.caption for r in records}) == len(records) == len(candidates)
+        seen.append(len(records))
+        return []
+
+    monkeypatch.setattr(api, "score_chunk", score_chunk)
+    monkeypatch.setattr(ref_scorer, "candidates", lambda captions: [[]] * len(captions))
+    config = dataclasses.replace(ref_scorer.config, device=device, max_batch_rows=2048)
+    monkeypatch.setattr(ref_scorer, "config", config)
+    ref_scorer._warm_chain(2048 if max_rows is None else max_rows)
+    assert seen == sizes
+
+
 def test_the_warm_up_image_leaves_no_trace(test_models_dir):
     """QACE-Img's warm-up caption reads zero features under an id no store holds; the device's feature
     cache forgets them, and rows after a warm-up equal a cold scorer's."""
