@@ -51,8 +51,10 @@ def image_prefix_ids(config: Any) -> tuple[int, ...]:
 @lru_cache(maxsize=8)
 def _prefix_tensor(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The prefix ids on ``device``, made once: a tensor made from a list on a GPU waits for the GPU to
-    finish its queue (a pageable copy), which kept the host from preparing the next batch."""
-    return torch.tensor(ids, dtype=torch.long, device=device)
+    finish its queue (a pageable copy), which kept the host from preparing the next batch. Made outside
+    inference mode, whichever mode its first caller runs in, so that training can use it too."""
+    with torch.inference_mode(False):
+        return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def visual_question_inputs(

@@ -73,6 +73,21 @@ def test_encode_visual_builds_102_positions_and_mask() -> None:
     assert torch.equal(full_mask[:, QUESTION_SLOTS:], torch.ones(2, 38, dtype=full_mask.dtype))
 
 
+def test_encoding_for_training_after_scoring_in_inference_mode() -> None:
+    """The prefix ids are made once per device; made by a scoring call in inference mode, they still serve
+    a training step (an inference tensor cannot be saved for backward)."""
+    from qace.models.visual_inputs import _prefix_tensor
+
+    _prefix_tensor.cache_clear()
+    model = _tiny()
+    ids, mask, feats = _inputs()
+    with torch.inference_mode():
+        model.encode_visual(ids, mask, feats)
+    enc, _ = model.encode_visual(ids, mask, feats)
+    enc.last_hidden_state.sum().backward()
+    assert model.encoder.img_emb.weight.grad is not None
+
+
 def test_generate_and_forward_from_encoder_outputs() -> None:
     model = _tiny()
     ids, mask, feats = _inputs()
