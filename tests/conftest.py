@@ -10,7 +10,61 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+# pytest-xdist (pyproject's addopts: -n auto --dist loadfile) runs the tests in one worker process per core,
+# each test file in one worker, so its module fixtures are made once. The files of a group below run in one
+# worker too, one after another, and before the other files, since they are long.
+SERIAL_GROUPS = {
+    # each starts Ray (a local cluster or `ray.init`): two Ray clusters on one host clash
+    "ray": (
+        "tests/benchmarks/test_scale_faults_smoke.py",
+        "tests/benchmarks/test_scaling_ray_smoke.py",
+        "tests/scale/test_ray_cluster.py",
+        "tests/scale/test_scale_ray.py",
+    ),
+    # each writes the metric-score cache .qace-cache/meta (files not written atomically), the same entries
+    "meta-cache": ("tests/meta/test_meta_published.py", "tests/meta/test_meta_cli.py"),
+}
+_GROUP_OF = {file: group for group, files in SERIAL_GROUPS.items() for file in files}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    missing = [f for f in _GROUP_OF if not (REPO_ROOT / f).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SERIAL_GROUPS names files that are not there: {missing}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` runs ``pytest -m gpu`` in this one process: the GPU tests share the device, and
+    `benchmarks.gpu_suite` records each one's seconds alone. Otherwise xdist's default (the cores)."""
+    words = (config.getoption("markexpr", "") or "").replace("(", " ").replace(")", " ").split()
+    selects_gpu = any(w == "gpu" and (i == 0 or words[i - 1] != "not") for i, w in enumerate(words))
+    return 0 if selects_gpu else None
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` with `SERIAL_GROUPS`: a group's files are one unit of work."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return _GROUP_OF.get(file, file)
+
+    config.option.loadscopereorder = False  # collection order: the groups first (below)
+    return FileOrGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: the long groups start first
+        items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in _GROUP_OF)
+    _skip_gpu_tests_without_cuda(items)
+
+
+def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` skip on a host without CUDA (`pytest -m gpu` selects them on a GPU host)."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
