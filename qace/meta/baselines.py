@@ -8,11 +8,14 @@ a hash of the inputs, because METEOR (a Java process) takes minutes on a few tho
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import subprocess
+import threading
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -129,34 +132,86 @@ def _meteor(gts: dict, res: dict) -> np.ndarray:
 
     The wrapper's own class closes its pipes in ``__del__`` (noisy at interpreter exit), so
     the same protocol is spoken here: one ``SCORE`` line per candidate, then one ``EVAL``.
+    Both are stateless in the jar, so one process (:func:`_meteor_process`) serves every call
+    of this process: its start (a JVM loading METEOR's paraphrase tables) costs ~10 s.
     """
+    logger.info("METEOR on %d candidates (Java; this takes a while)", len(res))
+    with _METEOR_LOCK:
+        proc = _meteor_process()
+        stdin, stdout = proc.stdin, proc.stdout
+        if stdin is None or stdout is None:  # pragma: no cover - Popen with PIPE always sets them
+            raise BackendUnavailableError("could not open pipes to the METEOR jar")
+        try:
+            stats = []
+            for key in res:
+                hyp = res[key][0].replace("|||", "").replace("  ", " ")
+                stdin.write(("SCORE ||| " + " ||| ".join(gts[key]) + " ||| " + hyp + "\n").encode())
+                stdin.flush()
+                stats.append(stdout.readline().decode().strip())
+            stdin.write(("EVAL ||| " + " ||| ".join(stats) + "\n").encode())
+            stdin.flush()
+            scores = [float(stdout.readline().strip()) for _ in stats]
+            stdout.readline()  # the corpus-level score
+        except BaseException:
+            # Lines may be left unread in its pipe, which the next call would take for its own.
+            _close_meteor()
+            raise
+    return np.asarray(scores, dtype=float)
+
+
+#: The METEOR process :func:`_meteor` talks to (started on first use, with the pid that started it),
+#: and the lock that keeps one call's lines together.
+_METEOR: tuple[subprocess.Popen[bytes], int] | None = None
+_METEOR_LOCK = threading.RLock()
+_METEOR_ATEXIT = False
+
+
+def _start_meteor() -> subprocess.Popen[bytes]:
+    """A fresh ``meteor-1.5.jar -stdio`` process, as pycocoevalcap's wrapper starts it."""
     import pycocoevalcap.meteor.meteor as meteor_mod
 
     jar_dir = Path(meteor_mod.__file__).parent
     cmd = ["java", "-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm"]
-    logger.info("METEOR on %d candidates (Java; this takes a while)", len(res))
-    proc = subprocess.Popen(
+    logger.info("starting METEOR (Java)")
+    return subprocess.Popen(
         cmd, cwd=jar_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
-    stdin, stdout = proc.stdin, proc.stdout
-    if stdin is None or stdout is None:  # pragma: no cover - Popen with PIPE always sets them
-        raise BackendUnavailableError("could not open pipes to the METEOR jar")
-    try:
-        stats = []
-        for key in res:
-            hyp = res[key][0].replace("|||", "").replace("  ", " ")
-            stdin.write(("SCORE ||| " + " ||| ".join(gts[key]) + " ||| " + hyp + "\n").encode())
-            stdin.flush()
-            stats.append(stdout.readline().decode().strip())
-        stdin.write(("EVAL ||| " + " ||| ".join(stats) + "\n").encode())
-        stdin.flush()
-        scores = [float(stdout.readline().strip()) for _ in stats]
-        stdout.readline()  # the corpus-level score
-    finally:
-        stdin.close()
+
+
+def _meteor_process() -> subprocess.Popen[bytes]:
+    """This process's METEOR, started on first use and again if it has exited (closed at exit)."""
+    global _METEOR, _METEOR_ATEXIT
+    with _METEOR_LOCK:
+        if _METEOR is not None:
+            proc, pid = _METEOR
+            if pid != os.getpid():  # a forked child: the pipes are the parent's, leave them be
+                _METEOR = None
+            elif proc.poll() is not None:
+                _close_meteor()
+        if _METEOR is None:
+            _METEOR = (_start_meteor(), os.getpid())
+            if not _METEOR_ATEXIT:
+                atexit.register(_close_meteor)
+                _METEOR_ATEXIT = True
+        return _METEOR[0]
+
+
+def _close_meteor() -> None:
+    """Stop this process's METEOR, if it started one; the next call starts another."""
+    global _METEOR
+    with _METEOR_LOCK:
+        if _METEOR is None:
+            return
+        proc, pid = _METEOR
+        _METEOR = None
+        if pid != os.getpid():
+            return
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
         proc.kill()
         proc.wait()
-    return np.asarray(scores, dtype=float)
 
 
 def bertscore_max_f1(candidates: Sequence[str], references: Sequence[Sequence[str]]) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,9 @@ def test_coco_metrics_match_pycocoevalcap(tmp_path: Path, java: None) -> None:
     np.testing.assert_allclose(got["cider"], Cider().compute_score(gts, res)[1])
     assert got["meteor"].shape == (2,) and (got["meteor"] > 0).all()
     assert list(got) == ["bleu4", "cider", "rouge_l", "meteor"]
+    # a second call is served by the METEOR process the first one started: the same scores
+    again = compute_baselines(CANDS, REFS, ["meteor"], use_cache=False)
+    np.testing.assert_array_equal(again["meteor"], got["meteor"])
 
 
 def test_cache_is_used(tmp_path: Path, java: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,3 +79,85 @@ def test_candidate_without_references_is_named(tmp_path: Path) -> None:
         compute_baselines(CANDS, [REFS[0], []], ["bleu4"], cache_dir=tmp_path)
     with pytest.raises(InputError, match="2 candidates but 1 reference lists"):
         compute_baselines(CANDS, REFS[:1], ["bleu4"], cache_dir=tmp_path)
+
+
+class _FakeMeteor:
+    """Speaks the METEOR jar's ``-stdio`` protocol without Java: ``SCORE`` answers a stats line (the
+    hypothesis' word count), ``EVAL`` a score per stats line (count / 10) and the corpus score."""
+
+    def __init__(self) -> None:
+        self.answers: deque[bytes] = deque()
+        self.returncode: int | None = None
+        self.killed = False
+        self.garble = False  # answer EVAL with a line that is not a number
+        self.stdin = self.stdout = self
+
+    def write(self, data: bytes) -> int:
+        words = data.decode().rstrip("\n").split(" ||| ")
+        if words[0] == "SCORE":
+            self.answers.append(f"{len(words[-1].split())}\n".encode())
+        else:
+            self.answers.extend(b"?\n" if self.garble else f"{int(w) / 10}\n".encode() for w in words[1:])
+            self.answers.append(b"0.0\n")
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def readline(self) -> bytes:
+        return self.answers.popleft() if self.answers else b""
+
+    def close(self) -> None:
+        pass
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        self.killed, self.returncode = True, -9
+
+    def wait(self) -> int | None:
+        return self.returncode
+
+
+GTS = {0: ["a dog is running", "a brown dog runs"], 1: ["people riding bicycles"]}
+RES = {0: ["a dog runs"], 1: ["two people ride bikes down a street"]}
+
+
+@pytest.fixture
+def fake_meteor(monkeypatch: pytest.MonkeyPatch) -> list[_FakeMeteor]:
+    """`baselines._meteor` on fake METEOR processes; the list holds each one started."""
+    started: list[_FakeMeteor] = []
+
+    def start() -> _FakeMeteor:
+        started.append(_FakeMeteor())
+        return started[-1]
+
+    monkeypatch.setattr(baselines, "_start_meteor", start)
+    monkeypatch.setattr(baselines, "_METEOR", None)  # a real one this process started comes back after
+    return started
+
+
+def test_one_meteor_process_serves_every_call(fake_meteor: list[_FakeMeteor]) -> None:
+    """Starting the jar costs ~10 s (PASCAL-50S paid it once per seed): started once, then reused."""
+    first = baselines._meteor(GTS, RES)
+    second = baselines._meteor({0: GTS[1]}, {0: RES[1]})
+    assert len(fake_meteor) == 1
+    np.testing.assert_array_equal(first, [0.3, 0.7])
+    np.testing.assert_array_equal(second, [0.7])
+    baselines._close_meteor()  # what runs at interpreter exit
+    assert fake_meteor[0].killed
+
+
+def test_a_meteor_process_that_died_or_failed_is_replaced(fake_meteor: list[_FakeMeteor]) -> None:
+    baselines._meteor(GTS, RES)
+    fake_meteor[0].returncode = 1  # it exited: the next call starts another
+    np.testing.assert_array_equal(baselines._meteor(GTS, RES), [0.3, 0.7])
+    assert len(fake_meteor) == 2
+
+    fake_meteor[1].garble = True  # a call that fails part-way may leave lines unread: not reused
+    with pytest.raises(ValueError):
+        baselines._meteor(GTS, RES)
+    assert fake_meteor[1].killed
+    np.testing.assert_array_equal(baselines._meteor(GTS, RES), [0.3, 0.7])
+    assert len(fake_meteor) == 3
