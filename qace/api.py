@@ -193,8 +193,9 @@ class QACE(FileScorer):
         It also starts, on any device, what a first call would otherwise wait for: spaCy's worker
         processes (each loads the parser; they start while the graphs are captured), then synthetic
         captions through the whole chain (`_warm_chain`: the encoders' kernels, which CUDA loads on
-        first launch, pinned upload buffers, BERTScore's encoder and token F1's compiled kernels). Host processes are not started: a call that fits a few chunks (a reward call) is
-        scored in this process.
+        first launch, pinned upload buffers, BERTScore's encoder and token F1's compiled kernels). Host
+        processes are not started: a call that fits a few chunks (a reward call) is scored in this
+        process.
         """
         from tqdm.auto import tqdm
 
