@@ -13,8 +13,9 @@ CTranslate2 do the same for their decode steps). What that takes:
   so a batch of many short inputs and one of few long ones share it (the scheduler's token budget
   bounds both); the graphs share one memory pool and one capture stream, so a graph reuses the
   intermediates of those captured before it (they never run at once);
-- rows are not dropped as they end (a graph's shapes are fixed): a replay costs the same either way,
-  and the loop still stops as soon as every row has ended;
+- rows are not dropped as they end (a graph's shapes are fixed), but the step's attention reads no
+  cache for a row that has ended or pads the bucket (the ended flags are passed to it): the caches are
+  most of a step's memory traffic; the loop stops as soon as every row has ended;
 - self-attention reads only a window of the cache that covers the positions written so far (8, then
   16, then all): a bucket has one graph per window, so the first steps, and all of a three-token
   answer, do not read the empty rest of a 31-position cache (2.3 GB a step for 2,048 T5-base rows);
@@ -37,6 +38,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from qace.families.t5.decode_attention import fused_available
 
 
 class StepDecoder(Protocol):
@@ -74,6 +77,7 @@ class StepDecoder(Protocol):
         cross: list[tuple[torch.Tensor, torch.Tensor]],
         cross_bias: torch.Tensor,
         self_bias: torch.Tensor,
+        ended: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -250,8 +254,9 @@ class GraphedDecoding:
         # come from zero states and, like the rows past ``rows``, are masked by ``cross_bias``
         padded = F.pad(hidden, (0, 0, 0, view.cross_kv.shape[1] - length))
         dec.cross_cache(padded, out=view.cross_kv[:rows])
-        for buf in (*view.keys, *view.values):
-            buf.zero_()
+        if not fused_available(view.keys[0]):  # the fused kernel reads no position past the step's
+            for buf in (*view.keys, *view.values):
+                buf.zero_()
         view.token.fill_(dec.start_id)
         view.pos.zero_()
         view.finished.fill_(True)
@@ -332,7 +337,9 @@ class GraphedDecoding:
         values = [v[:, :, :window] for v in view.values]
 
         def body() -> None:
-            logits = dec.step(view.token, view.pos, keys, values, view.cross, view.cross_bias, self_bias)
+            logits = dec.step(
+                view.token, view.pos, keys, values, view.cross, view.cross_bias, self_bias, view.finished
+            )
             token = view.forced.index_select(1, view.pos)[:, 0] if forcing else logits.argmax(dim=-1)
             view.out.index_copy_(1, view.pos, torch.where(view.finished, -1, token)[:, None])
             view.finished.logical_or_(token == dec.eos_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qace.families.t5.decode_attention import attend, fused_available
+from qace.families.t5.decode_attention import attend, attend_step, fused_available
 
 
 def _inputs(rows: int, heads: int, keys: int, dtype: torch.dtype, device: str, seed: int = 0):
@@ -89,3 +89,65 @@ def test_fused_kernel_reads_a_stacked_cache_past_two_billion_elements() -> None:
     q = torch.randn(rows, 12, 1, 64, device="cuda", dtype=torch.bfloat16)
     bias = torch.zeros(rows, 1, 1, length, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(attend(q, k, v, bias), attend(q, k.contiguous(), v.contiguous(), bias))
+
+
+def _step_inputs(rows: int, dtype: torch.dtype, device: str, pos: int, window: int):
+    """A decoding step's self-attention as the decoder makes it: q/k/v views of one fused projection, a
+    window of a 31-position cache, the future masked; the cache past ``pos`` holds NaN (never written)."""
+    g = torch.Generator().manual_seed(pos)
+    heads, d = 12, 64
+    qkv = (torch.randn(rows, 1, 3 * heads * d, generator=g) * 2).to(device, dtype)
+    q, k, v = qkv.view(rows, 1, -1, d).transpose(1, 2).chunk(3, dim=1)
+    cache = (torch.randn(2, rows, heads, 31, d, generator=g) * 2).to(device, dtype)
+    cache[:, :, :, pos:] = float("nan")
+    bias = (torch.randn(1, heads, 1, 31, generator=g) * 3).to(device, dtype)
+    bias[..., pos + 1 :] = torch.finfo(dtype).min
+    return q, k, v, cache[0, :, :, :window], cache[1, :, :, :window], bias[..., :window]
+
+
+def test_attend_step_writes_the_step_into_the_cache_then_attends() -> None:
+    q, k, v, keys, values, bias = _step_inputs(5, torch.float32, "cpu", pos=3, window=8)
+    keys[:, :, 4:], values[:, :, 4:] = 0.0, 0.0  # the PyTorch form reads every position
+    before = keys.clone()
+    out = attend_step(q, k, v, keys, values, torch.tensor([3]), bias)
+    assert torch.equal(keys[:, :, 3:4], k) and torch.equal(values[:, :, 3:4], v)
+    assert torch.equal(keys[:, :, :3], before[:, :, :3])
+    torch.testing.assert_close(out.double(), _reference(q, keys, values, bias), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("pos", "window"), [(0, 8), (5, 8), (9, 16), (30, 31)])
+def test_fused_step_equals_copying_then_attending(dtype, pos, window) -> None:
+    """The fused kernel's write and attention equal two index copies and the fused attention, bit for
+    bit, and it reads no position past ``pos`` (NaN there)."""
+    q, k, v, keys, values, bias = _step_inputs(300, dtype, "cuda", pos, window)
+    assert fused_available(q)
+    where = torch.tensor([pos], device="cuda")
+    keys_copy, values_copy = keys.clone(), values.clone()
+    keys_copy.index_copy_(2, where, k)
+    values_copy.index_copy_(2, where, v)
+    expected = attend(q, keys_copy, values_copy, bias)  # NaN past pos: masked, so not read
+    out = attend_step(q, k, v, keys, values, where, bias)
+    assert torch.equal(out, expected)
+    assert torch.equal(keys[:, :, : pos + 1], keys_copy[:, :, : pos + 1])
+    assert torch.equal(values[:, :, : pos + 1], values_copy[:, :, : pos + 1])
+    assert not out.isnan().any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ended_rows_read_nothing_and_leave_the_others_unchanged(dtype) -> None:
+    q, k, v, cross, _ = _inputs(300, 12, 48, dtype, "cuda", seed=7)
+    ended = torch.rand(300, device="cuda") < 0.4
+    k_nan = k.masked_fill(ended[:, None, None, None], float("nan"))
+    v_nan = v.masked_fill(ended[:, None, None, None], float("nan"))
+    out = attend(q, k_nan, v_nan, cross, ended)
+    assert torch.equal(out[~ended], attend(q, k, v, cross)[~ended])
+    assert torch.equal(out[ended], torch.zeros_like(out[ended]))
+    step = _step_inputs(300, dtype, "cuda", pos=9, window=16)
+    where = torch.tensor([9], device="cuda")
+    plain = attend_step(*(t.clone() for t in step[:5]), where, step[5])
+    skipped = attend_step(*step[:5], where, step[5], ended)
+    assert torch.equal(skipped[~ended], plain[~ended])
+    assert torch.equal(skipped[ended], torch.zeros_like(skipped[ended]))
