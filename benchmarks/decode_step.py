@@ -12,7 +12,8 @@ T5-base (12 heads of 64):
   (`qace.families.t5.decode_attention.attend`) against the PyTorch form of the same arithmetic
   (two batched products and an fp32 softmax, the kernel's own fallback) and against the bound: a
   ``torch.sum`` reading the same bytes, the GPU's practical read rate;
-- ``cross_ended``: the same with ``--ended`` of the rows ended (their reads skipped);
+- ``cross_ended``: the same with ``--ended`` of the rows ended, flagged (their reads skipped; bytes
+  are the other rows') or not (every row read, as before the flags);
 - ``self``: self-attention at position ``--position`` of a ``--window``-position cache window, the step's
   key and value written into the cache: the fused kernel (`attend_step`) against two index copies and
   the attention (what it replaced) and the PyTorch form;
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out["cross_ended"] = {
         "ended_fraction": round(float(ended.float().mean()), 3),
         "fused": entry(time(lambda: attend(q, k, v, cross_bias, ended)), ended_bytes, bound),
-        "fused_without_flags": entry(time(lambda: attend(q, k, v, cross_bias)), ended_bytes, bound),
+        "fused_without_flags": entry(time(lambda: attend(q, k, v, cross_bias)), cross_bytes, bound),
     }
 
     window, position = args.window, args.position
