@@ -71,15 +71,8 @@ def entry(us: float, nbytes: int, bound_gbps: float | None = None) -> dict[str, 
     return out
 
 
-def pytorch_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """The same attention in PyTorch operations (the fused kernel's CPU/fp32 form)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) + bias
-    o = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
-    return o.transpose(1, 2).reshape(q.shape[0], 1, -1)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from qace.families.t5.decode_attention import attend, attend_step
+    from qace.families.t5.decode_attention import attend, attend_step, pytorch_form
     from qace.families.t5.decoder import half_logits
 
     torch.manual_seed(args.seed)
