@@ -225,6 +225,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await batcher.start()
+        warming: threading.Thread | None = None
         if warm_up:
             loop = asyncio.get_running_loop()
 
@@ -233,11 +234,14 @@ def create_app(
                 with contextlib.suppress(RuntimeError):  # the server stopped before the warm-up ended
                     loop.call_soon_threadsafe(ready.set)
 
-            threading.Thread(target=warm_then_release, name="qace-warm-up", daemon=True).start()
+            warming = threading.Thread(target=warm_then_release, name="qace-warm-up", daemon=True)
+            warming.start()
         else:
             ready.set()
         log.info("reward service ready: %s", reward.signature)
         yield
+        if warming is not None:  # a server stopped while warming up stops once the warm-up has ended
+            await asyncio.to_thread(warming.join)
         await batcher.stop()
 
     app = FastAPI(title="QACE reward service", lifespan=lifespan, default_response_class=_JSON)

@@ -501,8 +501,23 @@ def test_a_warm_up_longer_than_the_timeout_gets_503_with_retry_after(fake) -> No
             early = httpx.post(f"{url}/v1/reward", json=_v1("r", ["a dog"]), headers=AUTH, timeout=10)
             assert early.status_code == 503 and early.headers["retry-after"] == "5"
             assert "warming up" in early.json()["detail"] and fake.batches == []
+            done.set()  # the server stops once its warm-up has ended
     finally:
         done.set()
+
+
+def test_a_server_stopped_while_warming_up_stops_after_its_warm_up(fake) -> None:
+    """Stopping the service during its warm-up waits for the warm-up to end: no thread goes on using the
+    engine (or logging to closed streams) after the service has stopped."""
+    from qace.serve.app import create_app
+    from qace.serve.local import serving
+
+    done = _warming(fake)
+    with serving(create_app(fake, token=TOKEN, warm_up=True), start_timeout_s=10) as url:
+        assert httpx.get(f"{url}/health").json()["status"] == "warming_up"
+        threading.Timer(1.0, done.set).start()  # the warm-up ends a second after the stop begins
+    assert done.is_set()
+    assert not [t for t in threading.enumerate() if t.name == "qace-warm-up"]
 
 
 def test_a_failed_warm_up_is_reported_and_the_service_still_scores(fake) -> None:
