@@ -12,9 +12,11 @@ Layout under ``<output>.shards/``:
 Why contiguous slices: concatenating the shard outputs in shard order *is* input order, so the
 merge streams files and needs no sort. Each worker is a fresh interpreter (`qace.engine.launch`:
 CUDA cannot survive ``fork``, and the caller's main module is never run again) that builds its own
-scorer on its device; all start at once, and each dies with the parent, so a killed run leaves no
-worker writing; each shard output is locked while it
-is written (`qace.data.output.ResultWriter`), so a rerun cannot write a shard an old worker holds.
+scorer on its device; all start at once, before the plan is written, so they load their models while
+the parent reads and splits the input, and each reads its shard input only once the plan is complete
+(a go message). Each dies with the parent, so a killed run leaves no worker writing; each shard output
+is locked while it is written (`qace.data.output.ResultWriter`), so a rerun cannot write a shard an
+old worker holds.
 A killed run resumes per shard: each shard skips the ids its writer has committed. The merge writes
 the final output through a `ResultWriter` as well (tmp + replace, errors file, Parquet if asked), so
 a killed merge resumes too; the shard directory is removed only after the final output exists.
@@ -37,7 +39,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from qace.config import auto_host_workers, auto_spacy_workers
 from qace.data.output import errors_path
@@ -46,6 +48,9 @@ from qace.errors import BackendUnavailableError, ConfigError, QACEError, ResumeE
 from qace.progress import track
 from qace.scorers import load_callable as load_factory
 from qace.scoring import Summary
+
+if TYPE_CHECKING:
+    from qace.engine.launch import Child
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +135,6 @@ def score_file_sharded(
     partial = output.with_name(output.name + ".partial")
     if not resume and (output.exists() or work.exists() or partial.exists()):
         raise ResumeError(f"{output} (or its .shards/.partial) already exists; pass resume=True or remove it")
-    bounds = _plan(Path(input_path), work, len(devices), references=references, fmt=fmt)
     threads = _cpu_threads(devices)
     jobs = [
         ShardJob(
@@ -146,8 +150,15 @@ def score_file_sharded(
         )
         for i, device in enumerate(devices)
     ]
-    with track("scoring", total=bounds[-1][1] if bounds else 0, enabled=not output.exists()) as bar:
-        outcomes = _run_workers(jobs, bar.update) if not output.exists() else {}
+    complete = output.exists()
+    children: dict[int, Child] = {} if complete else _start_workers(jobs)  # they load meanwhile
+    try:
+        bounds = _plan(Path(input_path), work, len(devices), references=references, fmt=fmt)
+    except BaseException:
+        _stop_workers(children)
+        raise
+    with track("scoring", total=bounds[-1][1] if bounds else 0, enabled=not complete) as bar:
+        outcomes = _run_workers(jobs, bar.update, children) if not complete else {}
     failed = {i: out for i, out in outcomes.items() if "error" in out}
     for i, out in sorted(failed.items()):
         log.error("shard %d on %s failed:\n%s", i, jobs[i].device, out.get("traceback", out["error"]))
@@ -275,19 +286,40 @@ def _check_same_input(records: Any, work: Path, shards: int) -> None:
         raise ResumeError(f"the input has fewer records than when {work} was planned; {advice}")
 
 
-def _run_workers(
-    jobs: list[ShardJob], progress: Callable[[int], object] | None = None
-) -> dict[int, dict[str, Any]]:
+def _start_workers(jobs: list[ShardJob]) -> dict[int, Child]:
     """One child process per job (`qace.engine.launch`: started all at once, each reading its job as
-    soon as it runs, whatever the caller's main module); waits for all, so one failure never discards
-    the others' work.
+    soon as it runs, whatever the caller's main module), by job index. Each builds its scorer, then waits
+    for `GO` before it opens its shard input or output."""
+    from qace.engine.launch import start_child
+
+    return {job.index: start_child(WORKER, job, name=f"qace-shard-{job.index}") for job in jobs}
+
+
+def _stop_workers(children: dict[int, Child]) -> None:
+    """Kill workers that were never sent `GO` (the plan failed): they have written nothing."""
+    for child in children.values():
+        child.kill()
+        child.join()
+
+
+def _run_workers(
+    jobs: list[ShardJob],
+    progress: Callable[[int], object] | None = None,
+    children: dict[int, Child] | None = None,
+) -> dict[int, dict[str, Any]]:
+    """Send `GO` to the workers of ``jobs`` (``children`` from `_start_workers`, or started here) and wait
+    for all, so one failure never discards the others' work.
 
     ``progress`` is called with the number of records the workers got through since its last call."""
     from multiprocessing.connection import Connection, wait
 
-    from qace.engine.launch import start_child
-
-    children = {job.index: start_child(WORKER, job, name=f"qace-shard-{job.index}") for job in jobs}
+    if children is None:
+        children = _start_workers(jobs)
+    for child in children.values():
+        try:
+            child.control.send(GO)
+        except OSError:  # it died at start: seen below as its ended connection and exit code
+            pass
     outcomes: dict[int, dict[str, Any]] = {}
     talking: dict[Connection, int] = {child.control: index for index, child in children.items()}
     try:
@@ -344,6 +376,8 @@ PROGRESS_EVERY_S = 1.0
 
 WORKER = "qace.scale.shards:_worker"
 """The shard worker's target, for `qace.engine.launch.start_child`."""
+GO = "go"
+"""What the parent sends each worker once the plan and the shard inputs are written."""
 
 
 def _worker(job: ShardJob, control: Any) -> None:
@@ -358,8 +392,12 @@ def _worker(job: ShardJob, control: Any) -> None:
             control.send(unreported)
             unreported, last = 0, time.monotonic()
 
+    def wait_for_go() -> None:
+        if control.recv() != GO:
+            raise QACEError("the parent sent no go")
+
     try:
-        outcome = run_shard(job, progress)
+        outcome = run_shard(job, progress, ready=wait_for_go)
     except BaseException as exc:  # noqa: BLE001  (reported to the parent, which raises)
         outcome = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     if unreported:
@@ -375,9 +413,14 @@ def _references_key(references: References | None) -> str | None:
     return f"read:sha256-{digest}"
 
 
-def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) -> dict[str, Any]:
+def run_shard(
+    job: ShardJob,
+    progress: Callable[[int], object] | None = None,
+    ready: Callable[[], object] | None = None,
+) -> dict[str, Any]:
     """Score one shard input into its resumable output; returns counts and the signature. ``progress`` is
-    called with 1 for each record scored, failed or skipped (already done)."""
+    called with 1 for each record scored, failed or skipped (already done); ``ready`` once the scorer is
+    built, before the shard's input and output are opened (a worker waits there for the plan)."""
     progress = progress or (lambda n: None)
     import torch
 
@@ -391,21 +434,25 @@ def run_shard(job: ShardJob, progress: Callable[[int], object] | None = None) ->
         torch.cuda.set_device(job.device)  # streams, graphs and libraries default to the current device
     build: Callable[..., Any] = load_factory(job.scorer_factory) if job.scorer_factory else QACE
     scorer = build(device=job.device, **job.scorer_kwargs)
-    with (
-        _closing_candidates(scorer),
-        ResultWriter(
-            job.output,
-            signature=scorer.signature,
-            resume=job.resume,
-            chunk_size=scorer.chunk_size,
-            input_log=True,
-            force=job.force,
-        ) as writer,
-        open(job.input, encoding="utf-8") as f,
-    ):
-        # score_records: benchmarks time a shard by wrapping it (`benchmarks.scaling.forced_scorer`)
-        items = (_shard_item(line) for line in f)
-        scored, errors, skipped, _ = write_results(scorer, items, writer, committed=False, advance=progress)
+    with _closing_candidates(scorer):
+        if ready is not None:
+            ready()
+        with (
+            ResultWriter(
+                job.output,
+                signature=scorer.signature,
+                resume=job.resume,
+                chunk_size=scorer.chunk_size,
+                input_log=True,
+                force=job.force,
+            ) as writer,
+            open(job.input, encoding="utf-8") as f,
+        ):
+            # score_records: benchmarks time a shard by wrapping it (`benchmarks.scaling.forced_scorer`)
+            items = (_shard_item(line) for line in f)
+            scored, errors, skipped, _ = write_results(
+                scorer, items, writer, committed=False, advance=progress
+            )
     log.info(
         "shard %d on %s: %d scored, %d errors, %d skipped", job.index, job.device, scored, errors, skipped
     )

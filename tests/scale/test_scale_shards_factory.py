@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from qace.api import QACE
-from qace.errors import ConfigError
+from qace.errors import ConfigError, ResumeError
 from qace.scale.shards import ShardJob, load_factory, run_shard, score_file_sharded
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "qace" / "examples" / "captions.jsonl"
@@ -101,3 +102,57 @@ def test_shard_closes_the_spacy_pool(test_models_dir: Path, tmp_path: Path) -> N
     CLOSED.clear()
     assert run_shard(job)["scored"] == 2
     assert CLOSED == ["cpu"]
+
+
+def test_workers_build_their_scorers_while_the_input_is_planned(
+    test_models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan (reading and splitting the input) waits here until both workers have called their
+    factory: it completes only if the workers start before the plan, not after it."""
+    from qace.scale import shards
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    out = tmp_path / "out.jsonl"
+    plan = shards._plan
+
+    def plan_once_both_build(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + 120  # a bound for a stuck run, not a speed
+        while len(list(markers.iterdir())) < 2:
+            assert time.monotonic() < deadline, "no worker called its factory before the plan"
+            time.sleep(0.05)
+        assert not out.with_name("out.jsonl.shards").exists()  # nothing planned yet
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(shards, "_plan", plan_once_both_build)
+    summary = score_file_sharded(
+        EXAMPLES,
+        out,
+        devices=["cpu", "cpu"],
+        scorer_kwargs={"models": str(test_models_dir), "marker_dir": str(markers)},
+        scorer_factory=f"{__name__}:explaining_scorer",
+    )
+    rows = out.read_text().splitlines()
+    assert summary.scored == len(rows) > 0 and summary.errors > 0  # the example holds bad records
+
+
+def test_a_plan_that_fails_stops_the_workers_it_started(test_models_dir: Path, tmp_path: Path) -> None:
+    """Resuming with another input fails at the plan; the workers, already loading, are stopped and no
+    shard input or output is touched."""
+    import psutil
+
+    from qace.scale import shards
+
+    other = tmp_path / "other.jsonl"
+    other.write_text(EXAMPLES.read_text().splitlines()[0] + "\n")
+    out = tmp_path / "out.jsonl"
+    work = out.with_name("out.jsonl.shards")
+    shards._plan(other, work, 2, references=None, fmt="auto")
+    before = sorted(p.name for p in work.iterdir())
+    with pytest.raises(ResumeError, match="planned for another input"):
+        score_file_sharded(
+            EXAMPLES, out, devices=["cpu", "cpu"], scorer_kwargs={"models": str(test_models_dir)}, resume=True
+        )
+    assert sorted(p.name for p in work.iterdir()) == before
+    workers = [p for p in psutil.Process().children(recursive=True) if "qace-shard" in " ".join(p.cmdline())]
+    assert workers == []
