@@ -150,8 +150,9 @@ def test_shard_workers_report_progress_to_the_parent(
                           {"models": str(test_models_dir), "progress": False}, False)  # fmt: skip
     messages: list = []
 
-    class Control:  # the worker's end of its connection to the parent
+    class Control:  # the worker's end of its connection to the parent, which says go at once
         send = staticmethod(messages.append)
+        recv = staticmethod(lambda: shards.GO)
 
     shards._worker(job, Control())
     assert messages[:-1] == [1, 1, 1] and messages[-1]["scored"] + messages[-1]["errors"] == 3
