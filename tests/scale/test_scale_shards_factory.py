@@ -17,6 +17,7 @@ import pytest
 from qace.api import QACE
 from qace.errors import ConfigError, ResumeError
 from qace.scale.shards import ShardJob, load_factory, run_shard, score_file_sharded
+from qace.scoring import Summary
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "qace" / "examples" / "captions.jsonl"
 
@@ -27,17 +28,22 @@ def explaining_scorer(*, device: str, marker_dir: str, **kwargs: Any) -> QACE:
     return QACE(device=device, explain=True, **kwargs)
 
 
+def _explained_on_two_cpus(out: Path, models: Path, markers: Path) -> Summary:
+    """The example file scored into ``out`` by two CPU workers, each building `explaining_scorer`."""
+    return score_file_sharded(
+        EXAMPLES,
+        out,
+        devices=["cpu", "cpu"],
+        scorer_kwargs={"models": str(models), "marker_dir": str(markers)},
+        scorer_factory=f"{__name__}:explaining_scorer",
+    )
+
+
 def test_factory_builds_every_worker_scorer(test_models_dir: Path, tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     markers.mkdir()
     out = tmp_path / "out.jsonl"
-    summary = score_file_sharded(
-        EXAMPLES,
-        out,
-        devices=["cpu", "cpu"],
-        scorer_kwargs={"models": str(test_models_dir), "marker_dir": str(markers)},
-        scorer_factory=f"{__name__}:explaining_scorer",
-    )
+    summary = _explained_on_two_cpus(out, test_models_dir, markers)
     calls = [json.loads(p.read_text()) for p in markers.iterdir()]
     assert sorted(c["device"] for c in calls) == ["cpu", "cpu"]  # one call per worker process
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -125,13 +131,7 @@ def test_workers_build_their_scorers_while_the_input_is_planned(
         return plan(*args, **kwargs)
 
     monkeypatch.setattr(shards, "_plan", plan_once_both_build)
-    summary = score_file_sharded(
-        EXAMPLES,
-        out,
-        devices=["cpu", "cpu"],
-        scorer_kwargs={"models": str(test_models_dir), "marker_dir": str(markers)},
-        scorer_factory=f"{__name__}:explaining_scorer",
-    )
+    summary = _explained_on_two_cpus(out, test_models_dir, markers)
     rows = out.read_text().splitlines()
     assert summary.scored == len(rows) > 0 and summary.errors > 0  # the example holds bad records
 
