@@ -32,7 +32,6 @@ answers 500 and keeps the connection open; the service goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -229,10 +228,9 @@ def create_app(
         if warm_up:
             loop = asyncio.get_running_loop()
 
-            def warm_then_release() -> None:
+            def warm_then_release() -> None:  # the loop runs until then: the stop waits for this thread
                 warm()
-                with contextlib.suppress(RuntimeError):  # the server stopped before the warm-up ended
-                    loop.call_soon_threadsafe(ready.set)
+                loop.call_soon_threadsafe(ready.set)
 
             warming = threading.Thread(target=warm_then_release, name="qace-warm-up", daemon=True)
             warming.start()
