@@ -18,8 +18,9 @@ Not timed: ``QACEReward.warm_up`` per variant (every batch shape's CUDA graphs f
 ``--graph-warm-up-length`` tokens, spaCy's workers, BERTScore; 0 skips it), three calls of the smallest
 batch (timed apart as ``first_calls_ms``: what a fresh service's first requests wait), one full chunk of
 records, then ``--warmup`` calls per cell; graphs still captured during timed calls (a batch shape
-first seen there) are counted in the cell's ``graph_captures_in_timed_calls``. Where a call's time
-goes: ``benchmarks.profile`` (same scorer, `make_scorer`).
+first seen there) are counted in the cell's ``graph_captures_in_timed_calls``, the garbage collector's
+collections and pauses in ``garbage_collections_in_timed_calls``. Where a call's time goes:
+``benchmarks.profile`` (same scorer, `make_scorer`).
 
 A call of one chunk (every batch timed here) is scored in the caller's process, with the engine core's
 host processes running or not (`qace.api.QACE._choose_design`), so they are not started.
@@ -58,7 +59,7 @@ from benchmarks.workload import (
 )
 from qace.api import QACE
 from qace.data.records import Record
-from qace.engine.instrument import cuda_sync
+from qace.engine.instrument import CollectorPauses, cuda_sync
 from qace.reward import QACEReward
 
 log = logging.getLogger(__name__)
@@ -191,22 +192,34 @@ def measure(
     warmup: int,
     seed: int,
     captures: Callable[[], int] = lambda: 0,
-) -> tuple[list[float], list[list[float]], int]:
-    """Seconds per timed call, the rewards each returned, and the CUDA graphs captured during the timed
-    calls (``captures`` counts them; warm-up calls are made, not timed)."""
+) -> tuple[list[float], list[list[float]], int, dict[str, Any]]:
+    """Seconds per timed call, the rewards each returned, the CUDA graphs captured during the timed
+    calls (``captures`` counts them; warm-up calls are made, not timed), and the garbage collector's
+    pauses during them (this process: the caller, and the service's thread on the service paths)."""
     for i in range(warmup):
         call(draw(records, batch, seed, -1 - i))
     captured = captures()
     seconds, rewards = [], []
-    for i in range(iterations):
-        picked = draw(records, batch, seed, i)
-        start = time.perf_counter()
-        values = call(picked)
-        seconds.append(time.perf_counter() - start)
-        if len(values) != batch:
-            raise RuntimeError(f"{len(values)} rewards for {batch} captions")
-        rewards.append(values)
-    return seconds, rewards, captures() - captured
+    pauses = CollectorPauses()
+    try:
+        for i in range(iterations):
+            picked = draw(records, batch, seed, i)
+            start = time.perf_counter()
+            values = call(picked)
+            seconds.append(time.perf_counter() - start)
+            if len(values) != batch:
+                raise RuntimeError(f"{len(values)} rewards for {batch} captions")
+            rewards.append(values)
+    finally:
+        pauses.close()
+    oldest = pauses.by_generation.get(2, [0, 0.0])
+    collections = {
+        "collections": pauses.count,
+        "ms": 1000 * pauses.seconds,
+        "oldest_generation_collections": int(oldest[0]),
+        "oldest_generation_ms": 1000 * oldest[1],
+    }
+    return seconds, rewards, captures() - captured, collections
 
 
 def run_variant(
@@ -265,11 +278,12 @@ def run_variant(
                 if args.max_seconds and time.perf_counter() - started > args.max_seconds:
                     cell["skipped"] = f"time budget of {args.max_seconds:g} s spent"
                     continue
-                seconds, rewards, captured = measure(
+                seconds, rewards, captured, collections = measure(
                     call, records, batch, iterations, args.warmup, args.seed, lambda: graph_captures(scorer)
                 )
                 cell.update(summarize(seconds))
                 cell["graph_captures_in_timed_calls"] = captured
+                cell["garbage_collections_in_timed_calls"] = collections
                 cell["iterations"] = iterations
                 cell["warmup"] = args.warmup
                 cell["mean_reward"] = float(np.mean(rewards))
