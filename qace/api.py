@@ -7,6 +7,7 @@ captions, streams of records, or whole files with crash-safe, resumable output.
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import logging
 import threading
@@ -23,7 +24,7 @@ import numpy as np
 from qace.config import QACEConfig, build_signature, speed_defaults
 from qace.data.records import Record, RecordError, caption_problem, require, surrogate_problem
 from qace.engine import instrument
-from qace.engine.gc_pause import collector_paused
+from qace.engine.gc_pause import collector_paused, freeze_heap
 from qace.errors import ConfigError, FeatureError, HostWorkerError
 from qace.metric.pipeline import score_chunk
 from qace.scoring import FileScorer, list_ids
@@ -122,6 +123,7 @@ class QACE(FileScorer):
         self._starting = threading.Lock()
         self._design_said = False
         self._closed = False
+        self._froze_heap = False
 
     def start_host_processes(self, wait: bool = False) -> None:
         """Start the engine core (a thread of this process, serving the models and BERTScore's encoder)
@@ -180,6 +182,9 @@ class QACE(FileScorer):
         if self.host is not None:
             self._shutdown()
         self.candidates.close()
+        if self._froze_heap:  # what the warm-up froze can be collected again (its cycles included)
+            self._froze_heap = False
+            gc.unfreeze()
 
     def warm_up(self, max_rows: int | None = None, max_length: int = 96) -> int:
         """Capture now the CUDA graphs of every batch shape the decoders can meet, for batches of up to
@@ -223,6 +228,8 @@ class QACE(FileScorer):
             )
         self._warm_chain(rows)
         self.candidates.start(wait=True)
+        freeze_heap()  # a reward call meets no collection that walks the models (`freeze_heap`)
+        self._froze_heap = True
         return captured
 
     def _warm_chain(self, max_rows: int) -> None:

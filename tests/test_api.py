@@ -403,6 +403,21 @@ def test_warm_up_calls_on_a_gpu_are_reward_sized_within_the_captured_rows(
     assert seen == sizes
 
 
+def test_a_warm_up_freezes_the_heap_and_closing_the_scorer_thaws_it(test_models_dir):
+    """After the warm-up, reward calls meet no collection that walks the models (`freeze_heap`); once
+    the scorer is closed, what was frozen can be collected again."""
+    import gc
+
+    scorer = QACE(models=test_models_dir, variant="ref", progress=False)
+    try:
+        before = gc.get_freeze_count()  # another test's scorer may have frozen some already
+        scorer.warm_up()
+        assert gc.get_freeze_count() > before
+    finally:
+        scorer.close()
+    assert gc.get_freeze_count() == 0
+
+
 def test_the_warm_up_image_leaves_no_trace(test_models_dir):
     """QACE-Img's warm-up caption reads zero features under an id no store holds; the device's feature
     cache forgets them, and rows after a warm-up equal a cold scorer's."""

@@ -4,6 +4,11 @@ A chunk allocates hundreds of thousands of short-lived containers (token lists, 
 rows) that reference counting frees on its own. Each allocation burst still triggers the cyclic
 collector, which then walks every object the process holds (models, tokenizers, spaCy). With the collector
 paused for the chunk, its cyclic garbage waits for the first collection after it.
+
+A collection of the oldest generation still walks the whole heap whenever it comes, in the middle of
+whatever runs then (a reward request, a host process's task): 0.3 s over the half million objects a
+scorer's process holds. `freeze_heap`, once a process is set up, takes what it holds then out of every
+later collection (vLLM freezes its heap after its warm-up the same way).
 """
 
 from __future__ import annotations
@@ -35,3 +40,12 @@ def collector_paused() -> Iterator[None]:
             _holders -= 1
             if _holders == 0 and _was_enabled:
                 gc.enable()
+
+
+def freeze_heap() -> None:
+    """Collect once, then move every object alive now to the permanent generation (``gc.freeze``), so
+    later collections walk only what was made after. Frozen objects are still freed when their last
+    reference goes; only reference cycles among them stay until ``gc.unfreeze``. For long-lived
+    processes, once set up (a warmed-up scorer, a host process after its setup)."""
+    gc.collect()
+    gc.freeze()

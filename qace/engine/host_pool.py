@@ -28,6 +28,7 @@ from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
+from qace.engine.gc_pause import freeze_heap
 from qace.engine.launch import Child, resolve, start_child
 from qace.errors import HostWorkerError
 
@@ -59,6 +60,7 @@ def _worker_main(job: tuple[str, Any], tasks: Connection, core: Connection | Non
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         tasks.send(("failed", traceback.format_exc()))
         return
+    freeze_heap()  # what setup loaded (torch, tokenizers, spaCy) is out of every later collection
     tasks.send(("ready", None))
     while True:
         try:

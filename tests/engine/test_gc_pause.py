@@ -59,3 +59,21 @@ def test_blocks_in_two_threads_overlapping_keep_it_paused_until_the_last_ends() 
         thread.join()
     assert seen == [False]
     assert gc.isenabled()
+
+
+def test_a_frozen_heap_leaves_later_collections_only_the_objects_made_after() -> None:
+    from qace.engine.gc_pause import freeze_heap
+
+    def tracked(x: object) -> bool:  # in a generation collections walk (the permanent one is not)
+        return any(y is x for y in gc.get_objects())
+
+    kept = [0]
+    assert tracked(kept)
+    try:
+        freeze_heap()
+        made_after = [1]
+        assert gc.get_freeze_count() > 0
+        assert not tracked(kept) and tracked(made_after)
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0 and tracked(kept)

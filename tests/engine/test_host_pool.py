@@ -67,3 +67,18 @@ def test_a_child_that_dies_before_reading_its_argument_does_not_block_the_parent
     )
     child.join(timeout=120)
     assert child.exitcode == 7
+
+
+def frozen_count(_argument: Any, _core: Any) -> Any:
+    import gc
+
+    return lambda task: gc.get_freeze_count()
+
+
+def test_a_host_process_freezes_what_its_setup_loaded() -> None:
+    """Its tasks meet no collection that walks the imports and models its setup loaded."""
+    pool = HostPool(1, "tests.engine.test_host_pool:frozen_count", None)
+    try:
+        assert pool.submit("how many").result(timeout=120) > 1000
+    finally:
+        pool.close()
