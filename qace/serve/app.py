@@ -310,7 +310,7 @@ def create_app(
             results = await run(items)
         except RequestError as exc:
             return _error(exc)
-        return {
+        return _JSON({
             "request_id": request_id,
             "signature": reward.signature,
             "component": component,
@@ -324,7 +324,7 @@ def create_app(
                 }
                 for i, r in zip(ids, results, strict=True)
             ],
-        }
+        })  # fmt: skip
 
     @app.post("/get_reward")
     @app.post(PATH_TOKEN_PREFIX + "{path_token}/get_reward")
@@ -344,7 +344,7 @@ def create_app(
         except RequestError as exc:
             return _error(exc)
         wants_logs = request.query_params.get("extra_logs") == "1"
-        return openrlhf.reply(payload, results, served.logged, served.key, wants_logs)
+        return _JSON(openrlhf.reply(payload, results, served.logged, served.key, wants_logs))
 
     @app.get("/health")
     async def health() -> Any:
