@@ -8,7 +8,8 @@ Engine and workload as ``benchmarks/throughput.py``'s: random T5-base QG and TQA
 36 random region features, the same seeded forced outputs, bf16 (``--precision``), QACE-Img
 (``--variant``), the device's speed settings.
 
-1. Batches. One pass scores ``--captions`` distinct PASCAL-50S captions and records every batch each
+1. Batches. One pass scores ``--captions`` distinct PASCAL-50S captions, a chunk a call (every chunk at
+   the size a long run's steady state gives it, `score_in_full_chunks`), and records every batch each
    model's runner decodes, as the engine planned it (input ids; Visual-T5's region features gathered on
    the device), through the hook that forces the outputs (`qace.engine.instrument`'s ``force_tokens``).
    The pass also captures the CUDA graphs of the batch shapes it meets.
@@ -76,6 +77,7 @@ from benchmarks.workload import (
     engine_defaults,
     flickr_workload,
     pascal_workload,
+    score_in_full_chunks,
     workload_scorer,
 )
 from qace.api import QACE
@@ -185,7 +187,7 @@ def record_batches(scorer: QACE, records: Sequence[Any]) -> dict[str, list[Recor
 
         instrument.attach(runner, force_tokens=force)
     try:
-        list(scorer.score_records(records))
+        score_in_full_chunks(scorer, records)
     finally:
         for role, runner in runners(scorer).items():
             instrument.attach(runner, force_tokens=batch_tokens(role))

@@ -136,6 +136,16 @@ def distinct_captions(records: Sequence[Record]) -> int:
     return len({r.caption for r in records})
 
 
+def score_in_full_chunks(scorer: QACE, records: Sequence[Record]) -> None:
+    """Score ``records`` as calls of one chunk (``chunk_size``) each, so every chunk has the size a long
+    run's steady state gives its chunks: one call over all of them would taper its first and last
+    chunks (`qace.api._Tapered`: 4,096 records at 2,048 a chunk become 256, 512, 1,024, 1,152, 576,
+    288 and 288), and so its batches would be smaller than a long run's."""
+    size = scorer.config.chunk_size
+    for start in range(0, len(records), size):
+        list(scorer.score_records(records[start : start + size]))
+
+
 def reset_caches(scorer: QACE) -> None:
     """Empty every cache the engine keeps across calls, so the next call meets its captions cold: the
     composed prompt ids' parts (all templates), the candidate cache and the device-resident region
