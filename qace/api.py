@@ -201,6 +201,9 @@ class QACE(FileScorer):
         first launch, pinned upload buffers, BERTScore's encoder and token F1's compiled kernels). Host
         processes are not started: a call that fits a few chunks (a reward call) is scored in this
         process.
+
+        It ends by freezing the process's heap (`freeze_heap`: ``gc.freeze``), so that no later call
+        pays for a garbage collection that walks the models; `close` unfreezes it.
         """
         from tqdm.auto import tqdm
 
