@@ -9,27 +9,20 @@ from benchmarks.workload import score_in_full_chunks
 from qace.api import _Tapered
 
 
-class _Scorer:
-    """Records the chunks each call is cut into, as `QACE.score_records` cuts them."""
+def test_profiled_passes_run_every_chunk_at_its_full_size() -> None:
+    """One call longer than a chunk tapers (the reason for the helper); the helper makes calls of one
+    full chunk each, the last one the rest."""
+    tapered, chunks = _Tapered(iter(range(4096)), 2048), []
+    while chunk := tapered.next_chunk():
+        chunks.append(len(chunk))
+    assert chunks == [256, 512, 1024, 1152, 576, 288, 288]
 
-    def __init__(self, chunk_size: int) -> None:
-        self.config = SimpleNamespace(chunk_size=chunk_size)
-        self.chunks: list[int] = []
+    calls: list[int] = []
 
-    def score_records(self, records: list[Any]) -> Any:
-        if len(records) <= self.config.chunk_size:
-            self.chunks.append(len(records))
-        else:
-            tapered = _Tapered(iter(records), self.config.chunk_size)
-            while chunk := tapered.next_chunk():
-                self.chunks.append(len(chunk))
+    def score_records(records: list[Any]) -> Any:
+        calls.append(len(records))
         return iter(records)
 
-
-def test_profiled_passes_run_every_chunk_at_its_full_size() -> None:
-    one_call = _Scorer(2048)
-    list(one_call.score_records(list(range(4096))))
-    assert one_call.chunks == [256, 512, 1024, 1152, 576, 288, 288]  # what one call of 4,096 does
-    scorer = _Scorer(2048)
-    score_in_full_chunks(scorer, list(range(4096 + 100)))
-    assert scorer.chunks == [2048, 2048, 100]
+    scorer = SimpleNamespace(config=SimpleNamespace(chunk_size=2048), score_records=score_records)
+    score_in_full_chunks(scorer, list(range(4096 + 100)))  # type: ignore[arg-type]
+    assert calls == [2048, 2048, 100]
