@@ -8,7 +8,7 @@ Engine and workload as ``benchmarks/throughput.py``'s: random T5-base QG and TQA
 36 random region features, the same seeded forced outputs, bf16 (``--precision``), QACE-Img
 (``--variant``), the device's speed settings.
 
-1. Batches. One pass scores ``--captions`` distinct PASCAL-50S captions, a chunk a call (every chunk at
+1. Batches. One pass scores ``--captions`` distinct PASCAL-50S captions in whole chunks (every chunk at
    the size a long run's steady state gives it, `score_in_full_chunks`), and records every batch each
    model's runner decodes, as the engine planned it (input ids; Visual-T5's region features gathered on
    the device), through the hook that forces the outputs (`qace.engine.instrument`'s ``force_tokens``).

@@ -20,8 +20,8 @@ same work.
   (``cold_captions_per_s``: captions never seen by the process), then ``--passes`` passes, each after
   emptying every engine cache (`reset_caches`: prompt ids, candidates, device features); their median
   is ``captions_per_s``. A synchronised pass over the
-  first ``--profile-captions`` captions, scored a chunk a call (``score_in_full_chunks``: every chunk at
-  the steady state's size), gives each model's encoder and decoder FLOP utilisation.
+  first ``--profile-captions`` captions, scored as the steady state of a long run (``score_in_full_chunks``:
+  whole chunks, through the host processes), gives each model's encoder and decoder FLOP utilisation.
 - ``baseline``: `benchmarks.hf_batched.Baseline` over the same records after a warm-up on
   ``--baseline-warmup`` of the warm-up captions (default: all of them, as the engine), then
   plain ``generate`` alone on sampled batches of each stage (`generate_bound`);
