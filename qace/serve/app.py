@@ -78,6 +78,13 @@ class ServeSettings:
     """A request waiting longer gets 503."""
     retry_after_s: float = 1.0
     """Value of ``Retry-After`` on 429/503."""
+    concurrent_batches: int = 2
+    """Batches scored at once (`qace.serve.batcher.MicroBatcher`'s ``concurrency``): a batch's host work
+    runs while the one before it is on the device."""
+
+    def __post_init__(self) -> None:
+        if self.concurrent_batches < 1:
+            raise ConfigError(f"--concurrent-batches must be at least 1, got {self.concurrent_batches}")
 
 
 @dataclass(frozen=True)
@@ -207,6 +214,7 @@ def create_app(
         max_queue=settings.max_queue,
         timeout_s=settings.timeout_s,
         retry_after_s=settings.retry_after_s,
+        concurrency=settings.concurrent_batches,
     )
 
     ready = asyncio.Event()  # set on the event loop once the engine is warm (or without a warm-up)

@@ -1,9 +1,13 @@
 """Micro-batching with a bounded queue: many small requests, one engine call per batch.
 
 Trainers often send one sample per request; scoring them one by one would leave the GPU idle.
-Requests wait in a queue; a single worker takes the first one, gathers more for at most
-``max_wait_s`` or until ``max_batch`` items, scores them in one call on a worker thread (so the
-event loop keeps answering health checks and rejecting excess load), then resolves every request.
+Requests wait in a queue; a worker takes the first one, gathers more for at most ``max_wait_s`` or
+until ``max_batch`` items, scores them in one call on a worker thread (so the event loop keeps
+answering health checks and rejecting excess load), then resolves every request. With
+``concurrency`` above one, that many batches are scored at once on as many threads: the next batch's
+host work (spaCy, tokenising, comparing answers) runs while the one before it is on the device, where
+the engine's device lock keeps their model stages taking turns (`qace.engine.device_lock`). A batch's
+results do not depend on what runs beside it.
 
 Back-pressure instead of hangs: admission counts queued items, and a request that would push the
 count past ``max_queue`` is refused at once (`Overloaded` -> HTTP 429 with Retry-After); a request
@@ -95,17 +99,22 @@ class MicroBatcher:
         max_queue: int = 1024,
         timeout_s: float = 60.0,
         retry_after_s: float = 1.0,
+        concurrency: int = 1,
     ) -> None:
-        if max_batch < 1 or max_queue < 1 or timeout_s <= 0:
-            raise QACEError("max_batch and max_queue must be positive, timeout_s above zero")
+        if max_batch < 1 or max_queue < 1 or concurrency < 1 or timeout_s <= 0:
+            raise QACEError("max_batch, max_queue and concurrency must be positive, timeout_s above zero")
         self.score_fn, self.on_error = score_fn, on_error
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
         self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
+        self.concurrency = concurrency
         self.stats = Stats()
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._inflight: list[_Request] = []
+        self._inflight: dict[asyncio.Task[None], list[_Request]] = {}
+        """Each batch being scored, by the task scoring it."""
+        self._gathering: list[_Request] = []
+        """The batch being gathered (taken from the queue, not yet scored)."""
 
     @property
     def running(self) -> bool:
@@ -114,18 +123,20 @@ class MicroBatcher:
     async def start(self) -> None:
         """Start the worker on the running event loop (call from the app's lifespan)."""
         self._queue = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qace-score")
+        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="qace-score")
         self._worker = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
         """Stop taking work; queued requests fail with `Unavailable` so no client hangs."""
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-        waiting = list(self._inflight)
+        serving = list(self._inflight)
+        waiting = [*self._gathering, *(request for batch in self._inflight.values() for request in batch)]
+        for task in [self._worker, *serving]:
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         while self._queue is not None and not self._queue.empty():
             waiting.append(self._queue.get_nowait())
         for request in waiting:
@@ -163,19 +174,30 @@ class MicroBatcher:
     async def _run(self) -> None:
         assert self._queue is not None and self._executor is not None  # set by start()
         loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.concurrency)
         while True:
-            batch = self._inflight = await self._gather(loop)
-            try:
-                await self._serve(loop, batch)
-            except Exception as exc:  # noqa: BLE001 - a bug here must fail its requests, not the service
-                log.exception("serving a batch of %d requests failed", len(batch))
-                self.stats.failed += 1
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
-            finally:
-                self.stats.queued_items -= sum(len(r.items) for r in batch)
-            self._inflight = []  # kept when cancelled: stop() fails the requests still waiting
+            await slots.acquire()  # requests gather in the queue while every slot is scoring
+            batch = await self._gather(loop)
+            task = loop.create_task(self._serve_batch(loop, batch))
+            self._inflight[task], self._gathering = batch, []
+
+            def finished(done: asyncio.Task[None]) -> None:
+                self._inflight.pop(done, None)
+                slots.release()
+
+            task.add_done_callback(finished)
+
+    async def _serve_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
+        try:
+            await self._serve(loop, batch)
+        except Exception as exc:  # noqa: BLE001 - a bug here must fail its requests, not the service
+            log.exception("serving a batch of %d requests failed", len(batch))
+            self.stats.failed += 1
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(exc)
+        finally:
+            self.stats.queued_items -= sum(len(r.items) for r in batch)
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
         """Score the live requests of ``batch`` in one call on the worker thread and resolve them."""
@@ -198,7 +220,7 @@ class MicroBatcher:
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[_Request]:
         """The first waiting request plus what arrives within ``max_wait_s``, up to ``max_batch`` items."""
         assert self._queue is not None
-        batch = [await self._queue.get()]
+        batch = self._gathering = [await self._queue.get()]
         size = len(batch[0].items)
         deadline = loop.time() + self.max_wait_s
         while size < self.max_batch:

@@ -51,6 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="items per engine call")
     p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="batch gathering window")
+    p.add_argument(
+        "--concurrent-batches",
+        type=int,
+        default=d.concurrent_batches,
+        help="batches scored at once: the next one's host work runs while one is on the device",
+    )
     p.add_argument("--max-queue", type=int, default=d.max_queue, help="waiting items before 429")
     p.add_argument("--max-items", type=int, default=d.max_items, help="items per request")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
@@ -87,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_items=args.max_items,
         max_body_bytes=args.max_body_bytes,
         timeout_s=args.timeout,
+        concurrent_batches=args.concurrent_batches,
     )
     sock = bind(args.host, args.port)  # held from here on: loading cannot lose the port to another process
     try:

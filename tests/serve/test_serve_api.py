@@ -101,6 +101,16 @@ def test_serve_command_refuses_a_short_token_before_loading_models(monkeypatch) 
         _serve_command(monkeypatch, ["--token", "12345"])
 
 
+def test_concurrent_batches_reach_the_service_and_zero_is_refused_before_models_load(monkeypatch) -> None:
+    from qace.errors import ConfigError
+
+    seen: dict = {}
+    with pytest.raises(ConfigError, match="--concurrent-batches must be at least 1"):
+        _serve_command(monkeypatch, ["--token", TOKEN, "--concurrent-batches", "0"])
+    _, seen = _serve_command(monkeypatch, ["--token", TOKEN, "--concurrent-batches", "3", "--no-warm-up"])
+    assert "loaded" in seen and seen["settings"].concurrent_batches == 3
+
+
 def test_serve_on_a_busy_port_fails_before_any_model_loads(monkeypatch, capsys) -> None:
     """The port is bound before the models load (it used to fail only after loading and "ready")."""
     import socket
@@ -382,6 +392,73 @@ def test_stopping_batcher_fails_queued_requests_instead_of_hanging() -> None:
 
     outcomes = asyncio.run(asyncio.wait_for(scenario(), 10))
     assert all(isinstance(o, Unavailable) for o in outcomes)
+
+
+def _concurrent_scoring(concurrency: int) -> tuple[list, int]:
+    """Three one-item requests, each its own batch, scored by a batcher of ``concurrency``; the results
+    and the most batches ever scored at once. A batch waits (at most 5 s) for ``concurrency`` batches to
+    be in at once, or with ``concurrency`` 1 lingers, so that a second batch would be caught beside it."""
+    import asyncio
+
+    from qace.serve.batcher import Item, MicroBatcher
+
+    now, most, turn = [0], [0], threading.Condition()
+
+    def score(items: list) -> list:
+        with turn:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+            turn.notify_all()
+            if concurrency > 1:
+                turn.wait_for(lambda: now[0] >= concurrency or most[0] >= concurrency, timeout=5)
+        if concurrency == 1:
+            time.sleep(0.2)
+        with turn:
+            now[0] -= 1
+        return [item.caption.upper() for item in items]
+
+    async def scenario() -> list:
+        batcher = MicroBatcher(score, on_error=lambda item, exc: exc, max_batch=1, concurrency=concurrency)
+        await batcher.start()
+        got = await asyncio.gather(*(batcher.submit([Item(c)]) for c in ("a", "b", "c")))
+        await batcher.stop()
+        return got
+
+    return asyncio.run(asyncio.wait_for(scenario(), 20)), most[0]
+
+
+def test_a_batcher_scores_up_to_its_concurrency_of_batches_at_once() -> None:
+    """With ``concurrency`` 2, a second batch is scored while the first still is (its host work beside
+    the first's device work); with 1, never; the results are the same."""
+    serial, most_serial = _concurrent_scoring(1)
+    together, most_together = _concurrent_scoring(2)
+    assert serial == together == [["A"], ["B"], ["C"]]
+    assert (most_serial, most_together) == (1, 2)
+
+
+def test_stopping_a_concurrent_batcher_fails_every_batch_in_flight_and_queued() -> None:
+    import asyncio
+
+    from qace.serve.batcher import Item, MicroBatcher, Unavailable
+
+    gate = threading.Event()
+
+    def slow(items: list) -> list:
+        gate.wait(5)
+        return [0.0] * len(items)
+
+    async def scenario() -> tuple[list, int]:
+        batcher = MicroBatcher(slow, on_error=lambda item, exc: exc, max_batch=1, max_wait_s=0, concurrency=2)
+        await batcher.start()
+        tasks = [asyncio.create_task(batcher.submit([Item(c)])) for c in ("a", "b", "c")]
+        await asyncio.sleep(0.2)  # a and b are being scored; c waits for a slot
+        scoring = len(batcher._inflight)
+        await batcher.stop()
+        gate.set()
+        return await asyncio.gather(*tasks, return_exceptions=True), scoring
+
+    outcomes, scoring = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert scoring == 2 and all(isinstance(o, Unavailable) for o in outcomes)
 
 
 def test_serve_command_parses() -> None:
