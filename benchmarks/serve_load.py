@@ -196,13 +196,16 @@ def main(argv: list[str] | None = None) -> int:
         [draw(records, args.batch, args.seed, n * 1000 + i) for i in range(args.requests)]
         for n in range(args.clients)
     ]
-    for concurrency in args.concurrency:
-        cell = run_setting(reward, concurrency, requests, args)
-        log.info(
-            "concurrent batches %d: p50 %.1f ms, p99 %.1f ms, %.0f captions/s",
-            concurrency, cell["p50_ms"], cell["p99_ms"], cell["captions_per_s"],
-        )  # fmt: skip
-        report["cells"].append(cell)
+    try:
+        for concurrency in args.concurrency:
+            cell = run_setting(reward, concurrency, requests, args)
+            log.info(
+                "concurrent batches %d: p50 %.1f ms, p99 %.1f ms, %.0f captions/s",
+                concurrency, cell["p50_ms"], cell["p99_ms"], cell["captions_per_s"],
+            )  # fmt: skip
+            report["cells"].append(cell)
+    finally:
+        scorer.close()
     first = np.asarray(report["cells"][0]["rewards"])
     report["max_reward_difference_across_settings"] = max(
         float(np.abs(np.asarray(c["rewards"]) - first).max()) for c in report["cells"]
