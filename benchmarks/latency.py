@@ -53,6 +53,7 @@ from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
     flickr_workload,
+    graph_captures,
     preload_features,
     workload_models,
     workload_scorer,
@@ -96,15 +97,6 @@ def timed(call: Callable[..., object], *args: Any, **kwargs: Any) -> float:
 def gpu_reserved_gib() -> float:
     """GPU memory the caching allocator holds (0 without CUDA)."""
     return torch.cuda.memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0
-
-
-def graph_captures(scorer: QACE) -> int:
-    """CUDA graphs the decoders have captured so far (0 on the CPU or without graph decoding)."""
-    total = 0
-    for role in ("qg", "tqa", "vqa"):
-        graphs = getattr(getattr(getattr(scorer.models, role), "decoder", None), "_graphs", None)
-        total += int(getattr(graphs, "captures", 0) or 0)
-    return total
 
 
 def draw(records: Sequence[Record], batch: int, seed: int, iteration: int) -> list[Record]:

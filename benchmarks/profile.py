@@ -37,12 +37,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.latency import DEFAULT_DATA, context_columns, draw, graph_captures, make_scorer
+from benchmarks.latency import DEFAULT_DATA, context_columns, draw, make_scorer
 from benchmarks.run_info import record
 from benchmarks.workload import (
     add_engine_arguments,
     engine_defaults,
     flickr_workload,
+    graph_captures,
     preload_features,
     workload_models,
 )

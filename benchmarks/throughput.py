@@ -21,7 +21,8 @@ same work.
   emptying every engine cache (`reset_caches`: prompt ids, candidates, device features); their median
   is ``captions_per_s``. A synchronised pass over the
   first ``--profile-captions`` captions, scored as the steady state of a long run (``score_in_full_chunks``:
-  whole chunks, through the host processes), gives each model's encoder and decoder FLOP utilisation.
+  whole chunks, through the host processes), gives each model's encoder and decoder FLOP utilisation
+  (``graph_captures_in_profiled_pass``: CUDA graphs it still had to capture, whose time it would count).
 - ``baseline``: `benchmarks.hf_batched.Baseline` over the same records after a warm-up on
   ``--baseline-warmup`` of the warm-up captions (default: all of them, as the engine), then
   plain ``generate`` alone on sampled batches of each stage (`generate_bound`);
@@ -66,6 +67,7 @@ from benchmarks.workload import (
     distinct_captions,
     engine_defaults,
     flickr_workload,
+    graph_captures,
     pascal_workload,
     reset_caches,
     score_in_full_chunks,
@@ -311,7 +313,9 @@ def engine_section(
     if profiled:
         reset_caches(scorer)
         _zero_counters(scorer, profile=True)
+        captured = graph_captures(scorer)
         score_in_full_chunks(scorer, profiled)
+        captured = graph_captures(scorer) - captured
         mfu = {}
         for role, runner in _runners(scorer).items():
             enc, dec = _model_flops(runner)
@@ -331,7 +335,12 @@ def engine_section(
                 "decoder_mfu": dec / max(seconds["decoder"], 1e-9) / peak,
             }
         _zero_counters(scorer)
-        result["mfu"] = {"captions": len(profiled), "peak_flops": peak, **mfu}
+        result["mfu"] = {
+            "captions": len(profiled),
+            "peak_flops": peak,
+            "graph_captures_in_profiled_pass": captured,
+            **mfu,
+        }
     return result, [r["qace"] for r in rows]
 
 

@@ -146,6 +146,15 @@ def score_in_full_chunks(scorer: QACE, records: Sequence[Record]) -> None:
     list(scorer.score_committed(records))
 
 
+def graph_captures(scorer: QACE) -> int:
+    """CUDA graphs the decoders have captured so far (0 on the CPU or without graph decoding)."""
+    total = 0
+    for role in ("qg", "tqa", "vqa"):
+        graphs = getattr(getattr(getattr(scorer.models, role), "decoder", None), "_graphs", None)
+        total += int(getattr(graphs, "captures", 0) or 0)
+    return total
+
+
 def reset_caches(scorer: QACE) -> None:
     """Empty every cache the engine keeps across calls, so the next call meets its captions cold: the
     composed prompt ids' parts (all templates), the candidate cache and the device-resident region

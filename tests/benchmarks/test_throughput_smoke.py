@@ -42,6 +42,7 @@ def test_sections_and_merge(report: dict[str, Any]) -> None:
     assert engine["captions_per_s"] > 0 and engine["cold_captions_per_s"] > 0
     assert len(engine["pass_seconds"]) == 1 and engine["warm_up_captions"] == 4
     assert set(engine["mfu"]) >= {"qg", "tqa", "vqa"} and engine["mfu"]["captions"] == 4
+    assert engine["mfu"]["graph_captures_in_profiled_pass"] == 0  # no CUDA graphs on the CPU
     assert img["speedup_vs_baseline"] == engine["captions_per_s"] / baseline["captions_per_s"]
     # both systems ran the same distinct rows per model
     assert baseline["rows_per_stage_after_dedup"] == engine["rows_per_stage_after_dedup"]
