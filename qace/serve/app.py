@@ -78,12 +78,13 @@ class ServeSettings:
     """A request waiting longer gets 503."""
     retry_after_s: float = 1.0
     """Value of ``Retry-After`` on 429/503."""
-    concurrent_batches: int = 2
+    concurrent_batches: int | None = None
     """Batches scored at once (`qace.serve.batcher.MicroBatcher`'s ``concurrency``): a batch's host work
-    runs while the one before it is on the device."""
+    runs while the one before it is on the device. None: 2 when the reward runs on a GPU, 1 on the CPU
+    (where host work and model work share the cores)."""
 
     def __post_init__(self) -> None:
-        if self.concurrent_batches < 1:
+        if self.concurrent_batches is not None and self.concurrent_batches < 1:
             raise ConfigError(f"--concurrent-batches must be at least 1, got {self.concurrent_batches}")
 
 
@@ -206,6 +207,7 @@ def create_app(
                 results[i] = result
         return results
 
+    on_gpu = str(getattr(reward, "device", "")).startswith("cuda")
     batcher = MicroBatcher(
         score_items,
         on_error=lambda item, exc: invalid(f"could not be scored: {type(exc).__name__}: {exc}"),
@@ -214,7 +216,7 @@ def create_app(
         max_queue=settings.max_queue,
         timeout_s=settings.timeout_s,
         retry_after_s=settings.retry_after_s,
-        concurrency=settings.concurrent_batches,
+        concurrency=settings.concurrent_batches or (2 if on_gpu else 1),
     )
 
     ready = asyncio.Event()  # set on the event loop once the engine is warm (or without a warm-up)

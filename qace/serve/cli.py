@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--concurrent-batches",
         type=int,
         default=d.concurrent_batches,
-        help="batches scored at once: the next one's host work runs while one is on the device",
+        help="batches scored at once: the next one's host work runs while one is on the device "
+        "(default: 2 on a GPU, 1 on the CPU)",
     )
     p.add_argument("--max-queue", type=int, default=d.max_queue, help="waiting items before 429")
     p.add_argument("--max-items", type=int, default=d.max_items, help="items per request")

@@ -394,6 +394,21 @@ def test_stopping_batcher_fails_queued_requests_instead_of_hanging() -> None:
     assert all(isinstance(o, Unavailable) for o in outcomes)
 
 
+@pytest.mark.parametrize(
+    ("device", "setting", "concurrency"),
+    [("cpu", None, 1), ("cuda:0", None, 2), ("cpu", 3, 3), ("cuda", 1, 1)],
+)
+def test_concurrent_batches_default_to_two_on_a_gpu_and_one_on_the_cpu(
+    fake, device, setting, concurrency
+) -> None:
+    """On the CPU host work and model work share the cores, so batches overlap only on a GPU by default."""
+    from qace.serve.app import ServeSettings, create_app
+
+    fake.device = device
+    app = create_app(fake, token=TOKEN, settings=ServeSettings(concurrent_batches=setting))
+    assert app.state.batcher.concurrency == concurrency
+
+
 def _concurrent_scoring(concurrency: int) -> tuple[list, int]:
     """Three one-item requests, each its own batch, scored by a batcher of ``concurrency``; the results
     and the most batches ever scored at once. A batch waits (at most 5 s) for ``concurrency`` batches to
