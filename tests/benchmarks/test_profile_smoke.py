@@ -28,6 +28,8 @@ def test_tiny_profile_writes_its_report_and_tables(tiny_models: Path, tmp_path: 
     busy = report["torch_profiler"]["gpu_busy_by_stage"]
     assert set(busy) == {"call", *stages["stage_ms"]} and all(v["gpu_busy_ms"] == 0 for v in busy.values())
     assert sum(busy[k]["wall_ms"] for k in stages["stage_ms"]) <= busy["call"]["wall_ms"]
+    # no GPU: the floor is the parsing alone
+    assert report["floor"]["chain_floor_ms"] == busy["candidates"]["wall_ms"] > 0
     assert "aten::" in (tmp_path / "ops_by_host.txt").read_text()
     assert "score_chunk" in (tmp_path / "python_cumulative.txt").read_text()
     assert report["python"]["top_own_ms_per_call"]
@@ -50,4 +52,19 @@ def test_stage_busy_counts_overlapping_device_work_once() -> None:
     assert busy == {
         "call": {"wall_ms": 5.0, "gpu_busy_ms": 2.75},  # (2,500 + 3,000) / 2 calls
         "questions": {"wall_ms": 2.0, "gpu_busy_ms": 1.5},  # (1,500 + 500 + 1,000) / 2
+    }
+
+
+def test_the_chain_floor_is_parsing_then_the_device_work_of_every_later_stage() -> None:
+    busy = {
+        "call": {"wall_ms": 200.0, "gpu_busy_ms": 90.0},
+        "candidates": {"wall_ms": 45.0, "gpu_busy_ms": 1.0},
+        "questions": {"wall_ms": 55.0, "gpu_busy_ms": 37.0},
+        "answers": {"wall_ms": 65.0, "gpu_busy_ms": 40.0},
+        "bertscore": {"wall_ms": 16.0, "gpu_busy_ms": 3.0},
+    }
+    assert profile.chain_floor(busy) == {
+        "candidates_wall_ms": 45.0,
+        "gpu_busy_ms_after_candidates": 80.0,
+        "chain_floor_ms": 125.0,
     }
