@@ -13,7 +13,9 @@ can run while another is on the device. This benchmark measures what that buys:
 - for each ``--concurrency`` value, the real app (``qace.serve.app.create_app``) on uvicorn on loopback,
   in a thread of this process, with that many concurrent batches; ``--clients`` threads, each with its
   own `qace.serve.client.RewardClient`, send ``--requests`` requests of ``--batch`` captions back to
-  back, all starting together after ``--warmup`` untimed rounds;
+  back, all starting together after ``--warmup`` untimed rounds of other draws; before each
+  setting the engine's caches are emptied (`reset_caches`), so no setting meets captions another one
+  left parsed or tokenised;
 - per setting: every request's latency (p50, p99), the wall time of the timed rounds and the captions
   per second over it, and the service's counters (batches scored, items in them; untimed rounds
   included).
@@ -44,6 +46,7 @@ from benchmarks.workload import (
     engine_defaults,
     flickr_workload,
     preload_features,
+    reset_caches,
     workload_models,
 )
 from qace.data.records import Record
@@ -55,11 +58,13 @@ log = logging.getLogger(__name__)
 def run_setting(
     reward: QACEReward,
     concurrency: int,
+    untimed: list[list[list[Record]]],
     requests: list[list[list[Record]]],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """Serve ``reward`` with ``concurrency`` batches at once; each client sends its list of requests
-    (``requests[client]``) back to back, all clients together. Returns the setting's cell."""
+    """Serve ``reward`` with ``concurrency`` batches at once; each client sends its untimed requests
+    (``untimed[client]``), then its timed ones (``requests[client]``) back to back, all clients together.
+    Returns the setting's cell."""
     from qace.serve.app import ServeSettings
     from qace.serve.client import RewardClient
 
@@ -81,7 +86,7 @@ def run_setting(
 
             def client(n: int, timed: bool) -> None:
                 barrier.wait()
-                rounds = requests[n] if timed else requests[n][: args.warmup]
+                rounds = requests[n] if timed else untimed[n]
                 for batch in rounds:
                     start = time.perf_counter()
                     values = clients[n].rewards(
@@ -155,7 +160,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     engine_defaults(args)
     args.batch = args.batch or (4 if args.tiny else 256)
     args.requests = args.requests or (2 if args.tiny else 10)
-    args.warmup = min(args.warmup, args.requests)
     if min(args.concurrency) < 1 or args.clients < 1 or args.batch < 1:
         parser.error("--concurrency, --clients and --batch must be positive")
     return args
@@ -181,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         "workload": (
             f"{args.clients} clients at once, each {args.requests} requests of {args.batch} captions back "
             f"to back (after {args.warmup} untimed), drawn without replacement from the {len(records)} "
-            f"Flickr8k-Expert records (seed {args.seed}); the same requests for every setting; "
+            f"Flickr8k-Expert records (seed {args.seed}); the same requests for every setting, each setting "
+            "after emptying the engine's caches; "
             + (
                 "tiny random T5s (a smoke run: the numbers mean nothing)"
                 if args.tiny
@@ -196,9 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         [draw(records, args.batch, args.seed, n * 1000 + i) for i in range(args.requests)]
         for n in range(args.clients)
     ]
+    untimed = [
+        [draw(records, args.batch, args.seed, -1 - n * 1000 - i) for i in range(args.warmup)]
+        for n in range(args.clients)
+    ]
     try:
         for concurrency in args.concurrency:
-            cell = run_setting(reward, concurrency, requests, args)
+            reset_caches(scorer)
+            cell = run_setting(reward, concurrency, untimed, requests, args)
             log.info(
                 "concurrent batches %d: p50 %.1f ms, p99 %.1f ms, %.0f captions/s",
                 concurrency, cell["p50_ms"], cell["p99_ms"], cell["captions_per_s"],
