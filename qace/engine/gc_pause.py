@@ -6,8 +6,8 @@ collector, which then walks every object the process holds (models, tokenizers, 
 paused for the chunk, its cyclic garbage waits for the first collection after it.
 
 A collection of the oldest generation still walks the whole heap whenever it comes, in the middle of
-whatever runs then (a reward request, a host process's task): 0.3 s over the half million objects a
-scorer's process holds. `freeze_heap`, once a process is set up, takes what it holds then out of every
+whatever runs then (a reward request, a host process's task; docs/performance.md measures it).
+`freeze_heap`, once a process is set up, takes what it holds then out of every
 later collection (vLLM freezes its heap after its warm-up the same way).
 """
 
