@@ -17,9 +17,11 @@ Each timed iteration draws a fresh batch of workload records (seeded; the same b
 Not timed: ``QACEReward.warm_up`` per variant (every batch shape's CUDA graphs for prompts of up to
 ``--graph-warm-up-length`` tokens, spaCy's workers, BERTScore; 0 skips it), three calls of the smallest
 batch (timed apart as ``first_calls_ms``: what a fresh service's first requests wait), one full chunk of
-records, then ``--warmup`` calls per cell; graphs still captured during timed calls (a batch shape
-first seen there) are counted in the cell's ``graph_captures_in_timed_calls``, the garbage collector's
-collections and pauses in ``garbage_collections_in_timed_calls``. Where a call's time goes:
+records, then, per cell, the engine's caches emptied (`reset_caches`: the paths time the same batches,
+which an earlier cell would otherwise have left tokenised) and ``--warmup`` calls; graphs still
+captured during timed calls (a batch shape first seen there) are counted in the cell's
+``graph_captures_in_timed_calls``, the garbage collector's collections and pauses in
+``garbage_collections_in_timed_calls``. Where a call's time goes:
 ``benchmarks.profile`` (same scorer, `make_scorer`).
 
 A call of one chunk (every batch timed here) is scored in the caller's process, with the engine core's
@@ -55,6 +57,7 @@ from benchmarks.workload import (
     flickr_workload,
     graph_captures,
     preload_features,
+    reset_caches,
     workload_models,
     workload_scorer,
 )
@@ -270,6 +273,7 @@ def run_variant(
                 if args.max_seconds and time.perf_counter() - started > args.max_seconds:
                     cell["skipped"] = f"time budget of {args.max_seconds:g} s spent"
                     continue
+                reset_caches(scorer)  # no cell meets the captions an earlier one left parsed or tokenised
                 seconds, rewards, captured, collections = measure(
                     call, records, batch, iterations, args.warmup, args.seed, lambda: graph_captures(scorer)
                 )

@@ -21,11 +21,26 @@ from benchmarks import latency  # noqa: E402
 PATHS = ["in-process", "service:/v1/reward", "service:/get_reward"]
 
 
+RESETS: list[str] = []
+"""The variant of each `reset_caches` call the fixture's run made."""
+
+
 @pytest.fixture(scope="module")
 def report(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("latency") / "latency.json"
-    assert latency.main(["--tiny", "--out", str(out), "--models-dir", str(tiny_models)]) == 0
+    real_reset = latency.reset_caches
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            latency, "reset_caches", lambda scorer: (RESETS.append(scorer.config.variant), real_reset(scorer))
+        )
+        assert latency.main(["--tiny", "--out", str(out), "--models-dir", str(tiny_models)]) == 0
     return json.loads(out.read_text())
+
+
+def test_each_cell_starts_from_emptied_caches(report: dict[str, Any]) -> None:
+    """The paths time the same batches: no cell may meet captions an earlier cell left tokenised."""
+    timed = [c["variant"] for c in report["cells"] if "p50_ms" in c]
+    assert RESETS == timed and len(timed) > 2
 
 
 def test_report_metadata(report: dict[str, Any]) -> None:
