@@ -418,6 +418,35 @@ def test_a_warm_up_freezes_the_heap_and_closing_the_scorer_thaws_it(test_models_
     assert gc.get_freeze_count() == 0
 
 
+def test_caches_of_distinct_captions_give_the_collector_nothing_to_walk(test_models_dir):
+    """After the warm-up froze the heap, what a scorer caches per distinct caption (its candidates, its
+    prompts' parts) leaves the collector's lists at the next collection, so a long run's full collections
+    stay as short as the first: the values are tuples of strings and ints, which CPython stops tracking."""
+    import gc
+
+    from qace.engine import prompt_ids
+
+    scorer = QACE(models=test_models_dir, variant="ref", progress=False)
+    try:
+        scorer.warm_up()
+        captions = [f"a dog number {i} runs after {i + 1} red balls" for i in range(40)]
+        scorer.score(captions, references=[[f"a dog plays with ball {i}"] for i in range(40)])
+        gc.collect()
+        candidates = list(scorer.candidates._cache.values())
+        parts = [
+            ids
+            for per_tokenizer in prompt_ids._ENCODERS.values()
+            for encoder in per_tokenizer.values()
+            for ids in encoder._parts.values()
+            if ids is not None
+        ]
+        assert len(candidates) >= 40 and len(parts) >= 40
+        assert not [c for c in candidates if gc.is_tracked(c)]
+        assert not [ids for ids in parts if gc.is_tracked(ids)]
+    finally:
+        scorer.close()
+
+
 def test_the_warm_up_image_leaves_no_trace(test_models_dir):
     """QACE-Img's warm-up caption reads zero features under an id no store holds; the device's feature
     cache forgets them, and rows after a warm-up equal a cold scorer's."""

@@ -110,7 +110,10 @@ class PromptIds:
         if len(self.literals) == self.fields:
             self.literals.append("")
         self.template = "{}".join(self.literals)
-        self._parts: dict[str, list[int] | None] = {}
+        self._parts: dict[str, tuple[int, ...] | None] = {}
+        """Each part's ids, as tuples: a tuple of ints leaves the collector's lists at its first
+        collection, so a cache of distinct parts adds nothing to the full collections that follow the
+        warm-up's `qace.engine.gc_pause.freeze_heap` (lists would, one per distinct part)."""
         self._lock = threading.Lock()
         self._glue: list[list[int]] = []
         self._normalize: Any = None
@@ -180,7 +183,7 @@ class PromptIds:
             if len(self._parts) + len(values) > CACHE_PARTS:
                 self._parts.clear()
             self._parts.update(dict.fromkeys(values))
-            self._parts.update(zip(plain, ids, strict=True))
+            self._parts.update(zip(plain, map(tuple, ids), strict=True))
 
     def _check_template(self) -> bool:
         """Set up the template's own ids and check composition on probe prompts (module docstring)."""

@@ -76,7 +76,8 @@ class CandidateExtractor:
         self.model = model
         self.workers = workers
         self.cache_size = cache_size
-        self._cache: OrderedDict[str, list[str]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        """Candidates by caption, as tuples, which the collector stops tracking (`PromptIds._parts`)."""
         self._lock = threading.Lock()
         self._nlp = load_spacy(model)
         self._pool: HostPool | None = None
@@ -103,7 +104,7 @@ class CandidateExtractor:
     def submit(self, captions: Sequence[str]) -> Future[list[list[str]]]:
         """Start extracting; the future's result is aligned with ``captions``."""
         with self._lock:
-            known = {c: self._cache[c] for c in captions if c in self._cache}
+            known: dict[str, Sequence[str]] = {c: self._cache[c] for c in captions if c in self._cache}
         todo = list(dict.fromkeys(c for c in captions if c not in known))
         result: Future[list[list[str]]] = Future()
 
@@ -137,7 +138,7 @@ class CandidateExtractor:
     def _store(self, captions: list[str], candidates: list[list[str]]) -> None:
         with self._lock:
             for caption, cands in zip(captions, candidates, strict=True):
-                self._cache[caption] = cands
+                self._cache[caption] = tuple(cands)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
 
