@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -133,30 +134,53 @@ def _meteor(gts: dict, res: dict) -> np.ndarray:
     The wrapper's own class closes its pipes in ``__del__`` (noisy at interpreter exit), so
     the same protocol is spoken here: one ``SCORE`` line per candidate, then one ``EVAL``.
     Both are stateless in the jar, so one process (:func:`_meteor_process`) serves every call
-    of this process: its start (a JVM loading METEOR's paraphrase tables) costs ~10 s.
+    of this process: its start (a JVM loading METEOR's paraphrase tables) costs ~10 s. A thread
+    writes the ``SCORE`` lines while this one reads the answers, in order, so the jar never
+    waits for a round trip per line (the wrapper's way) and neither side fills a pipe the other
+    does not drain. A jar that ends mid-call raises `BackendUnavailableError`; the next call
+    starts another.
     """
     logger.info("METEOR on %d candidates (Java; this takes a while)", len(res))
+    lines = [
+        ("SCORE ||| " + " ||| ".join(gts[key]) + " ||| " + res[key][0].replace("|||", "").replace("  ", " "))
+        for key in res
+    ]
     with _METEOR_LOCK:
         proc = _meteor_process()
         stdin, stdout = proc.stdin, proc.stdout
         if stdin is None or stdout is None:  # pragma: no cover - Popen with PIPE always sets them
             raise BackendUnavailableError("could not open pipes to the METEOR jar")
-        try:
-            stats = []
-            for key in res:
-                hyp = res[key][0].replace("|||", "").replace("  ", " ")
-                stdin.write(("SCORE ||| " + " ||| ".join(gts[key]) + " ||| " + hyp + "\n").encode())
+
+        def write() -> None:
+            with contextlib.suppress(OSError):  # the jar ended: the reader sees its output end
+                for line in lines:
+                    stdin.write((line + "\n").encode())
                 stdin.flush()
-                stats.append(stdout.readline().decode().strip())
+
+        writer = threading.Thread(target=write, name="meteor-writer", daemon=True)
+        writer.start()
+        try:
+            stats = [_meteor_line(stdout) for _ in lines]
+            writer.join()
             stdin.write(("EVAL ||| " + " ||| ".join(stats) + "\n").encode())
             stdin.flush()
-            scores = [float(stdout.readline().strip()) for _ in stats]
-            stdout.readline()  # the corpus-level score
+            scores = [float(_meteor_line(stdout)) for _ in stats]
+            _meteor_line(stdout)  # the corpus-level score
         except BaseException:
-            # Lines may be left unread in its pipe, which the next call would take for its own.
+            # Lines may be left unread in its pipe, which the next call would take for its own;
+            # killing the jar also ends a writer still blocked on its input.
             _close_meteor()
+            writer.join()
             raise
     return np.asarray(scores, dtype=float)
+
+
+def _meteor_line(stdout: Any) -> str:
+    """The METEOR jar's next output line, stripped; its end raises `BackendUnavailableError`."""
+    line = stdout.readline()
+    if not line:
+        raise BackendUnavailableError("the METEOR process (Java) ended in the middle of a call")
+    return line.decode().strip()
 
 
 #: The METEOR process :func:`_meteor` talks to (started on first use, with the pid that started it),

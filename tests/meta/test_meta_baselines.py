@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from qace.errors import ConfigError
+from qace.errors import BackendUnavailableError, ConfigError
 from qace.meta import baselines
 from qace.meta.baselines import compute_baselines
 
@@ -83,29 +84,45 @@ def test_candidate_without_references_is_named(tmp_path: Path) -> None:
 
 class _FakeMeteor:
     """Speaks the METEOR jar's ``-stdio`` protocol without Java: ``SCORE`` answers a stats line (the
-    hypothesis' word count), ``EVAL`` a score per stats line (count / 10) and the corpus score."""
+    hypothesis' word count), ``EVAL`` a score per stats line (count / 10) and the corpus score. Like a
+    pipe, ``readline`` waits for an answer and returns ``b""`` once the process has ended (killed, or
+    ``die_after`` answers given)."""
 
     def __init__(self) -> None:
         self.answers: deque[bytes] = deque()
+        self.ready = threading.Condition()
         self.returncode: int | None = None
         self.killed = False
         self.garble = False  # answer EVAL with a line that is not a number
+        self.die_after: int | None = None  # end after this many answers
+        self.given = 0
         self.stdin = self.stdout = self
 
     def write(self, data: bytes) -> int:
+        if self.returncode is not None:
+            raise BrokenPipeError(32, "Broken pipe")
         words = data.decode().rstrip("\n").split(" ||| ")
-        if words[0] == "SCORE":
-            self.answers.append(f"{len(words[-1].split())}\n".encode())
-        else:
-            self.answers.extend(b"?\n" if self.garble else f"{int(w) / 10}\n".encode() for w in words[1:])
-            self.answers.append(b"0.0\n")
+        with self.ready:
+            if words[0] == "SCORE":
+                self.answers.append(f"{len(words[-1].split())}\n".encode())
+            else:
+                self.answers.extend(b"?\n" if self.garble else f"{int(w) / 10}\n".encode() for w in words[1:])
+                self.answers.append(b"0.0\n")
+            self.ready.notify_all()
         return len(data)
 
     def flush(self) -> None:
         pass
 
     def readline(self) -> bytes:
-        return self.answers.popleft() if self.answers else b""
+        with self.ready:
+            if self.die_after is not None and self.given >= self.die_after:
+                self.returncode = 1
+            self.ready.wait_for(lambda: self.answers or self.returncode is not None)
+            if self.returncode is not None:
+                return b""
+            self.given += 1
+            return self.answers.popleft()
 
     def close(self) -> None:
         pass
@@ -114,7 +131,9 @@ class _FakeMeteor:
         return self.returncode
 
     def kill(self) -> None:
-        self.killed, self.returncode = True, -9
+        with self.ready:
+            self.killed, self.returncode = True, -9
+            self.ready.notify_all()
 
     def wait(self) -> int | None:
         return self.returncode
@@ -161,3 +180,22 @@ def test_a_meteor_process_that_died_or_failed_is_replaced(fake_meteor: list[_Fak
     assert fake_meteor[1].killed
     np.testing.assert_array_equal(baselines._meteor(GTS, RES), [0.3, 0.7])
     assert len(fake_meteor) == 3
+
+
+def test_a_meteor_process_that_ends_mid_call_is_named_and_replaced(fake_meteor: list[_FakeMeteor]) -> None:
+    """A jar that ends while its answers are read: a clear error, no hang (the thread writing its
+    input ends too), and the next call starts another."""
+    baselines._meteor(GTS, RES)
+    fake_meteor[0].die_after = fake_meteor[0].given + 1  # one SCORE answer, then it ends
+    with pytest.raises(BackendUnavailableError, match="METEOR process .* ended"):
+        baselines._meteor(GTS, RES)
+    assert [t.name for t in threading.enumerate() if t.name == "meteor-writer"] == []
+    np.testing.assert_array_equal(baselines._meteor(GTS, RES), [0.3, 0.7])
+    assert len(fake_meteor) == 2
+
+
+def test_many_candidates_keep_their_order(fake_meteor: list[_FakeMeteor]) -> None:
+    """The answers are read while another thread writes: each candidate still gets its own score."""
+    res = {i: [" ".join(["w"] * (i % 9 + 1))] for i in range(2000)}
+    gts = {i: ["a reference"] for i in res}
+    np.testing.assert_array_equal(baselines._meteor(gts, res), [(i % 9 + 1) / 10 for i in res])
