@@ -9,6 +9,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# The processes the tests start (command lines, host and spaCy processes, Ray actors, benchmark children)
+# inherit this: with a test worker per core, a thread pool per process only contends for the cores (the
+# test processes' own twin is `_one_torch_thread`). Set it beforehand to choose another count.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 # pytest-xdist (pyproject's addopts: -n auto --dist loadfile) runs the tests in one worker process per core,
 # each test file in one worker, so its module fixtures are made once. The files of a group below run in one
