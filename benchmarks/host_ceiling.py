@@ -2,7 +2,7 @@
 every second measured is the host work of the path the GPU engine runs.
 
     python -m benchmarks.host_ceiling --variant img --out benchmarks/results/host_ceiling_cpu.json
-    [--captions 4096] [--passes 3] [--models-dir DIR]
+    [--captions 4096] [--passes 3] [--models-dir DIR] [--call-sizes 64 256] [--calls 10]
 
 What is replaced, and what runs as in a real pass:
 
@@ -25,6 +25,11 @@ workload's tokenizer, and the GPU speed defaults (chunks of 2,048 captions, batc
 and 131,072 tokens), so the host does what it does beside a GPU. ``captions_per_s`` is the median pass.
 No device can make the engine faster than this on the same host; the GPU host has more cores, so its
 ceiling is measured there.
+
+``calls``: the host work of single reward-sized calls (``--call-sizes``), what a reward call pays on top
+of the parse and the device's work (`benchmarks.profile`'s chain floor). After the passes, with the
+engine's caches emptied once as `benchmarks.latency` does before a cell, up to ``--calls`` calls of each
+size score captions no earlier call of that size met (as many as the workload holds); p50 and min ms.
 """
 
 from __future__ import annotations
@@ -131,6 +136,25 @@ def measure(scorer: Any, records: list[Any], passes: int) -> dict[str, Any]:
     return {"captions_per_s": float(np.median(rates)), "passes_captions_per_s": rates}
 
 
+def measure_calls(scorer: Any, records: list[Any], size: int, calls: int) -> dict[str, Any]:
+    """Host milliseconds of single calls of ``size`` distinct captions (module docstring, ``calls``);
+    the captions' candidates must be parsed already (`measure` keeps them)."""
+    calls = min(calls, len(records) // size - 1)
+    if calls < 1:
+        raise SystemExit(f"--call-sizes {size} needs --captions of at least {2 * size}")
+    times = []
+    with matching_on_meta():
+        candidates = dict(scorer.candidates._cache)
+        reset_caches(scorer)
+        scorer.candidates._cache.update(candidates)
+        list(scorer.score_records(records[:size]))  # as the latency cells' warm-up calls
+        for c in range(1, calls + 1):
+            start = time.perf_counter()
+            list(scorer.score_records(records[c * size : (c + 1) * size]))
+            times.append(1000 * (time.perf_counter() - start))
+    return {"size": size, "calls": calls, "p50_ms": float(np.median(times)), "min_ms": min(times)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", choices=["img", "ref"], action="append")
@@ -138,15 +162,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--models-dir", default=None, help="tiny models built earlier (else built here)")
     parser.add_argument("--out", default="benchmarks/results/host_ceiling_cpu.json")
+    parser.add_argument("--call-sizes", type=int, nargs="*", default=[64, 256], help="reward-sized calls")
+    parser.add_argument("--calls", type=int, default=10, help="calls of each size (at most)")
     args = parser.parse_args(argv)
     records = pascal_workload(DATA, args.captions)
     models = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-host-ceiling-"))
     build_tiny_models(models, records)
     results = []
     for variant in args.variant or ["img", "ref"]:
-        result = measure(instant_scorer(models, variant), records, args.passes)
+        scorer = instant_scorer(models, variant)
+        result = measure(scorer, records, args.passes)
+        result["calls"] = [measure_calls(scorer, records, size, args.calls) for size in args.call_sizes]
         results.append({"variant": variant, **result})
         print(f"{variant}: {result['captions_per_s']:.0f} captions/s (host ceiling)", flush=True)
+        for call in result["calls"]:
+            print(f"{variant}: calls of {call['size']}: host {call['p50_ms']:.1f} ms p50", flush=True)
     report = {
         **record(
             "benchmarks.host_ceiling", argv, device="cpu", packages=("transformers", "tokenizers", "numpy")
@@ -157,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "distinct_captions": len({r.caption for r in records}),
             "spacy": "left out: candidates parsed before the timed passes",
         },
-        "settings": {**SETTINGS, "passes": args.passes},
+        "settings": {**SETTINGS, "passes": args.passes, "call_sizes": args.call_sizes, "calls": args.calls},
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
