@@ -120,6 +120,13 @@ def matching_on_meta() -> Iterator[None]:
         yield
 
 
+def _reset_keeping_candidates(scorer: Any) -> None:
+    """The engine's caches emptied (`reset_caches`) but the parsed candidates kept: spaCy is left out."""
+    candidates = dict(scorer.candidates._cache)
+    reset_caches(scorer)
+    scorer.candidates._cache.update(candidates)
+
+
 def measure(scorer: Any, records: list[Any], passes: int) -> dict[str, Any]:
     """Parse every caption once, then ``passes`` passes, each with the engine's caches cold but the
     candidates kept."""
@@ -127,9 +134,7 @@ def measure(scorer: Any, records: list[Any], passes: int) -> dict[str, Any]:
     with matching_on_meta():
         list(scorer.score_records(records))  # parses the captions (kept) and imports what a pass needs
         for _ in range(passes):
-            candidates = dict(scorer.candidates._cache)
-            reset_caches(scorer)
-            scorer.candidates._cache.update(candidates)
+            _reset_keeping_candidates(scorer)
             start = time.perf_counter()
             list(scorer.score_records(records))
             rates.append(len(records) / (time.perf_counter() - start))
@@ -144,9 +149,7 @@ def measure_calls(scorer: Any, records: list[Any], size: int, calls: int) -> dic
         raise SystemExit(f"--call-sizes {size} needs --captions of at least {2 * size}")
     times = []
     with matching_on_meta():
-        candidates = dict(scorer.candidates._cache)
-        reset_caches(scorer)
-        scorer.candidates._cache.update(candidates)
+        _reset_keeping_candidates(scorer)
         list(scorer.score_records(records[:size]))  # as the latency cells' warm-up calls
         for c in range(1, calls + 1):
             start = time.perf_counter()
