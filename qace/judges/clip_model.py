@@ -7,8 +7,11 @@ tokenizer and ``preprocessor_config.json``) loads offline-first like the other j
   (`qace.judges.clip_images`: Pillow, as Transformers' Pillow processor does, the same pixels on every
   machine) into uint8 arrays, in ``workers`` processes when ``workers > 0``; rescaling and
   normalisation run on the model's device. Each image is embedded once
-  per `ClipEncoder`: an LRU cache by file path keeps its unit embedding (or the reason it could not be
-  read), and every scorer sharing the encoder (`shared_encoder`) reads it.
+  per `ClipEncoder` and image batch size: an LRU cache by file path and batch size keeps its unit
+  embedding (or the reason it could not be read), and every scorer sharing the encoder
+  (`shared_encoder`) with that batch size reads it. The batch size is part of the key because it changes
+  an embedding's last bits where the matrix kernels depend on the batch's rows (MKL on an AVX-512 AMD
+  host did): a scorer's scores must not depend on what another one embedded first.
 - **Texts** are tokenised (truncated to the model's 77 positions; `embed_texts` says which were cut),
   de-duplicated, grouped by length and embedded in batches of ``text_batch`` rows.
 - **Fixed shapes**: every batch has a shape that depends only on its members' own lengths, so an
@@ -74,7 +77,8 @@ class ClipEncoder:
         self.cache_size = cache_size
         self.embedded = 0
         """Images embedded so far (each path at most once while it stays in the cache)."""
-        self._images: OrderedDict[str, torch.Tensor | str] = OrderedDict()
+        self._images: OrderedDict[tuple[str, int], torch.Tensor | str] = OrderedDict()
+        """``(path, image batch size)`` -> unit embedding, or why the file could not be read."""
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         mean = torch.tensor(pixels.mean, dtype=torch.float32).view(1, -1, 1, 1)
@@ -104,17 +108,18 @@ class ClipEncoder:
 
     def image_embeddings(self, paths: Sequence[str], batch_size: int = 64) -> dict[str, torch.Tensor | str]:
         """Unit float32 embedding (on the device), or the reason it failed, per distinct path; each file
-        is decoded and embedded once while it stays in the cache, in a batch of always ``batch_size``
-        images (filled up with black ones), so its embedding does not depend on its companions."""
+        is decoded and embedded once per ``batch_size`` while it stays in the cache, in a batch of always
+        ``batch_size`` images (filled up with black ones), so its embedding does not depend on its
+        companions."""
         with self._lock:
             found: dict[str, torch.Tensor | str] = {}
             todo = []
             for path in dict.fromkeys(paths):
-                cached = self._images.get(path)
+                cached = self._images.get((path, batch_size))
                 if cached is None:
                     todo.append(path)
                 else:
-                    self._images.move_to_end(path)
+                    self._images.move_to_end((path, batch_size))
                     found[path] = cached
             for start in range(0, len(todo), batch_size):
                 batch = todo[start : start + batch_size]
@@ -123,14 +128,14 @@ class ClipEncoder:
                 for path, reason in zip(batch, decoded, strict=True):
                     if isinstance(reason, str):
                         found[path] = reason
-                        self._remember(path, reason)
+                        self._remember((path, batch_size), reason)
                 if good:
                     pixels = np.zeros((batch_size, *good[0][1].shape), dtype=np.uint8)  # fixed shape
                     pixels[: len(good)] = np.stack([a for _, a in good])
                     embeddings = self.embed_pixels(torch.from_numpy(pixels))[: len(good)]
                     for (path, _), embedding in zip(good, embeddings, strict=True):
                         found[path] = embedding
-                        self._remember(path, embedding)
+                        self._remember((path, batch_size), embedding)
                     self.embedded += len(good)
             return found
 
@@ -158,8 +163,8 @@ class ClipEncoder:
         pooled = self.model.vision_model(pixel_values=x).pooler_output
         return F.normalize(self.model.visual_projection(pooled).float(), dim=-1)
 
-    def _remember(self, path: str, value: torch.Tensor | str) -> None:
-        self._images[path] = value
+    def _remember(self, key: tuple[str, int], value: torch.Tensor | str) -> None:
+        self._images[key] = value
         while len(self._images) > self.cache_size:
             self._images.popitem(last=False)
 
@@ -171,7 +176,7 @@ class ClipEncoder:
         if backend is not None:  # the Rust tokenizer directly: a third of the cost of the wrapper's call
             backend.no_truncation()
             backend.no_padding()
-            ids = [encoding.ids for encoding in backend.encode_batch(list(texts), add_special_tokens=True)]
+            ids = [e.ids for e in backend.encode_batch_fast(list(texts), add_special_tokens=True)]
         else:
             ids = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
         end = self.tokenizer.eos_token_id

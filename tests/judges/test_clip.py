@@ -107,10 +107,25 @@ def test_each_image_is_embedded_once_and_shared_by_the_metrics_of_a_run(clip_dir
     list(clip.score_records(records))
     distinct = len({r.image for r in records})
     assert clip.encoder.embedded - before <= distinct
-    refclip = ClipScore(model=str(clip_dir), references=True)
+    refclip = ClipScore(model=str(clip_dir), references=True, image_batch=3)  # a run's settings
     assert refclip.encoder is clip.encoder  # same checkpoint, device, precision: one model, one cache
     list(refclip.score_records(records))
     assert clip.encoder.embedded - before <= distinct
+
+
+def test_a_scorers_scores_do_not_depend_on_what_another_image_batch_embedded_first(clip_dir):
+    """Scorers sharing the encoder with other image batches keep their embeddings apart: the batch's
+    rows change an embedding's last bits on some CPUs' matrix kernels (MKL on an AVX-512 AMD host)."""
+    records = _records()[:5]
+    captions, images = [r.caption for r in records], [r.image for r in records]
+    other = ClipScore(model=str(clip_dir), image_batch=2)
+    other.encoder.forget_images()
+    fresh = ClipScore(model=str(clip_dir), image_batch=5).score(captions, images=images)
+    other.encoder.forget_images()
+    other.score(captions, images=images)  # the shared cache now holds the batch-2 embeddings
+    after = ClipScore(model=str(clip_dir), image_batch=5).score(captions, images=images)
+    assert other.encoder is ClipScore(model=str(clip_dir), image_batch=5).encoder
+    assert [r["clip_s"] for r in after] == [r["clip_s"] for r in fresh]
 
 
 def test_decoding_in_worker_processes_gives_the_same_scores(clip_dir):
