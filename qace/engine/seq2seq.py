@@ -23,11 +23,19 @@ class Encoder(Protocol):
         ...
 
     def __call__(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        features: torch.Tensor | None = None,
+        *,
+        kept: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states ``(B, S, D)`` and the mask the decoder's cross-attention needs with them (a
         family may pack positions away, so both can be narrower than the input). ``features``: the
-        region features of a visual batch, on the runner's device."""
+        region features of a visual batch, on the runner's device. ``kept``: the most unmasked positions
+        of any row of ``attention_mask``, when the caller knows it on the host; a family that packs
+        positions sizes its batch by it instead of reading the mask back from the device (a read that
+        waits for all the work queued before it). It must be exact: None = read it from the mask."""
         ...
 
 

@@ -62,7 +62,8 @@ class TorchRunner:
         features = None
         if isinstance(batch, VisualBatch):
             features = torch.as_tensor(batch.features, device=self.device)
-        return self.encoder(ids, mask, features)
+        kept = int(batch.attention_mask.sum(axis=1).max(initial=0))
+        return self.encoder(ids, mask, features, kept=kept)
 
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None

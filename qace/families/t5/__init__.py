@@ -38,12 +38,19 @@ class T5Encoding:
         return None if img_emb is None else img_emb.weight.dtype
 
     def __call__(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        features: torch.Tensor | None = None,
+        *,
+        kept: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if features is None:
-            return self.encoder(attention_mask, input_ids=input_ids)
+            return self.encoder(attention_mask, input_ids=input_ids, kept=kept)
         embeds, mask = self.model.visual_embeds(input_ids, attention_mask, features)
-        return self.encoder(mask, inputs_embeds=embeds)
+        if kept is not None:  # the prefix and region columns visual_embeds appended are all kept
+            kept += mask.shape[1] - attention_mask.shape[1]
+        return self.encoder(mask, inputs_embeds=embeds, kept=kept)
 
 
 def parts(model: Any) -> Seq2SeqParts:

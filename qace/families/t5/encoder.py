@@ -54,6 +54,7 @@ class T5Encoder:
         *,
         input_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        kept: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states and the mask the decoder's cross-attention needs with them.
 
@@ -61,13 +62,14 @@ class T5Encoder:
         hold a dozen tokens): each row's kept positions move to the front, in order, and keep their
         relative position biases, so the kept outputs are the same and the encoder and every decoding
         step's cross-attention run on about half the positions. T5's cross-attention has no position
-        bias, so the decoder takes the packed states as they are.
+        bias, so the decoder takes the packed states as they are. ``kept``, the most unmasked positions
+        of any row, sizes the packed batch when the caller knows it on the host (no wait for the device).
         """
         if not self.fused:
             out = self.stack(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
             return out.last_hidden_state, attention_mask
         h = self.stack.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        positions, mask = _packed_positions(attention_mask)
+        positions, mask = _packed_positions(attention_mask, kept)
         if positions is not None:
             h = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1]))
         elif inputs_embeds is not None:
@@ -108,11 +110,12 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
 
 
-def _packed_positions(mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+def _packed_positions(mask: torch.Tensor, kept: int | None) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Each row's unmasked positions first, in order, cut to the longest row (rounded up to 8): the
-    gather index ``(B, W)`` and its mask; ``None`` and the mask itself when that saves no column."""
+    gather index ``(B, W)`` and its mask; ``None`` and the mask itself when that saves no column.
+    ``kept``: the longest row's unmasked positions, known on the host; None reads it from the device."""
     keep = mask.bool()
-    width = int(keep.sum(dim=1).max())
+    width = int(keep.sum(dim=1).max()) if kept is None else kept
     width = min(mask.shape[1], -(-max(width, 1) // 8) * 8)
     if width == mask.shape[1]:
         return None, mask

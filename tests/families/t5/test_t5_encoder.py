@@ -113,3 +113,32 @@ def test_visual_inputs_pack_their_question_slots_and_encode_as_encode_visual(tes
     )
     assert torch.equal(packed_tokens, full_tokens)
     torch.testing.assert_close(packed_an, full_an, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_runner_sizes_packed_batches_from_the_host_mask(test_models_dir, device) -> None:
+    """The runner hands the encoder the longest row's unmasked positions counted on the host, so packing
+    never reads the mask back from the device; the states and mask equal those of reading it there."""
+    from qace.engine.batches import VisualBatch
+    from qace.families import torch_runner
+    from qace.families.t5 import T5Encoding
+
+    model, tokenizer = load_visual_t5(test_models_dir / "vqa", dtype=torch.bfloat16, device=device)
+    questions = ["what is on the grass ?", "who runs ?", "what does the young girl in a red dress hold ?"]
+    ids, mask, _ = visual_question_inputs(tokenizer, questions)
+    features = np.random.default_rng(0).standard_normal((3, 36, 2054)).astype(np.float32)
+    runner = torch_runner(model, device=device)
+    family = runner.encoder
+    assert isinstance(family, T5Encoding) and family.encoder.fused
+    seen: list[int | None] = []
+
+    def spy(*args, kept=None):
+        seen.append(kept)
+        return family(*args, kept=kept)
+
+    runner.encoder = spy
+    got, got_mask = runner.encode(VisualBatch(ids.numpy(), mask.numpy(), features))
+    assert seen == [int(mask.sum(dim=1).max())]
+    device_features = torch.from_numpy(features).to(device)
+    want, want_mask = family(ids.to(device), mask.to(device), device_features)  # kept read on the device
+    assert got.shape[1] < 100 and torch.equal(got_mask, want_mask) and torch.equal(got, want)
