@@ -23,6 +23,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ class BertScorePlanner:
         sizes = np.array([len(x) for x in ids], dtype=np.int64)
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        flat = np.fromiter((t for x in ids for t in x), dtype=np.int64, count=int(offsets[-1]))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(offsets[-1]))
         weight = (~np.isin(flat, sorted(self.unweighted))).astype(np.float64)
         content = np.bincount(np.repeat(np.arange(len(index)), sizes), weights=weight, minlength=len(index))
         ci = np.array([index.get(s, -1) for s in cands], dtype=np.int64)
