@@ -10,10 +10,13 @@ test files, balanced by the per-test seconds of ``--weights`` (default: the curr
 run in separate calls, or side by side on one machine. Each finished test is printed at once with its
 seconds. The part record holds the run metadata (`run_info.record`), the part, the digest of the source
 tree it ran on (`tree_digest`), the ids of every gpu test and of this part's, the exit status and
-seconds, the outcome counts, the failing and the unrun ids, and every test's seconds (``durations``,
+seconds, the outcome counts, the failing and the unrun ids, why each skipped test skipped
+(``skipped_because``: a reader sees whether a test that matters, parity say, did not run), and every
+test's seconds (``durations``,
 slowest first). Exits with pytest's status.
 
-**Merge.** ``--merge`` writes one record: counts summed, failing ids listed, durations joined, and
+**Merge.** ``--merge`` writes one record: counts summed, failing ids and skip reasons listed, durations
+joined, and
 ``complete: true`` only when the parts are ``1/n`` to ``n/n`` once each, ran every gpu test exactly once
 with no extra pytest arguments, at one commit, on one device, each in a clean tree: a git checkout
 without changes, or a copy without git metadata (a GPU host's; its commit named in ``QACE_COMMIT``)
@@ -132,7 +135,8 @@ def child_env(environ: Mapping[str, str], bytecode_kept: bool) -> dict[str, str]
 
 def summarise(log: Path) -> dict[str, Any]:
     """A part's outcome from the plugin's log (`benchmarks.gpu_suite_plugin`): its part, the suite's
-    size and digest, this part's ids, the outcome counts, failing and unrun ids, and seconds per test."""
+    size and digest, this part's ids, the outcome counts, failing and unrun ids, skip reasons, and seconds
+    per test."""
     text = log.read_text() if log.is_file() else ""
     lines: list[dict[str, Any]] = [json.loads(line) for line in text.splitlines() if line.strip()]
     empty: dict[str, Any] = {"collected": [], "selected": []}
@@ -151,6 +155,7 @@ def summarise(log: Path) -> dict[str, Any]:
         **counts,
         "failing": [t for t, r in results.items() if r["outcome"] in ("failed", "error")],
         "not_run": [t for t in head["selected"] if t not in results],
+        "skipped_because": {t: r.get("reason", "") for t, r in results.items() if r["outcome"] == "skipped"},
         "durations": dict(durations),
     }
 
@@ -275,6 +280,7 @@ def merge(parts: Sequence[Mapping[str, Any]], local: Mapping[str, Any]) -> dict[
         **{key: sum(p[key] for p in ordered) for key in ("passed", "failed", "errors", "skipped")},
         "failing": [t for p in ordered for t in p["failing"]],
         "not_run": [t for p in ordered for t in p["not_run"]],
+        "skipped_because": {t: r for p in ordered for t, r in p.get("skipped_because", {}).items()},
         "durations": dict(durations),
     }
 

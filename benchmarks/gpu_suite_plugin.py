@@ -9,7 +9,7 @@ Options it adds to pytest:
 - ``--suite-log FILE``: JSON lines, written as the run goes: first ``{"part", "collected",
   "selected"}`` (every selected test id, and this part's), then one ``{"test", "outcome", "seconds"}``
   per finished test (outcome ``passed``, ``failed``, ``error`` or ``skipped``; seconds of setup, call
-  and teardown together) or collection error.
+  and teardown together; a skipped test's ``reason`` too) or collection error.
 
 Each finished test is also printed at once, as ``[ 3/57]    12.4 s  passed   tests/...::name``, so a
 run cut by a time limit still shows which tests ran and how long each took.
@@ -88,19 +88,25 @@ class _Log:
         self.total, self.done = 0, 0
         self.outcome: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
+        self.reason: dict[str, str] = {}
 
     def write(self, entry: dict[str, Any]) -> None:
         if self.log is not None:
             self.log.write(json.dumps(entry) + "\n")
             self.log.flush()
 
-    def finished(self, test: str, outcome: str, seconds: float) -> None:
+    def finished(self, test: str, outcome: str, seconds: float, reason: str | None = None) -> None:
         self.done += 1
-        self.write({"test": test, "outcome": outcome, "seconds": round(seconds, 3)})
+        entry: dict[str, Any] = {"test": test, "outcome": outcome, "seconds": round(seconds, 3)}
+        if reason is not None:
+            entry["reason"] = reason
+        self.write(entry)
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             width = len(str(self.total))
-            reporter.write_line(f"[{self.done:>{width}}/{self.total}] {seconds:7.1f} s  {outcome:<7}  {test}")
+            why = f"  ({reason})" if reason is not None else ""
+            line = f"[{self.done:>{width}}/{self.total}] {seconds:7.1f} s  {outcome:<7}  {test}{why}"
+            reporter.write_line(line)
             reporter.flush()
 
     @pytest.hookimpl(trylast=True)
@@ -133,8 +139,10 @@ class _Log:
             self.outcome[test] = "failed" if report.when == "call" else "error"
         elif report.skipped and test not in self.outcome:
             self.outcome[test] = "skipped"
+            self.reason[test] = skip_reason(report)
         if report.when == "teardown":
-            self.finished(test, self.outcome.pop(test, "passed"), self.seconds.pop(test))
+            outcome = self.outcome.pop(test, "passed")
+            self.finished(test, outcome, self.seconds.pop(test), self.reason.pop(test, None))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
@@ -142,6 +150,13 @@ class _Log:
         outcome = yield
         category, _, word = outcome.get_result()
         outcome.force_result((category, "", word))
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    """Why a test skipped, as ``pytest -rs`` prints it (``Skipped: `` dropped)."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return text.removeprefix("Skipped: ")
 
 
 def pytest_configure(config: pytest.Config) -> None:

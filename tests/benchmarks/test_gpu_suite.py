@@ -83,7 +83,8 @@ SUITE = {
     "test_one.py": "def test_pass():\n    pass\n\ndef test_fail():\n    assert 1 == 2\n",
     "test_two.py": (
         "import pytest\n\n@pytest.fixture\ndef broken():\n    raise RuntimeError('setup')\n\n"
-        "def test_error(broken):\n    pass\n\n@pytest.mark.skip(reason='no')\ndef test_skip():\n    pass\n"
+        "def test_error(broken):\n    pass\n\n"
+        "@pytest.mark.skip(reason='no GPU here')\ndef test_skip():\n    pass\n"
     ),
     "test_three.py": "import pytest\n\n@pytest.mark.parametrize('k', [1, 2, 3])\ndef test_p(k):\n    pass\n",
 }
@@ -116,6 +117,8 @@ def test_the_plugin_runs_each_part_once_and_logs_every_test_as_it_finishes(tmp_p
         "test_two.py::test_skip": "skipped",
         **{f"test_three.py::test_p[{k}]": "passed" for k in (1, 2, 3)},
     }
+    reasons = {e["test"]: e["reason"] for _, log in runs for e in log[1:] if "reason" in e}
+    assert reasons == {"test_two.py::test_skip": "no GPU here"}  # a skip says why, nothing else has one
     for stdout, log in runs:
         total = len(log[0]["selected"])
         for k, entry in enumerate(log[1:], start=1):
@@ -143,6 +146,7 @@ def test_summarise_reads_the_plugin_log(tmp_path: Path) -> None:
         "skipped": 0,
         "failing": ["t::b"],
         "not_run": ["t::c"],
+        "skipped_because": {},
         "durations": {"t::b": 9.0, "t::a": 1.5},
     }
     assert list(summary["durations"]) == ["t::b", "t::a"]  # slowest first
@@ -183,8 +187,9 @@ def _part(part: str, selected: list[str], **changes: Any) -> dict[str, Any]:
 
 
 def test_parts_of_one_commit_merge_into_one_complete_record() -> None:
-    parts = [_part("2/2", ["b::y", "b::z"]), _part("1/2", ["a::x"])]
+    parts = [_part("2/2", ["b::y", "b::z"], skipped_because={"b::z": "needs x"}), _part("1/2", ["a::x"])]
     merged = merge(parts, LOCAL)
+    assert merged["skipped_because"] == {"b::z": "needs x"}
     assert merged["complete"] is True and merged["incomplete_because"] == []
     assert (merged["commit"], merged["dirty"], merged["gpu"]) == ("c1", False, "NVIDIA H200")
     assert merged["command"] == LOCAL["command"]
