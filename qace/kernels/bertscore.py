@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from qace.engine.gemm_rows import padded_rows
 from qace.engine.pinned_upload import to_device
 from qace.engine.scheduler import pad_batch
 from qace.engine.tokenize import token_ids
@@ -328,12 +329,18 @@ class BertScoreMatcher:
         width = int(self._encoder.config.hidden_size)
         flat = torch.empty((int(offsets[-1]), width), dtype=torch.float32, device=self.device)
         order = np.argsort(-lengths, kind="stable")
+        # the half-precision encoder on a GPU runs on batches padded to a few shapes (`_padded_batch`)
+        few_shapes = self.device.type == "cuda" and isinstance(self._encoder, BertEncoder)
         for lo in range(0, len(order), self.batch_size):
             batch = order[lo : lo + self.batch_size]
             input_ids, mask = pad_batch(
                 [ids[offsets[k] : offsets[k + 1]].tolist() for k in batch], self._pad_id
             )
-            hidden = self._hidden(to_device(input_ids, self.device), to_device(mask, self.device)).float()
+            if few_shapes:
+                input_ids, mask = _padded_batch(input_ids, mask, self._pad_id)
+            hidden = self._hidden(to_device(input_ids, self.device), to_device(mask, self.device))
+            hidden = hidden[: len(batch)].float()
+            mask = mask[: len(batch)]
             hidden = hidden / hidden.norm(dim=-1, keepdim=True)
             # token j of sentence k goes to offsets[k] + j; row-major mask order lists exactly those tokens
             # (positions found on the host: a boolean index on the device would wait for the GPU)
@@ -353,6 +360,23 @@ class BertScoreMatcher:
                 return self._encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
             out = self._encoder(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
             return out.hidden_states[self.layer]
+
+
+def _padded_batch(input_ids: np.ndarray, mask: np.ndarray, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The batch widened to a multiple of 8 positions and lengthened by rows, so that its tokens, the
+    encoder's product rows, are one of a few counts (`qace.engine.gemm_rows`: cuBLAS chose a kernel anew
+    for each new count, which cost more than a small batch's GPU work). The new positions are padding
+    and masked; each new row is padding that attends to its first position only. The real rows come
+    first, unchanged."""
+    rows, width = input_ids.shape
+    wide = -(-width // 8) * 8
+    total = -(-padded_rows(rows * wide) // wide)
+    ids = np.full((total, wide), pad_id, dtype=input_ids.dtype)
+    ids[:rows, :width] = input_ids
+    padded = np.zeros((total, wide), dtype=mask.dtype)
+    padded[:rows, :width] = mask
+    padded[rows:, 0] = 1
+    return ids, padded
 
 
 def _truncate_layers(encoder: torch.nn.Module, layer: int) -> bool:

@@ -105,3 +105,27 @@ def test_half_matcher_imports_no_modelling_code() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_batches_padded_to_few_shapes_keep_their_real_rows() -> None:
+    """`bertscore._padded_batch` (the half encoder on a GPU): the real rows come first, unchanged, the
+    width becomes a multiple of 8 and the tokens a `padded_rows` count; the real tokens' states are
+    those of the unpadded batch, to rounding, and the new rows are finite."""
+    directory = bertscore.default_model_dir()
+    config = read_settings(directory / "config.json")
+    ours = build_bert(config, read_checkpoint(directory), 6, device=torch.device("cpu"), dtype=torch.float32)
+    batch = AutoTokenizer.from_pretrained(directory)(_sentences(3, 3), padding=True, return_tensors="np")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    padded_ids, padded_mask = bertscore._padded_batch(ids, mask, 0)
+    rows, width = ids.shape
+    total, wide = padded_ids.shape
+    assert padded_mask.shape == (total, wide) and wide == -(-width // 8) * 8
+    assert total == -(-bertscore.padded_rows(rows * wide) // wide) and total > rows
+    assert (padded_ids[:rows, :width] == ids).all() and (padded_mask[:rows, :width] == mask).all()
+    assert not padded_mask[:rows, width:].any() and (padded_mask[rows:, 0] == 1).all()
+    with torch.inference_mode():
+        want = ours(torch.from_numpy(ids), torch.from_numpy(mask))
+        got = ours(torch.from_numpy(padded_ids), torch.from_numpy(padded_mask))
+    real = torch.from_numpy(mask).bool()
+    torch.testing.assert_close(got[:rows, :width][real], want[real], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(got).all()

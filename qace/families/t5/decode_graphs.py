@@ -251,9 +251,10 @@ class GraphedDecoding:
         view.cross_bias.fill_(torch.finfo(hidden.dtype).min)
         view.cross_bias[:rows, ..., :length].copy_(dec.cross_bias(mask, hidden.dtype))
         # keys and values of the bucket's first rows, computed in place; the positions past ``length``
-        # come from zero states and, like the rows past ``rows``, are masked by ``cross_bias``
+        # come from zero states and, like the rows past ``rows`` (which the decoder may fill from zero
+        # states too), are masked by ``cross_bias``
         padded = F.pad(hidden, (0, 0, 0, view.cross_kv.shape[1] - length))
-        dec.cross_cache(padded, out=view.cross_kv[:rows])
+        dec.cross_cache(padded, out=view.cross_kv)
         if not fused_available(view.keys[0]):  # the fused kernel reads no position past the step's
             for buf in (*view.keys, *view.values):
                 buf.zero_()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from qace.engine.gemm_rows import padded_rows
 from qace.engine.greedy import TorchArrays, greedy_decode
 from qace.families.t5.decode_attention import attend, attend_step
 from qace.families.t5.decode_graphs import GraphedDecoding
@@ -124,21 +125,30 @@ class StaticT5Decoder:
         self, hidden: torch.Tensor, out: torch.Tensor | None = None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's cross-attention keys and values, ``(B, heads, S, d_kv)`` views of one
-        ``(B, S, 2 * layers * heads * d_kv)`` buffer (``out`` when given, else a new one).
+        ``(B, S, 2 * layers * heads * d_kv)`` buffer: the first ``B`` rows of ``out`` when given (graph
+        decoding passes its static storage, of a bucket's rows), else a new one.
 
         In half precision all layers' keys and values are one matrix product with the weights stacked,
-        written straight into the buffer (graph decoding passes its static storage) instead of a product
-        and a strided copy per layer. fp32 keeps Hugging Face's
-        product per layer and copies it in, so its keys and values are the reference's.
+        written straight into the buffer instead of a product and a strided copy per layer; on a GPU it
+        also fills rows of ``out`` past ``B`` with those of zero states, up to a product shape cuBLAS has
+        likely met before (`qace.engine.gemm_rows`). fp32 keeps Hugging Face's product per layer and
+        copies it in, so its keys and values are the reference's.
         """
         rows, length, _ = hidden.shape
         width = 2 * len(self.layers) * self.heads * self.d_kv
         if out is None:
             out = hidden.new_empty(rows, length, width)
-        views = self.cross_views(out)
+        views = self.cross_views(out[:rows])
         if self.cross_weight is not None:
+            run = rows
+            if hidden.is_cuda:
+                run = min(out.shape[0], -(-padded_rows(rows * length) // length))
+            if run > rows:
+                hidden = F.pad(hidden, (0, 0, 0, 0, 0, run - rows))
             torch.mm(
-                hidden.reshape(rows * length, -1), self.cross_weight.t(), out=out.view(rows * length, width)
+                hidden.reshape(run * length, -1),
+                self.cross_weight.t(),
+                out=out[:run].view(run * length, width),
             )
             return views
         for layer, (k_buf, v_buf) in zip(self.layers, views, strict=True):

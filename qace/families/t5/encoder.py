@@ -11,7 +11,9 @@ the weights and the arithmetic of T5 and changes only how it is run:
   matrix products' epilogues (`qace.families.t5.ops.add_linear_`, `FeedForward`);
 - layer norms are one fused kernel (`qace.families.t5.ops.rms_norm`);
 - masked positions inside rows (Visual-T5's empty question slots, about half its 102 positions) are
-  packed away before the first layer (`T5Encoder.__call__`).
+  packed away before the first layer (`T5Encoder.__call__`);
+- on a GPU the products run on the batch's tokens padded with zero rows to one of a few counts
+  (`qace.engine.gemm_rows`), so cuBLAS does not choose a kernel anew for nearly every call.
 
 fp32 keeps Hugging Face's forward, so fp32 scores stay equal to the reference implementation's; half
 precision agrees within the tolerance measured by ``benchmarks/throughput.py``.
@@ -24,18 +26,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from qace.engine.gemm_rows import padded_rows
 from qace.families.t5.ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
 
 
 class T5Encoder:
     """``encoder(mask, input_ids=... | inputs_embeds=...)`` -> ``(hidden states, their mask)``."""
 
-    def __init__(self, model: Any, *, fused: bool | None = None) -> None:
+    def __init__(self, model: Any, *, fused: bool | None = None, few_shapes: bool | None = None) -> None:
         self.stack = model.get_encoder()
         weight = self.stack.embed_tokens.weight
         self.fused = weight.dtype in HALF if fused is None else fused
         """Run the fused forward (default: in half precision only); ``fused=True`` on an fp32 model is
         for tests, which compare it with Hugging Face's forward."""
+        self.few_shapes = weight.is_cuda if few_shapes is None else few_shapes
+        """The fused forward's products run on rows padded to `padded_rows` (default: on a GPU, where
+        cuBLAS's choice of kernel per new shape costs host time; tests set it on the CPU)."""
         blocks = self.stack.block
         self.qkv = [fused_qkv(b.layer[0].SelfAttention) for b in blocks] if self.fused else []
         self.ff = (
@@ -72,18 +78,29 @@ class T5Encoder:
         positions, mask = _packed_positions(attention_mask, kept)
         if positions is not None:
             h = h.gather(1, positions[..., None].expand(-1, -1, h.shape[-1]))
-        elif inputs_embeds is not None:
-            h = h.clone(memory_format=torch.contiguous_format)  # the layers add into h in place
-        batch, length, _ = h.shape
+        batch, length, width = h.shape
+        tokens = batch * length
+        # The layers run on `flat`, the batch's tokens as rows, which they add into in place; with
+        # `few_shapes` zero rows follow, up to a count whose products cuBLAS has likely met before
+        # (`padded_rows`). Only the attention reads the batch's shape, through views of the first rows.
+        rows = padded_rows(tokens) if self.few_shapes else tokens
+        flat = h.new_empty(rows, width)
+        flat[:tokens].copy_(h.reshape(tokens, width))
+        flat[tokens:].zero_()
+        attended = flat.new_zeros(rows, self.heads * self.d_kv)
+        heads = attended[:tokens].view(batch, length, self.heads, self.d_kv)
         bias = self._bias(attention_mask.shape[1], positions, mask, h.dtype)
         for block, qkv, ff in zip(self.stack.block, self.qkv, self.ff, strict=True):
             attention, norm = block.layer[0].SelfAttention, block.layer[0].layer_norm
-            x = rms_norm(h, norm, fused=True)
-            q, k, v = F.linear(x, qkv).view(batch, length, 3, self.heads, self.d_kv).permute(2, 0, 3, 1, 4)
-            o = _attention(q, k, v, bias).transpose(1, 2).reshape(batch, length, -1)
-            h = clamp_fp16(add_linear_(h, o, attention.o.weight))
-            h = clamp_fp16(ff.add_(h))
-        return rms_norm(h, self.stack.final_layer_norm, fused=True), mask
+            x = rms_norm(flat, norm, fused=True)
+            q, k, v = (
+                F.linear(x, qkv)[:tokens].view(batch, length, 3, self.heads, self.d_kv).permute(2, 0, 3, 1, 4)
+            )
+            heads.copy_(_attention(q, k, v, bias).transpose(1, 2))
+            flat = clamp_fp16(add_linear_(flat, attended, attention.o.weight))
+            flat = clamp_fp16(ff.add_(flat))
+        out = rms_norm(flat[:tokens], self.stack.final_layer_norm, fused=True)
+        return out.view(batch, length, width), mask
 
     def _bias(
         self, length: int, positions: torch.Tensor | None, mask: torch.Tensor, dtype: torch.dtype

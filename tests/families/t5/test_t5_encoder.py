@@ -51,6 +51,27 @@ def test_fused_forward_equals_hugging_face_in_fp32(gated: bool) -> None:
     torch.testing.assert_close(fused[real], want[real], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_products_on_padded_rows_give_the_same_states(packed: bool) -> None:
+    """`few_shapes` runs the products on the tokens plus zero rows up to `padded_rows` (default on a
+    GPU): the real tokens' states are those of the unpadded forward, to rounding, packed rows too."""
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=3, num_heads=4, dropout_rate=0.0)
+    model = T5ForConditionalGeneration(config).eval()
+    ids = torch.randint(2, 64, (7, 13))  # 91 tokens: padded to 92 rows; packed, 7 x 8 = 56 -> 64
+    mask = torch.ones_like(ids)
+    if packed:
+        mask[:, 6:] = 0
+        mask[2, 4:] = 0
+    plain, plain_mask = T5Encoder(model, fused=True, few_shapes=False)(mask, input_ids=ids)
+    padded, padded_mask = T5Encoder(model, fused=True, few_shapes=True)(mask, input_ids=ids)
+    assert torch.equal(padded_mask, plain_mask) and padded.shape == plain.shape
+    assert plain.shape[1] == (8 if packed else 13)
+    real = plain_mask.bool()
+    torch.testing.assert_close(padded[real], plain[real], rtol=1e-5, atol=1e-6)
+    assert not T5Encoder(model, fused=True).few_shapes  # on the CPU, off by default
+
+
 def test_fp32_models_keep_hugging_faces_forward(test_models_dir) -> None:
     model, tokenizer = load_seq2seq(test_models_dir / "qg", role="qg", dtype=torch.float32)
     encoder = T5Encoder(model)
