@@ -4,24 +4,23 @@
     python -m benchmarks.gpu_suite --part 2/3 --out P2.json   # the second of three parts
     python -m benchmarks.gpu_suite --merge P1.json P2.json P3.json   # -> results/gpu_suite_<gpu>.json
 
-**Parts.** ``--part i/n`` runs the tests `benchmarks.gpu_suite_plugin.assign` gives part ``i``: whole
-test files, balanced by the per-test seconds of ``--weights`` (default: the current
-``benchmarks/results/gpu_suite_<gpu>.json``), the same split in every call at one commit. The parts can
-run in separate calls, or side by side on one machine. Each finished test is printed at once with its
-seconds. The part record holds the run metadata (`run_info.record`), the part, the digest of the source
-tree it ran on (`tree_digest`), the ids of every gpu test and of this part's, the exit status and
-seconds, the outcome counts, the failing and the unrun ids, why each skipped test skipped
-(``skipped_because``: a reader sees whether a test that matters, parity say, did not run), and every
-test's seconds (``durations``,
-slowest first). Exits with pytest's status.
+**Parts.** ``--part i/n`` runs the tests `benchmarks.gpu_suite_plugin.assign` gives part ``i``: whole test
+files, balanced by the per-test seconds of ``--weights`` (default: the current
+``benchmarks/results/gpu_suite_<gpu>.json``), the same split in every call at one commit. The parts can run
+in separate calls, or side by side on one machine. Each finished test is printed at once with its seconds.
+The part record holds the run metadata (`run_info.record`), the part, the digest of the source tree it ran
+on (`tree_digest`), the ids of every gpu test and of this part's, the exit status and seconds, the outcome
+counts, the failing and the unrun ids, why each skipped test skipped (``skipped_because``: a reader sees
+whether a test that matters, parity say, did not run), and every test's seconds (``durations``, slowest
+first). Exits with pytest's status.
 
 **Merge.** ``--merge`` writes one record: counts summed, failing ids and skip reasons listed, durations
-joined, and
-``complete: true`` only when the parts are ``1/n`` to ``n/n`` once each, ran every gpu test exactly once
-with no extra pytest arguments, at one commit, on one device, each in a clean tree: a git checkout
-without changes, or a copy without git metadata (a GPU host's; its commit named in ``QACE_COMMIT``)
-whose digest equals that of this checkout, clean at that commit. ``incomplete_because`` says what is
-missing. Exits 0 when the record is complete with no failing test, else 1.
+joined, and ``complete: true`` only when the parts are ``1/n`` to ``n/n`` once each, ran every gpu test
+exactly once with no extra pytest arguments, at one commit, on one device, each in a clean tree: a git
+checkout without changes, or a copy without git metadata (a GPU host's; its commit named in ``QACE_COMMIT``)
+whose digest equals that of this checkout, clean at that commit, and where no test skipped for a reason
+other than `EXPECTED_SKIPS`. ``incomplete_because`` says what is missing. Exits 0 when the record is
+complete with no failing test, else 1.
 """
 
 from __future__ import annotations
@@ -53,6 +52,10 @@ FINISHED = (0, 1)
 """pytest's exit statuses of a run that ran every selected test (1: some failed)."""
 NO_TESTS = 5
 """pytest's exit status when nothing was selected (a part that got no file)."""
+EXPECTED_SKIPS = ("needs onnxruntime-gpu", "needs two GPUs")
+"""Skip reasons a complete run may hold: a package the GPU host need not have for the rest of the suite,
+and a second GPU. Any other skip (the shared data missing, a package the tests need) makes the merged
+record incomplete, so a suite that did not run its parity tests is not recorded as checked."""
 BUILD_TEST_MODELS = "import sys; from qace.testing.qace_models import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -251,6 +254,17 @@ def gaps(parts: Sequence[Mapping[str, Any]], local: Mapping[str, Any]) -> list[s
             why.append(
                 f"part {p['part']} (dirty: {p.get('dirty')}) is not shown to have run in a clean tree: its "
                 "tree digest differs from this checkout's, or this checkout is not clean at its commit"
+            )
+        unexpected = {
+            test: reason
+            for test, reason in p.get("skipped_because", {}).items()
+            if not any(known in reason for known in EXPECTED_SKIPS)
+        }
+        if unexpected:
+            test, reason = next(iter(unexpected.items()))
+            why.append(
+                f"part {p['part']} skipped {len(unexpected)} test(s) for what the GPU host lacked, not the "
+                f"hardware: {test} ({reason}){' and more' if len(unexpected) > 1 else ''}"
             )
     return why
 

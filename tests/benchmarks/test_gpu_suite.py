@@ -187,9 +187,10 @@ def _part(part: str, selected: list[str], **changes: Any) -> dict[str, Any]:
 
 
 def test_parts_of_one_commit_merge_into_one_complete_record() -> None:
-    parts = [_part("2/2", ["b::y", "b::z"], skipped_because={"b::z": "needs x"}), _part("1/2", ["a::x"])]
+    skips = {"b::z": "needs two GPUs", "b::y": "needs onnxruntime-gpu (pip install x) and a CUDA device"}
+    parts = [_part("2/2", ["b::y", "b::z"], skipped_because=skips), _part("1/2", ["a::x"])]
     merged = merge(parts, LOCAL)
-    assert merged["skipped_because"] == {"b::z": "needs x"}
+    assert merged["skipped_because"] == skips  # the expected skips (`EXPECTED_SKIPS`) keep it complete
     assert merged["complete"] is True and merged["incomplete_because"] == []
     assert (merged["commit"], merged["dirty"], merged["gpu"]) == ("c1", False, "NVIDIA H200")
     assert merged["command"] == LOCAL["command"]
@@ -215,6 +216,10 @@ def test_parts_of_one_commit_merge_into_one_complete_record() -> None:
         ([_part("1/1", ["a::x", "b::y", "b::z"], pytest_args=["-k", "x"])], "more pytest arguments"),
         ([_part("1/2", ["a::x"], dirty=True), _part("2/2", ["b::y", "b::z"])], "clean tree"),
         ([_part("1/2", ["a::x"], dirty=None, tree="T2"), _part("2/2", ["b::y", "b::z"])], "clean tree"),
+        (
+            [_part("1/2", ["a::x"]), _part("2/2", ["b::y", "b::z"], skipped_because={"b::z": "no data"})],
+            "b::z (no data)",
+        ),
     ],
 )
 def test_a_merge_is_incomplete_unless_every_part_ran_at_one_commit_in_a_clean_tree(
