@@ -32,7 +32,8 @@ Paths (``--paths``), each on the same input for every device count of ``--counts
   (``gpus_per_actor=1``; 0 on the CPU) reserving as many CPUs as it runs processes (``cpus_per_actor``:
   2 + host + spaCy processes), built by the same factory (the QACE registry entry with ``factory``
   replaced). Its input is the same records cut into ``--ray-files`` JSONL files (one read task each),
-  scored in batches of ``--ray-batch-size`` records per actor call. The record lists these settings with
+  scored in batches of ``--ray-batch-size`` records per actor call, ``--ray-concurrent-calls`` calls at once
+  per actor (`qace score-ray`'s defaults unless given). The record lists these settings with
   the cluster's CPUs, object store memory and Ray Data's context.
 
 Reported per run: wall seconds of the whole call (shards: planning, spawning, start-up, scoring, the
@@ -56,6 +57,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -81,7 +83,7 @@ from benchmarks.workload import (
 from qace.api import QACE
 from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
-from qace.scale.ray_data import GPU_ACTOR_BATCH
+from qace.scale.ray_data import GPU_ACTOR_BATCH, concurrent_calls_for
 
 log = logging.getLogger(__name__)
 
@@ -151,22 +153,28 @@ def forced_scorer(
     _write_atomic(folder / f"{os.getpid()}.json", json.dumps(info))  # a Ray actor may get no batch
     (folder / f"ready-{os.getpid()}").touch()
 
+    lock = threading.Lock()  # a Ray actor may score several calls at once (``concurrent_calls``)
+
     def timed(score: Any) -> Any:
         def run(records: Any) -> Iterator[Any]:
-            if info["start"] is None:
-                _wait_for_all(folder, workers)
-                info["start"] = time.time()
+            with lock:
+                if info["start"] is None:
+                    _wait_for_all(folder, workers)
+                    info["start"] = time.time()
+            rows = 0
             for row in score(records):
-                info["rows"] += 1
+                rows += 1
                 yield row
             _sync(device)
-            info.update(
-                end=time.time(),
-                calls=info["calls"] + 1,
-                engine_core=scorer.host is not None and scorer.host.ready(),
-                peak_bytes_by_gpu=_peak_bytes(),
-            )
-            _write_atomic(folder / f"{os.getpid()}.json", json.dumps(info))
+            with lock:
+                info.update(
+                    end=max(info["end"] or 0.0, time.time()),
+                    rows=info["rows"] + rows,
+                    calls=info["calls"] + 1,
+                    engine_core=scorer.host is not None and scorer.host.ready(),
+                    peak_bytes_by_gpu=_peak_bytes(),
+                )
+                _write_atomic(folder / f"{os.getpid()}.json", json.dumps(info))
 
         return run
 
@@ -363,6 +371,7 @@ def ray_actor_settings(args: argparse.Namespace, count: int, per_worker: dict[st
         "gpus_per_actor": 1.0 if cuda else 0.0,
         "cpus_per_actor": float(2 + sum(per_worker.values())) if cuda else 1.0,
         "batch_size": args.ray_batch_size,
+        "concurrent_calls": concurrent_calls_for(args.ray_concurrent_calls, 1.0 if cuda else 0.0),
         "torch_threads": None if cuda else max(1, cores // count),
     }
 
@@ -551,6 +560,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--ray-batch-size", type=int, default=None, help="records per actor call (qace score-ray's: 8,192)"
     )
+    parser.add_argument(
+        "--ray-concurrent-calls", type=int, default=None,
+        help="calls an actor scores at once (qace score-ray's default: 2 on a GPU, 1 on the CPU)",
+    )  # fmt: skip
     parser.add_argument("--ray-files", type=int, default=None, help="Ray input files, one read task each (8)")
     parser.add_argument(
         "--ray-object-store-gb", type=float, default=None, help="the cluster's object store (default 2)"
@@ -605,8 +618,9 @@ def _ray_settings(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
         "ray_version": ray.__version__,
         "read_parallelism": f"{args.ray_files} input files, one read task each",
         "batch_size_per_actor": args.ray_batch_size,
-        "concurrency": "one actor per device (ActorPoolStrategy(size=devices)); Ray Data's actor "
-        "defaults (max_restarts=-1, max_task_retries=-1, max_concurrency 1)",
+        "concurrency": "one actor per device (ActorPoolStrategy(size=devices), each run's "
+        "concurrent_calls as max_concurrent_calls_per_actor with enable_true_multi_threading); Ray Data's "
+        "actor defaults (max_restarts=-1, max_task_retries=-1)",
         "data_context": {
             "target_max_block_size": ctx.target_max_block_size,
             "max_tasks_in_flight_per_actor": ctx.max_tasks_in_flight_per_actor

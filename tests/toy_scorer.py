@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +51,27 @@ class CaptionLength(FileScorer):
             return RecordError(record.id, "empty caption", record.line)
         units = record.caption.split() if self.config.unit == "words" else record.caption
         return {"id": record.id, "length": float(len(units)), "flags": [], "signature": self.signature}
+
+
+class MeetingLength(CaptionLength):
+    """`CaptionLength` whose first two ``score_committed`` calls each wait, up to ``wait_s`` seconds, for the
+    other to begin: called one at a time, their records come back as errors saying the calls never met."""
+
+    def __init__(self, *, wait_s: float = 60.0, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._meeting = threading.Barrier(2, timeout=wait_s)
+        self._calls = itertools.count()
+
+    def score_committed(
+        self, records: Iterable[Record | RecordError]
+    ) -> Iterator[dict[str, Any] | RecordError]:
+        batch = list(records)
+        if next(self._calls) < 2:
+            try:
+                self._meeting.wait()
+            except threading.BrokenBarrierError:
+                return iter([RecordError(record.id, "the first two calls never met") for record in batch])
+        return self.score_records(batch)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

@@ -65,6 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--batch-size", type=int, default=None,
         help="records per actor call (default: 8,192 with GPU actors, 512 on CPU)",
     )  # fmt: skip
+    p.add_argument(
+        "--concurrent-calls", type=int, default=None,
+        help="calls an actor scores at once, on threads (default: 2 with GPU actors, 1 on CPU)",
+    )  # fmt: skip
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     p.add_argument("--resume", action="store_true", help="skip records already in the output directory")
     p.set_defaults(func=cmd_score_ray)
@@ -95,6 +99,7 @@ def cmd_score_ray(args: argparse.Namespace) -> int:
     result = score_to_parquet(
         args.inputs, args.output, scorer_kwargs=kwargs, entry=entry, fmt=args.format, resume=args.resume,
         actors=actors, gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size,
+        concurrent_calls=args.concurrent_calls,
     )  # fmt: skip
     print(f"wrote {result['scored']} rows to {args.output} ({result['skipped']} already done) "
           f"in {result['seconds']:.1f}s")  # fmt: skip

@@ -68,11 +68,54 @@ actor's host processes and GPU busy together (the setting `benchmarks/scaling.py
 A call ends with its last chunk alone on the GPU, so much smaller calls leave the GPU idle more often."""
 CPU_ACTOR_BATCH = 512
 """Records a CPU actor takes a call (a CPU scores a few captions a second to a few hundred)."""
+GPU_ACTOR_CALLS = 2
+"""Calls a GPU actor scores at once, each on its own thread (QACE's callers in several threads share its
+device, `QACE.score_records`): the next call's parsing and first chunk start while the last one's final
+chunk is alone on the GPU, as the service's concurrent batches do (`qace.serve.batcher`). CPU actors
+take one call at a time."""
 
 
 def default_batch_size(gpus_per_actor: float) -> int:
     """Records an actor call when none are given: `GPU_ACTOR_BATCH` with GPUs, else `CPU_ACTOR_BATCH`."""
     return GPU_ACTOR_BATCH if gpus_per_actor > 0 else CPU_ACTOR_BATCH
+
+
+def concurrent_calls_for(concurrent_calls: int | None, gpus_per_actor: float) -> int:
+    """Calls an actor scores at once: ``concurrent_calls``, or when None `GPU_ACTOR_CALLS` with GPUs and 1
+    without; `ConfigError` below 1."""
+    if concurrent_calls is None:
+        return GPU_ACTOR_CALLS if gpus_per_actor > 0 else 1
+    if concurrent_calls < 1:
+        raise ConfigError(f"concurrent_calls (--concurrent-calls) must be at least 1, got {concurrent_calls}")
+    return concurrent_calls
+
+
+def actor_pool(actors: int | tuple[int, int], concurrent_calls: int) -> Any:
+    """Ray Data's ``ActorPoolStrategy`` of ``actors`` (a size or ``(min, max)``) whose actors each run up
+    to ``concurrent_calls`` calls at once on their own threads (``max_concurrent_calls_per_actor`` with
+    ``enable_true_multi_threading``); `ConfigError` where this Ray has no such settings and more than one
+    call is asked for."""
+    import inspect
+
+    from ray.data import ActorPoolStrategy
+
+    sizes: dict[str, Any] = (
+        {"min_size": actors[0], "max_size": actors[1]} if isinstance(actors, tuple) else {"size": actors}
+    )
+    if concurrent_calls == 1:
+        return ActorPoolStrategy(**sizes)
+    names = inspect.signature(ActorPoolStrategy).parameters
+    if "max_concurrent_calls_per_actor" not in names or "enable_true_multi_threading" not in names:
+        import ray
+
+        raise ConfigError(
+            f"Ray {ray.__version__} cannot run {concurrent_calls} calls at once in an actor (needs "
+            "ActorPoolStrategy's max_concurrent_calls_per_actor, Ray 2.60): upgrade Ray, or pass "
+            "concurrent_calls=1 (--concurrent-calls 1)"
+        )
+    return ActorPoolStrategy(
+        **sizes, max_concurrent_calls_per_actor=concurrent_calls, enable_true_multi_threading=True
+    )
 
 
 class BatchScorer:
@@ -172,10 +215,12 @@ def score_dataset(
     cpus_per_actor: float = 1.0,
     batch_size: int | None = None,
     torch_threads: int | None = None,
+    concurrent_calls: int | None = None,
 ) -> Any:
     """Lazily score a Ray ``Dataset`` with the metric of ``entry`` (a `qace.scorers.ScorerEntry`; default
     QACE) built from ``scorer_kwargs``; ``actors`` is a fixed pool size or ``(min, max)`` for autoscaling;
-    ``batch_size`` records an actor call (`default_batch_size` when None).
+    ``batch_size`` records an actor call (`default_batch_size` when None); ``concurrent_calls`` calls an
+    actor scores at once, each on a thread (`concurrent_calls_for`, `actor_pool`).
 
     With ``gpus_per_actor=0`` the actors run on CPU (tests, CPU clusters). Each actor calls the entry's
     ``factory``: ``dataclasses.replace(entry, factory="module:function")`` builds the scorer another way
@@ -184,12 +229,7 @@ def score_dataset(
     (``max_restarts=-1, max_task_retries=-1`` in Ray 2.60; passing them to ``map_batches`` is deprecated),
     which ``benchmarks/scale_faults.py`` checks. A batch that raises fails the job.
     """
-    from ray.data import ActorPoolStrategy
-
-    if isinstance(actors, tuple):
-        pool = ActorPoolStrategy(min_size=actors[0], max_size=actors[1])
-    else:
-        pool = ActorPoolStrategy(size=actors)
+    pool = actor_pool(actors, concurrent_calls_for(concurrent_calls, gpus_per_actor))
     return ds.map_batches(
         BatchScorer,
         fn_constructor_kwargs={
@@ -218,6 +258,7 @@ def score_to_parquet(
     cpus_per_actor: float = 1.0,
     batch_size: int | None = None,
     torch_threads: int | None = None,
+    concurrent_calls: int | None = None,
 ) -> dict[str, Any]:
     """Read JSONL, CSV, COCO or Parquet ``inputs`` (files, or directories of ``.parquet`` files), score
     them with ``entry``'s metric (`score_dataset`), write Parquet files into ``output_dir``; ``fmt`` is
@@ -232,6 +273,7 @@ def score_to_parquet(
     except ImportError as exc:
         raise BackendUnavailableError("Ray Data is not installed: pip install 'qace[ray]'") from exc
     start = time.perf_counter()
+    concurrent_calls_for(concurrent_calls, gpus_per_actor)  # checked before the cluster is reached
     out = Path(output_dir)
     existing = sorted(out.glob("*.parquet")) if out.is_dir() else []
     if existing and not resume:
@@ -254,6 +296,7 @@ def score_to_parquet(
         cpus_per_actor=cpus_per_actor,
         batch_size=batch_size,
         torch_threads=torch_threads,
+        concurrent_calls=concurrent_calls,
     )
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*.parquet"))

@@ -132,3 +132,36 @@ def test_ray_scores_clip_s_and_refclip_s_in_one_pass(ray_local, tmp_path) -> Non
     assert len(rows) == 12 and "empty" in rows["ex04"]["error"]
     for row in single:
         assert (rows[row["id"]]["clip_s"], rows[row["id"]]["refclip_s"]) == (row["clip_s"], row["refclip_s"])
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+def test_an_actor_scores_its_concurrent_calls_at_once(ray_local, tmp_path, calls) -> None:
+    """``concurrent_calls=2``: one actor runs two calls at the same time (the toy's first two calls wait for
+    each other); with 1 they come one at a time and the toy says so in its rows."""
+    from dataclasses import replace
+
+    from tests.toy_scorer import ENTRY
+
+    entry = replace(ENTRY, factory="tests.toy_scorer:MeetingLength")
+    records = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
+    inputs = []
+    for i in range(4):  # one read task per file: batches an actor can be given together
+        path = tmp_path / f"part-{i}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records[3 * i : 3 * i + 3]))
+        inputs.append(str(path))
+    out = tmp_path / "scores"
+    score_to_parquet(
+        inputs, out, scorer_kwargs={"wait_s": 60.0 if calls == 2 else 2.0}, entry=entry, actors=1,
+        gpus_per_actor=0, batch_size=3, concurrent_calls=calls,
+    )  # fmt: skip
+    table = read_scores(out, entry.columns).to_pylist()
+    never_met = [row["id"] for row in table if row["error"] == "the first two calls never met"]
+    assert len(table) == len(records)
+    assert (len(never_met) == 0) if calls == 2 else (len(never_met) == 6)
+
+
+def test_concurrent_calls_below_one_are_refused_before_the_cluster_is_reached(tmp_path) -> None:
+    from qace.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 1"):
+        score_to_parquet(str(EXAMPLES), tmp_path / "out", actors=1, gpus_per_actor=0, concurrent_calls=0)
