@@ -110,10 +110,13 @@ def test_per_worker_settings_share_a_gpu_hosts_cores(monkeypatch: pytest.MonkeyP
         "spacy_workers": 12,
     }
     actor = scaling.ray_actor_settings(
-        argparse.Namespace(device="cuda", ray_batch_size=8192), 2, {"host_workers": 4, "spacy_workers": 10}
+        argparse.Namespace(device="cuda", ray_batch_size=8192, ray_concurrent_calls=None),
+        2,
+        {"host_workers": 4, "spacy_workers": 10},
     )
     assert actor == {
-        "actors": 2, "gpus_per_actor": 1.0, "cpus_per_actor": 16.0, "batch_size": 8192, "torch_threads": None,
+        "actors": 2, "gpus_per_actor": 1.0, "cpus_per_actor": 16.0, "batch_size": 8192, "concurrent_calls": 2,
+        "torch_threads": None,
     }  # fmt: skip
 
 
