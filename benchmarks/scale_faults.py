@@ -70,6 +70,7 @@ from benchmarks.workload import (
 )
 from qace import scorers
 from qace.api import QACE
+from qace.scale.ray_data import concurrent_calls_for
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +89,18 @@ def fault_scorer(*, progress_dir: str, **kwargs: Any) -> QACE:
     state = {"pid": os.getpid(), "born": time.time(), "started": 0, "done": 0, "rows": 0}
     path = Path(progress_dir, f"{os.getpid()}.json")
     _write(path, state)
+    lock = threading.Lock()  # an actor scores up to ``concurrent_calls`` batches at once
 
     def counted(score: Any) -> Any:
         def run(records: Any) -> Iterator[Any]:
-            state["started"] += 1
-            _write(path, state)
+            with lock:
+                state["started"] += 1
+                _write(path, state)
             rows = list(score(records))
-            state["done"] += 1
-            state["rows"] += len(rows)
-            _write(path, state)
+            with lock:
+                state["done"] += 1
+                state["rows"] += len(rows)
+                _write(path, state)
             yield from rows
 
         return run
@@ -404,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpus_per_actor": 1.0 if cuda else 0.0,
         "cpus_per_actor": float(2 + sum(per_worker.values())) if cuda else 1.0,
         "batch_size": args.batch_size,
+        "concurrent_calls": concurrent_calls_for(None, 1.0 if cuda else 0.0),  # qace score-ray's default
         "torch_threads": None if cuda else 1,
     }
     tag = f"{gpu_tag(gpu_name(args.device))}x{args.gpus if cuda else actors}"
@@ -417,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpus_per_actor": job["gpus_per_actor"],
             "cpus_per_actor": job["cpus_per_actor"],
             "batch_size": args.batch_size,
+            "concurrent_calls": job["concurrent_calls"],
             "per_actor": per_worker,
             "restarts": "Ray Data's defaults for actor pools: max_restarts=-1, max_task_retries=-1",
         },
