@@ -9,6 +9,7 @@ recently used images that the current request does not need.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -27,6 +28,7 @@ class DeviceFeatureCache:
         self.device, self.dtype, self.capacity = device, dtype, capacity
         self._slab = torch.empty((0, NUM_REGIONS, REGION_DIM), device=device, dtype=dtype)
         self._slots: OrderedDict[str, int] = OrderedDict()
+        self._unused: list[int] = []  # a min-heap of the slab's slots that hold no image
         self.uploads = 0
         """Images uploaded so far (each resident image once)."""
 
@@ -57,16 +59,20 @@ class DeviceFeatureCache:
     def discard(self, image_ids: Sequence[str]) -> None:
         """Forget ``image_ids`` (those resident); their slots take the next images loaded."""
         for image_id in image_ids:
-            self._slots.pop(image_id, None)
+            slot = self._slots.pop(image_id, None)
+            if slot is not None:
+                heapq.heappush(self._unused, slot)
 
     def _free_slots(self, needed: int) -> list[int]:
-        """``needed`` slots: unused ones first (growing the slab), then the least recently used."""
-        used = len(self._slots)
-        if used + needed > len(self._slab) and len(self._slab) < self.capacity:
-            size = min(self.capacity, max(used + needed, 2 * len(self._slab)))
+        """``needed`` slots: unused ones first, lowest first (growing the slab), then the least recently
+        used images'. O(needed log slots): the unused slots are kept in a heap, not searched for."""
+        used, old = len(self._slots), len(self._slab)
+        if used + needed > old and old < self.capacity:
+            size = min(self.capacity, max(used + needed, 2 * old))
             grown = torch.empty((size, NUM_REGIONS, REGION_DIM), device=self.device, dtype=self.dtype)
-            grown[: len(self._slab)] = self._slab
+            grown[:old] = self._slab
             self._slab = grown
-        unused = sorted(set(range(len(self._slab))) - set(self._slots.values()))[:needed]
+            self._unused.extend(range(old, size))  # each larger than every slot there: still a heap
+        unused = [heapq.heappop(self._unused) for _ in range(min(needed, len(self._unused)))]
         evicted = [self._slots.popitem(last=False)[1] for _ in range(needed - len(unused))]
         return unused + evicted

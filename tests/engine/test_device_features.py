@@ -78,3 +78,36 @@ def test_qace_img_uploads_each_image_once_across_chunks(test_models_dir) -> None
     again = whole.score([c for c, _ in rows], image_ids=[i for _, i in rows])
     # fp32 scores agree across batch compositions to 2e-6, not bit for bit (TOLERANCE in test_parity.py)
     assert [r["qace"] for r in chunked] == pytest.approx([r["qace"] for r in again], abs=2e-6)
+
+
+def test_slots_are_the_lowest_unused_then_the_least_recent_under_requests_and_discards() -> None:
+    """Against the rule spelt out with sets: a new image takes the lowest slot holding no image (the slab
+    grown first when it is short), else the least recently used image's."""
+    rng = np.random.default_rng(7)
+    cache = DeviceFeatureCache(torch.device("cpu"), torch.float32, capacity=16)
+    lru: list[str] = []  # least recent first
+    slots: dict[str, int] = {}
+    size = 0
+    for _ in range(300):
+        if rng.random() < 0.2 and slots:
+            gone = [str(i) for i in rng.choice(sorted(slots), size=min(3, len(slots)), replace=False)]
+            cache.discard(gone)
+            for image_id in gone:
+                del slots[image_id]
+                lru.remove(image_id)
+            continue
+        ids = [f"img{i}" for i in rng.choice(40, size=int(rng.integers(1, 9)), replace=False)]
+        for image_id in ids:
+            if image_id in slots:
+                lru.remove(image_id)
+                lru.append(image_id)
+        missing = [image_id for image_id in ids if image_id not in slots]
+        if len(slots) + len(missing) > size and size < 16:
+            size = min(16, max(len(slots) + len(missing), 2 * size))
+        free = sorted(set(range(size)) - set(slots.values()))[: len(missing)]
+        while len(free) < len(missing):
+            free.append(slots.pop(lru.pop(0)))
+        slots.update(zip(missing, free, strict=True))
+        lru.extend(missing)
+        _, got = cache.rows(ids, _features)
+        assert got.tolist() == [slots[image_id] for image_id in ids]
