@@ -6,7 +6,9 @@ Tokenising every prompt whole runs the tokenizer's model over the same words aga
 tokenizer that
 splits its input at spaces and treats each piece alone (T5's sentencepiece pipeline, WordPiece), the
 ids of ``"answer: {answer}  context: {context} </s>"`` are the template's own pieces' ids around the
-ids of each part tokenised alone, so each distinct part is tokenised once and its ids reused.
+ids of each part tokenised alone, so each distinct part is tokenised once and its ids reused. The same
+holds one level down: a part's ids are its words' ids, so a new part (a caption, a question) costs the
+tokenizer only its words not met before, and the words of captions repeat far more than the captions.
 
 That holds only under conditions checked here, never assumed:
 
@@ -14,7 +16,9 @@ That holds only under conditions checked here, never assumed:
   a pre-tokenizer that splits at whitespace, no truncation or padding;
 - each part (`_plain`): printable ASCII with no whitespace at either end, no added token inside, and
   left as it is by the normalizer, so nothing can merge across the spaces around it;
-- the template (`PromptIds.__init__`): probe prompts composed equal the same prompts tokenised whole.
+- the template (`PromptIds.__init__`): probe prompts composed equal the same prompts tokenised whole;
+- words (`PromptIds._check_words`): probe parts composed from their words equal the parts tokenised
+  whole, and a part is cut into words only where single spaces separate them.
 
 Anything else (a part with an accent, say) is tokenised whole, exactly as before, so the ids are always
 those of ``tokenizer(prompt)``; `tests/engine/test_prompt_ids.py` checks both paths on a T5-style
@@ -39,6 +43,8 @@ log = logging.getLogger(__name__)
 CACHE_PARTS = 200_000
 """Parts whose ids are kept per (tokenizer, template); the cache starts over when full (a chunk of
 QACE-Ref holds about 40,000 distinct parts)."""
+CACHE_WORDS = 200_000
+"""Words whose ids are kept per (tokenizer, template); the cache starts over when full."""
 
 _LOCAL_NORMALIZERS = {
     "Precompiled",
@@ -114,11 +120,16 @@ class PromptIds:
         """Each part's ids, as tuples: a tuple of ints leaves the collector's lists at its first
         collection, so a cache of distinct parts adds nothing to the full collections that follow the
         warm-up's `qace.engine.gc_pause.freeze_heap` (lists would, one per distinct part)."""
+        self._words: dict[str, tuple[int, ...]] = {}
+        """Each word's ids (a part's ids are its words', `_check_words`)."""
         self._lock = threading.Lock()
         self._glue: list[list[int]] = []
         self._normalize: Any = None
         self._added: re.Pattern[str] | None = None
+        self.by_words = False
         self.composed = self._check_template()
+        self.by_words = self.composed and self._check_words()
+        """Whether new parts' ids are composed from their words' ids (else each is tokenised)."""
 
     @property
     def tokenizer(self) -> Any:
@@ -176,14 +187,61 @@ class PromptIds:
         )
 
     def _learn(self, values: list[str]) -> None:
-        """Tokenise new parts (those that may be composed) in one batch; the rest are marked whole."""
+        """Tokenise new parts (those that may be composed; from their words' ids where `by_words`) in one
+        batch; the rest are marked whole."""
         plain = [v for v in values if self._plain(v)]
-        ids = token_ids(self.tokenizer, plain, special_tokens=False)
+        if self.by_words:
+            ids = self._part_ids(plain)
+        else:
+            ids = token_ids(self.tokenizer, plain, special_tokens=False)
         with self._lock:
             if len(self._parts) + len(values) > CACHE_PARTS:
                 self._parts.clear()
             self._parts.update(dict.fromkeys(values))
             self._parts.update(zip(plain, map(tuple, ids), strict=True))
+
+    def _part_ids(self, parts: list[str]) -> list[list[int]]:
+        """Ids of plain ``parts``: of their words (new words tokenised in one batch) where single spaces
+        separate them, else of the part tokenised alone."""
+        words = self._words
+        split = [part.split(" ") if "  " not in part else None for part in parts]
+        new = sorted({w for pieces in split if pieces is not None for w in pieces if w not in words})
+        fresh: dict[str, tuple[int, ...]] = {}
+        if new:
+            learnt = token_ids(self.tokenizer, new, special_tokens=False)
+            fresh = dict(zip(new, map(tuple, learnt), strict=True))
+            with self._lock:
+                if len(words) + len(fresh) > CACHE_WORDS:
+                    words.clear()
+                words.update(fresh)
+        out: list[list[int] | None] = []
+        for pieces in split:
+            composed: list[int] | None = None if pieces is None else []
+            for word in pieces or ():
+                known = fresh.get(word)
+                if known is None:
+                    known = words.get(word)  # None only if another thread emptied the full cache
+                if known is None or composed is None:
+                    composed = None
+                    break
+                composed += known
+            out.append(composed)
+        alone = [at for at, ids in enumerate(out) if ids is None]
+        if alone:
+            redone = token_ids(self.tokenizer, [parts[at] for at in alone], special_tokens=False)
+            for at, ids in zip(alone, redone, strict=True):
+                out[at] = ids
+        return [ids for ids in out if ids is not None]
+
+    def _check_words(self) -> bool:
+        """Whether probe parts composed from their words' ids equal them tokenised whole."""
+        probes = [p for pair in _PROBES for p in pair if self._plain(p)]
+        composed = self._part_ids(probes)
+        self._words.clear()
+        if composed != token_ids(self.tokenizer, probes, special_tokens=False):
+            log.info("parts of %r are tokenised whole: composing them from words differs", self.template)
+            return False
+        return True
 
     def _check_template(self) -> bool:
         """Set up the template's own ids and check composition on probe prompts (module docstring)."""
@@ -262,10 +320,11 @@ def prompt_ids(tokenizer: Any, template: str, *, special_tokens: bool = True) ->
 
 
 def clear_parts() -> None:
-    """Forget the cached ids of every part, of every tokenizer and template, so the next prompts are
-    tokenised cold (benchmarks empty it between passes)."""
+    """Forget the cached ids of every part and word, of every tokenizer and template, so the next prompts
+    are tokenised cold (benchmarks empty it between passes)."""
     with _ENCODERS_LOCK:
         encoders = [e for per in _ENCODERS.values() for e in per.values()]
     for encoder in encoders:
         with encoder._lock:
             encoder._parts.clear()
+            encoder._words.clear()

@@ -33,8 +33,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qace.engine.gemm_rows import padded_rows
 from qace.engine.pinned_upload import to_device
+from qace.engine.prompt_ids import prompt_ids
 from qace.engine.scheduler import pad_batch
-from qace.engine.tokenize import token_ids
 from qace.errors import BackendUnavailableError, ConfigError, InputError, ModelNotFoundError
 from qace.kernels.bert_encoder import BertEncoder, build_bert
 from qace.precision import torch_dtype
@@ -212,7 +212,9 @@ class BertScorePlanner:
         return BlockPlan(lo, hi, flat, offsets, weight, ci, ri, todo, values)
 
     def _token_ids(self, sentences: list[str]) -> list[list[int]]:
-        ids = token_ids(self.tokenizer, sentences)
+        """``token_ids`` of every sentence, composed from the ids of its words where the tokenizer allows
+        (`qace.engine.prompt_ids`: answers repeat their words across calls), cut as bert-score cuts."""
+        ids = prompt_ids(self.tokenizer, "{text}")([(sentence,) for sentence in sentences])
         long = [k for k, x in enumerate(ids) if len(x) > self.max_length]
         if long:  # rare: let the tokenizer cut them, as bert-score does
             cut = self.tokenizer([sentences[k] for k in long], truncation=True, max_length=self.max_length)[

@@ -106,6 +106,7 @@ def test_composed_ids_equal_whole_prompts(test_models_dir) -> None:
             assert encode(rows) == want, (name, template)
             assert encode(rows) == want, (name, template)  # again, from the parts' cache
             composed.append((name, template, encode.composed))
+            assert encode.by_words == encode.composed, (name, template)  # parts from their words
     # the fast path is what ran (where it may: a lowercasing WordPiece can't take QG's literal </s>)
     assert all(ok for name, template, ok in composed if name != "wordpiece")
     assert sum(ok for name, _, ok in composed if name == "wordpiece") >= 2
@@ -120,9 +121,12 @@ def test_a_lone_metaspace_token_before_eos_is_kept(test_models_dir) -> None:
     assert encode.composed and encode([("dog", "a dog")]) == tokenizer([qg_input("dog", "a dog")]).input_ids
 
 
-def test_parts_are_tokenised_once_and_odd_ones_whole(test_models_dir, monkeypatch) -> None:
+def test_words_are_tokenised_once_and_odd_parts_whole(test_models_dir, monkeypatch) -> None:
+    """New parts cost the tokenizer only their new words; a part with a double space is tokenised alone,
+    a part that cannot be composed goes whole with its prompt; parts and words met before cost nothing."""
     tokenizer = AutoTokenizer.from_pretrained(test_models_dir / "tqa")
     encode = PromptIds(tokenizer, TQA_TEMPLATE)
+    assert encode.by_words
     calls: list[list[str]] = []
     real = pid.token_ids
 
@@ -131,14 +135,16 @@ def test_parts_are_tokenised_once_and_odd_ones_whole(test_models_dir, monkeypatc
         return real(tok, texts, **kwargs)
 
     monkeypatch.setattr(pid, "token_ids", counting)
-    encode([("who runs ?", "a dog runs"), ("who runs ?", "a cat"), ("what ?", "naïve café")])
+    rows = [("who runs ?", "a dog runs"), ("who runs ?", "a cat"), ("what ?", "naïve café")]
+    assert encode(rows) == real(tokenizer, [tqa_input(*r) for r in rows])
     assert calls == [
-        sorted(["who runs ?", "a dog runs", "a cat", "what ?"]),
+        ["?", "a", "cat", "dog", "runs", "what", "who"],
         [tqa_input("what ?", "naïve café")],
     ]
     calls.clear()
-    encode([("what ?", "a dog runs")])
-    assert calls == []
+    rows = [("what ?", "a dog runs"), ("who ?", "a cat runs"), ("who ?", "a  cat")]
+    assert encode(rows) == real(tokenizer, [tqa_input(*r) for r in rows])
+    assert calls == [["a  cat"]]  # "who ?" and "a cat runs" are new parts of known words
 
 
 def test_the_parts_cache_starts_over_when_full(test_models_dir, monkeypatch) -> None:
@@ -150,6 +156,17 @@ def test_the_parts_cache_starts_over_when_full(test_models_dir, monkeypatch) -> 
     for rows in (first, second):
         assert encode(rows) == token_ids(tokenizer, [f"{a} and {b}" for a, b in rows])
     assert set(encode._parts) == {part for row in second for part in row}  # 8 + 4 parts > 10
+
+
+def test_the_words_cache_starts_over_when_full(test_models_dir, monkeypatch) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(test_models_dir / "tqa")
+    monkeypatch.setattr(pid, "CACHE_WORDS", 5)
+    encode = PromptIds(tokenizer, "{a} and {b}")
+    first = [("a dog runs", "on the grass")]  # 6 words
+    second = [("two cats", "sit")]
+    for rows in (first, second):
+        assert encode(rows) == token_ids(tokenizer, [f"{a} and {b}" for a, b in rows])
+    assert set(encode._words) == {"two", "cats", "sit"}
 
 
 def test_tokenizers_that_cannot_compose_tokenise_whole(test_models_dir) -> None:
