@@ -125,6 +125,10 @@ class PromptIds:
         self._lock = threading.Lock()
         self._glue: list[list[int]] = []
         self._normalize: Any = None
+        self._changing: re.Pattern[str] | None = None
+        """The printable ASCII characters the normalizer changes, where it maps them one by one
+        (`_changing_characters`)."""
+        self._per_character = False
         self._added: re.Pattern[str] | None = None
         self.by_words = False
         self.composed = self._check_template()
@@ -183,8 +187,19 @@ class PromptIds:
             and value != ""
             and value == value.strip()
             and not (self._added is not None and self._added.search(value))
-            and (self._normalize is None or self._normalize(value) == value)
+            and self._unchanged(value)
         )
+
+    def _unchanged(self, value: str) -> bool:
+        """Whether the normalizer leaves printable-ASCII ``value`` as it is: read off the characters it
+        changes where it maps them one by one (a regular-expression search, not a call of the normalizer:
+        BERT's takes 4 us a text); by normalizing where spaces repeat (T5's collapses them) or where the
+        characters' check failed."""
+        if self._normalize is None:
+            return True
+        if self._per_character and "  " not in value:
+            return self._changing is None or self._changing.search(value) is None
+        return bool(self._normalize(value) == value)
 
     def _learn(self, values: list[str]) -> None:
         """Tokenise new parts (those that may be composed; from their words' ids where `by_words`) in one
@@ -249,6 +264,8 @@ class PromptIds:
             return False
         backend = self.tokenizer.backend_tokenizer
         self._normalize = backend.normalizer.normalize_str if backend.normalizer is not None else None
+        if self._normalize is not None:
+            self._per_character, self._changing = _changing_characters(self._normalize)
         added = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content]
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
         inner = self.literals[1:-1]
@@ -293,6 +310,22 @@ class PromptIds:
                 return None
             pieces.append(ids[head : len(ids) - tail])
         return pieces
+
+
+_ASCII = [chr(c) for c in range(33, 127)]
+"""Printable ASCII but the space."""
+
+
+def _changing_characters(normalize: Any) -> tuple[bool, re.Pattern[str] | None]:
+    """Whether ``normalize`` maps printable ASCII (spaces aside) one character at a time, and the class of
+    the characters it changes (None: none). Checked on one text holding every pair of them: it must come
+    out as each character normalised alone, in order."""
+    alone = {c: normalize(c) for c in _ASCII}
+    pairs = "".join(a + b for a in _ASCII for b in _ASCII)
+    if normalize(pairs) != "".join(alone[c] for c in pairs):
+        return False, None
+    changed = [c for c in _ASCII if alone[c] != c]
+    return True, re.compile("[" + "".join(map(re.escape, changed)) + "]") if changed else None
 
 
 def _special_ends(tokenizer: Any) -> tuple[list[int], list[int]]:
