@@ -135,7 +135,7 @@ def score_file_sharded(
     partial = output.with_name(output.name + ".partial")
     if not resume and (output.exists() or work.exists() or partial.exists()):
         raise ResumeError(f"{output} (or its .shards/.partial) already exists; pass resume=True or remove it")
-    threads = _cpu_threads(devices)
+    threads = torch_threads(devices)
     jobs = [
         ShardJob(
             i,
@@ -539,10 +539,14 @@ def _count(outcomes: dict[int, dict[str, Any]], key: str) -> int:
     return sum(int(out.get(key, 0)) for out in outcomes.values())
 
 
-def _cpu_threads(devices: list[str]) -> int | None:
-    """Split the host's cores between CPU workers so they do not oversubscribe; GPUs need no say."""
-    cpu = sum(1 for d in devices if d == "cpu")
-    return max(1, (os.cpu_count() or 1) // cpu) if cpu else None
+def torch_threads(devices: list[str]) -> int | None:
+    """Torch threads per worker: the host's cores split between the workers, so they do not oversubscribe
+    it (a CPU worker scores on them; a GPU worker casts and copies weights on them while it loads, as its
+    host and spaCy processes start); None (torch's default, every core) for one GPU worker. A Ray actor
+    gets the same from Ray (``OMP_NUM_THREADS``: its CPUs)."""
+    if len(devices) == 1 and devices[0] != "cpu":
+        return None
+    return max(1, (os.cpu_count() or 1) // len(devices))
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -71,3 +71,14 @@ def test_workers_die_with_their_parent_and_a_shard_is_locked_while_written(tmp_p
             os.kill(worker, signal.SIGKILL)
     with ResultWriter(shard_output, signature=SIGNATURE, resume=True, chunk_size=4) as writer:
         assert writer.done_ids() == set()  # the lock went with the worker; its shard resumes
+
+
+def test_workers_split_the_cores_for_torch_and_one_gpu_worker_keeps_the_default(monkeypatch) -> None:
+    from qace.scale import shards
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    assert shards.torch_threads(["cuda:0"]) is None
+    assert shards.torch_threads(["cuda:0", "cuda:1"]) == 16
+    assert shards.torch_threads(["cuda:0", "cuda:1", "cuda:2", "cuda:3"]) == 8
+    assert shards.torch_threads(["cpu"]) == 32
+    assert shards.torch_threads(["cpu"] * 64) == 1
