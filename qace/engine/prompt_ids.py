@@ -128,6 +128,8 @@ class PromptIds:
         self._changing: re.Pattern[str] | None = None
         """The printable ASCII characters the normalizer changes, where it maps them one by one
         (`_changing_characters`)."""
+        self._folding: dict[int, str] | None = None
+        """What the normalizer makes of each of them, where that is settled (`_fold`)."""
         self._per_character = False
         self._added: re.Pattern[str] | None = None
         self.by_words = False
@@ -187,33 +189,46 @@ class PromptIds:
             and value != ""
             and value == value.strip()
             and not (self._added is not None and self._added.search(value))
-            and self._unchanged(value)
+            and self._settled(value)
         )
 
-    def _unchanged(self, value: str) -> bool:
-        """Whether the normalizer leaves printable-ASCII ``value`` as it is: read off the characters it
-        changes where it maps them one by one (a regular-expression search, not a call of the normalizer:
-        BERT's takes 4 us a text); by normalizing where spaces repeat (T5's collapses them) or where the
-        characters' check failed."""
+    def _settled(self, value: str) -> bool:
+        """Whether the normalizer leaves printable-ASCII ``value`` as it is, or maps it character by
+        character into a text it leaves as it is (`_fold`): read off the characters it changes where it
+        maps them one by one (a regular-expression search, not a call of the normalizer: BERT's takes
+        4 us a text); by normalizing where spaces repeat (T5's collapses them) or the characters' check
+        failed."""
         if self._normalize is None:
             return True
         if self._per_character and "  " not in value:
-            return self._changing is None or self._changing.search(value) is None
+            return self._changing is None or self._folding is not None or self._changing.search(value) is None
         return bool(self._normalize(value) == value)
+
+    def _fold(self, value: str) -> str:
+        """``value`` (`_plain`) as the normalizer makes it: the same ids, tokenised alone or inside a
+        prompt (BERT's lowercasing: ``"A dog"`` has the ids of ``"a dog"``)."""
+        if self._folding is None or self._changing is None or self._changing.search(value) is None:
+            return value
+        return value.translate(self._folding)
 
     def _learn(self, values: list[str]) -> None:
         """Tokenise new parts (those that may be composed; from their words' ids where `by_words`) in one
         batch; the rest are marked whole."""
         plain = [v for v in values if self._plain(v)]
-        if self.by_words:
-            ids = self._part_ids(plain)
-        else:
-            ids = token_ids(self.tokenizer, plain, special_tokens=False)
+        ids = self._plain_ids(plain)
         with self._lock:
             if len(self._parts) + len(values) > CACHE_PARTS:
                 self._parts.clear()
             self._parts.update(dict.fromkeys(values))
             self._parts.update(zip(plain, map(tuple, ids), strict=True))
+
+    def _plain_ids(self, plain: list[str]) -> list[list[int]]:
+        """Ids of `_plain` parts, each tokenised alone as the normalizer makes it (`_fold`): composed from
+        their words' where `by_words`."""
+        texts = [self._fold(value) for value in plain]
+        return (
+            self._part_ids(texts) if self.by_words else token_ids(self.tokenizer, texts, special_tokens=False)
+        )
 
     def _part_ids(self, parts: list[str]) -> list[list[int]]:
         """Ids of plain ``parts``: of their words (new words tokenised in one batch) where single spaces
@@ -251,7 +266,8 @@ class PromptIds:
     def _check_words(self) -> bool:
         """Whether probe parts composed from their words' ids equal them tokenised whole."""
         probes = [p for pair in _PROBES for p in pair if self._plain(p)]
-        composed = self._part_ids(probes)
+        self.by_words = True
+        composed = self._plain_ids(probes)
         self._words.clear()
         if composed != token_ids(self.tokenizer, probes, special_tokens=False):
             log.info("parts of %r are tokenised whole: composing them from words differs", self.template)
@@ -265,7 +281,7 @@ class PromptIds:
         backend = self.tokenizer.backend_tokenizer
         self._normalize = backend.normalizer.normalize_str if backend.normalizer is not None else None
         if self._normalize is not None:
-            self._per_character, self._changing = _changing_characters(self._normalize)
+            self._per_character, self._changing, self._folding = _changing_characters(self._normalize)
         added = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content]
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
         inner = self.literals[1:-1]
@@ -316,16 +332,27 @@ _ASCII = [chr(c) for c in range(33, 127)]
 """Printable ASCII but the space."""
 
 
-def _changing_characters(normalize: Any) -> tuple[bool, re.Pattern[str] | None]:
-    """Whether ``normalize`` maps printable ASCII (spaces aside) one character at a time, and the class of
-    the characters it changes (None: none). Checked on one text holding every pair of them: it must come
-    out as each character normalised alone, in order."""
+def _changing_characters(
+    normalize: Any,
+) -> tuple[bool, re.Pattern[str] | None, dict[int, str] | None]:
+    """Whether ``normalize`` maps printable ASCII (spaces aside) one character at a time; the class of the
+    characters it changes (None: none); and a ``str.translate`` table of what it makes of them, where each
+    becomes printable ASCII without spaces that it leaves as it is (else None). Checked on one text holding
+    every pair of them: it must come out as each character normalised alone, in order."""
     alone = {c: normalize(c) for c in _ASCII}
     pairs = "".join(a + b for a in _ASCII for b in _ASCII)
     if normalize(pairs) != "".join(alone[c] for c in pairs):
-        return False, None
+        return False, None, None
     changed = [c for c in _ASCII if alone[c] != c]
-    return True, re.compile("[" + "".join(map(re.escape, changed)) + "]") if changed else None
+    if not changed:
+        return True, None, None
+    settled = all(
+        alone[c] and alone[c].isascii() and alone[c].isprintable() and " " not in alone[c]
+        and normalize(alone[c]) == alone[c]
+        for c in changed
+    )  # fmt: skip
+    folding = {ord(c): alone[c] for c in changed} if settled else None
+    return True, re.compile("[" + "".join(map(re.escape, changed)) + "]"), folding
 
 
 def _special_ends(tokenizer: Any) -> tuple[list[int], list[int]]:
