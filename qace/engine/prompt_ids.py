@@ -15,7 +15,9 @@ That holds only under conditions checked here, never assumed:
 - the tokenizer's pipeline (`composable`): a normalizer that works character by character (or none),
   a pre-tokenizer that splits at whitespace, no truncation or padding;
 - each part (`_plain`): printable ASCII with no whitespace at either end, no added token inside, and
-  left as it is by the normalizer, so nothing can merge across the spaces around it;
+  left as it is by the normalizer, so nothing can merge across the spaces around it; or, where the
+  normalizer maps printable ASCII one character at a time (checked on every pair of characters), mapped
+  by it into such a text, whose ids it then has (`_fold`: BERT's lowercasing);
 - the template (`PromptIds.__init__`): probe prompts composed equal the same prompts tokenised whole;
 - words (`PromptIds._check_words`): probe parts composed from their words equal the parts tokenised
   whole, and a part is cut into words only where single spaces separate them.
