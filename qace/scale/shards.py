@@ -541,9 +541,9 @@ def _count(outcomes: dict[int, dict[str, Any]], key: str) -> int:
 
 def torch_threads(devices: list[str]) -> int | None:
     """Torch threads per worker: the host's cores split between the workers, so they do not oversubscribe
-    it (a CPU worker scores on them; a GPU worker casts and copies weights on them while it loads, as its
-    host and spaCy processes start); None (torch's default, every core) for one GPU worker. A Ray actor
-    gets the same from Ray (``OMP_NUM_THREADS``: its CPUs)."""
+    it (a CPU worker scores on them; a GPU worker's work on the host, its model loading first, runs on
+    them while its host and spaCy processes start); None (torch's default, every core) for one GPU
+    worker. A Ray actor gets the same from Ray (``OMP_NUM_THREADS``: its CPUs)."""
     if len(devices) == 1 and devices[0] != "cpu":
         return None
     return max(1, (os.cpu_count() or 1) // len(devices))
