@@ -608,7 +608,6 @@ def workload_records(args: argparse.Namespace) -> tuple[list[Record], list[Recor
 def _ray_settings(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
     """The Ray settings every Ray run shares: the cluster's, read parallelism, Ray Data's context."""
     import ray
-    from ray.data.context import DEFAULT_ACTOR_MAX_TASKS_IN_FLIGHT_TO_MAX_CONCURRENCY_FACTOR
 
     from qace.scale.ray_data import READ_BATCH
 
@@ -619,14 +618,14 @@ def _ray_settings(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
         "read_parallelism": f"{args.ray_files} input files, one read task each",
         "batch_size_per_actor": args.ray_batch_size,
         "concurrency": "one actor per device (ActorPoolStrategy(size=devices), each run's "
-        "concurrent_calls as max_concurrent_calls_per_actor with enable_true_multi_threading); Ray Data's "
-        "actor defaults (max_restarts=-1, max_task_retries=-1)",
+        "concurrent_calls as max_concurrent_calls_per_actor and max_tasks_in_flight_per_actor, with "
+        "enable_true_multi_threading); Ray Data's actor defaults (max_restarts=-1, max_task_retries=-1)",
+        "blocks": "the read's blocks cut to batch_size_per_actor rows (call_sized_blocks: "
+        "repartition(target_num_rows_per_block)), one call a task",
         "data_context": {
             "target_max_block_size": ctx.target_max_block_size,
-            "max_tasks_in_flight_per_actor": ctx.max_tasks_in_flight_per_actor
-            or f"default: {DEFAULT_ACTOR_MAX_TASKS_IN_FLIGHT_TO_MAX_CONCURRENCY_FACTOR} x max_concurrency",
             "resource_limits": str(ctx.execution_options.resource_limits),
-            "read_block_rows": READ_BATCH,
+            "read_table_rows": READ_BATCH,
         },
     }
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from qace import scorers
@@ -71,6 +74,30 @@ class MeetingLength(CaptionLength):
                 self._meeting.wait()
             except threading.BrokenBarrierError:
                 return iter([RecordError(record.id, "the first two calls never met") for record in batch])
+        return self.score_records(batch)
+
+
+class CrowdedLength(CaptionLength):
+    """`CaptionLength` whose every ``score_committed`` call first signs ``meeting_dir`` with its process id,
+    then waits, up to ``wait_s`` seconds, until ``crowd`` processes have signed: where the calls reach fewer
+    processes, their records come back as errors saying how many."""
+
+    def __init__(self, *, meeting_dir: str, crowd: int, wait_s: float = 60.0, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._meeting, self._crowd, self._wait_s = Path(meeting_dir), crowd, wait_s
+
+    def score_committed(
+        self, records: Iterable[Record | RecordError]
+    ) -> Iterator[dict[str, Any] | RecordError]:
+        batch = list(records)
+        (self._meeting / str(os.getpid())).touch()
+        deadline = time.monotonic() + self._wait_s
+        while (signed := len(list(self._meeting.iterdir()))) < self._crowd:
+            if time.monotonic() > deadline:
+                self._wait_s = 0.0  # waited once in vain: the process's later calls give up at once
+                reason = f"only {signed} of {self._crowd} processes ever scored"
+                return iter([RecordError(record.id, reason) for record in batch])
+            time.sleep(0.05)
         return self.score_records(batch)
 
 

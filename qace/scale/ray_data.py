@@ -114,8 +114,26 @@ def actor_pool(actors: int | tuple[int, int], concurrent_calls: int) -> Any:
             "concurrent_calls=1 (--concurrent-calls 1)"
         )
     return ActorPoolStrategy(
-        **sizes, max_concurrent_calls_per_actor=concurrent_calls, enable_true_multi_threading=True
+        **sizes,
+        max_concurrent_calls_per_actor=concurrent_calls,
+        max_tasks_in_flight_per_actor=concurrent_calls,
+        enable_true_multi_threading=True,
     )
+
+
+def call_sized_blocks(ds: Any, batch_size: int) -> Any:
+    """``ds`` cut into blocks of at most ``batch_size`` rows (Ray Data's streaming ``repartition``), so that
+    an actor task is one call and the pool can spread the calls over every actor. A read task's output is
+    merged into blocks of up to ``DataContext.target_max_block_size`` bytes (128 MiB): uncut, one input file
+    of a few hundred thousand captions is one block, one task, and one actor scores all of it. Where this
+    Ray has no streaming repartition (before ``target_num_rows_per_block``), ``ds`` as it is, with a
+    warning."""
+    import inspect
+
+    if "target_num_rows_per_block" not in inspect.signature(ds.repartition).parameters:
+        log.warning("this Ray cannot cut blocks to %d rows: a task may hold a whole input file", batch_size)
+        return ds
+    return ds.repartition(target_num_rows_per_block=batch_size)
 
 
 class BatchScorer:
@@ -230,14 +248,15 @@ def score_dataset(
     which ``benchmarks/scale_faults.py`` checks. A batch that raises fails the job.
     """
     pool = actor_pool(actors, concurrent_calls_for(concurrent_calls, gpus_per_actor))
-    return ds.map_batches(
+    batch = default_batch_size(gpus_per_actor) if batch_size is None else batch_size
+    return call_sized_blocks(ds, batch).map_batches(
         BatchScorer,
         fn_constructor_kwargs={
             "scorer_kwargs": scorer_kwargs or {},
             "torch_threads": torch_threads,
             "entry": entry,
         },
-        batch_size=default_batch_size(gpus_per_actor) if batch_size is None else batch_size,
+        batch_size=batch,
         batch_format="pyarrow",
         compute=pool,
         num_gpus=gpus_per_actor,
@@ -379,7 +398,8 @@ def _read(ray: Any, inputs: str | list[str], fmt: str) -> Any:
 
 
 READ_BATCH = 4096
-"""Records per block that a read task hands on."""
+"""Records per Arrow table that a read task yields (Ray Data merges them into blocks of up to its target
+block size; `call_sized_blocks` cuts those for the actors)."""
 
 
 def _read_file(batch: Any, fmt: str) -> Iterator[Any]:

@@ -160,6 +160,31 @@ def test_an_actor_scores_its_concurrent_calls_at_once(ray_local, tmp_path, calls
     assert (len(never_met) == 0) if calls == 2 else (len(never_met) == 6)
 
 
+@pytest.mark.parametrize("calls", [1, 2])
+def test_the_calls_of_one_input_file_reach_every_actor(ray_local, tmp_path, calls) -> None:
+    """One input file, four actors: every actor gets calls. The toy's calls each wait until all four actor
+    processes have scored, so an actor that holds more than the calls it runs at once, or a file read as
+    one task, leaves the waiting calls' records as errors."""
+    from dataclasses import replace
+
+    from tests.toy_scorer import ENTRY
+
+    entry = replace(ENTRY, factory="tests.toy_scorer:CrowdedLength")
+    source = tmp_path / "captions.jsonl"
+    source.write_text("".join(json.dumps({"id": f"r{i}", "caption": "a dog runs"}) + "\n" for i in range(48)))
+    (tmp_path / "meeting").mkdir()
+    out = tmp_path / "scores"
+    meeting = {"meeting_dir": str(tmp_path / "meeting"), "crowd": 4, "wait_s": 30.0}
+    score_to_parquet(
+        str(source), out, entry=entry, actors=4, gpus_per_actor=0, cpus_per_actor=0.5, batch_size=3,
+        concurrent_calls=calls, scorer_kwargs=meeting,
+    )  # fmt: skip
+    table = read_scores(out, entry.columns).to_pylist()
+    assert len(table) == 48
+    assert [row["error"] for row in table if row["error"]] == []
+    assert len(list((tmp_path / "meeting").iterdir())) == 4
+
+
 def test_concurrent_calls_below_one_are_refused_before_the_cluster_is_reached(tmp_path) -> None:
     from qace.errors import ConfigError
 
