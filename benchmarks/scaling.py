@@ -21,7 +21,8 @@ cores a GPU give 4 and 10), or ``--host-workers`` / ``--spacy-workers`` each. Be
 worker loads the models, starts those processes, with ``--capture all`` captures every batch shape's CUDA
 graphs (``QACE.warm_up``; by default, as ``qace score``, each shape when first met) and scores ``--warmup``
 records (default one chunk); then it waits at a start barrier until every worker of the run is ready, so
-all start scoring together.
+all start scoring together. With ``--start scoring`` a worker is ready once loaded and its scoring starts
+its processes, as ``qace score``'s workers do: the wall time of the path users run.
 
 Paths (``--paths``), each on the same input for every device count of ``--counts``:
 
@@ -104,11 +105,14 @@ def forced_scorer(
     workers: int = 1,
     candidate_cache: bool = True,
     capture: bool = True,
+    start: str = "ready",
     **kwargs: Any,
 ) -> QACE:
     """Worker scorer factory (shards and Ray actors): ``QACE(device=device, **kwargs)`` with the workload's
-    forced output lengths, its host and spaCy processes started, every batch shape's CUDA graphs captured
-    (``capture``; nothing to capture on the CPU) and warmed up on ``warmup`` records.
+    forced output lengths; with ``start="ready"`` also its host and spaCy processes started, every batch
+    shape's CUDA graphs captured (``capture``; nothing to capture on the CPU) and warmed up on ``warmup``
+    records. With ``start="scoring"`` it is ready once loaded, as ``qace score``'s workers are: scoring
+    starts the host processes and scores in this process until they are ready (`QACE.start_host_processes`).
 
     With ``timings_dir`` it then writes ``ready-<pid>`` there, and its ``score_records`` and
     ``score_committed`` (a Ray actor's batches) wait, at the first call, until ``workers`` workers are
@@ -116,18 +120,23 @@ def forced_scorer(
     another to load). It writes ``<pid>.json`` when ready and again after every call (Ray calls it once a
     batch): start-up times, settings, the first call's start and the last one's end, rows and calls so
     far, peak GPU memory (`_workers` reads them)."""
+    if start not in ("ready", "scoring"):
+        raise ValueError(f"start must be 'ready' or 'scoring', got {start!r}")
     started = time.time()
     scorer = QACE(device=device, **kwargs)
     force_lengths(scorer)
     if not candidate_cache:
         scorer.candidates.cache_size = 0
     loaded = time.time()
-    scorer.start_host_processes(wait=True)  # the engine core's processes, before the timing (nothing without)
-    scorer.candidates.start(wait=True)
+    shapes = 0
+    if start == "ready":
+        scorer.start_host_processes(wait=True)  # the engine core's processes, before the timing (or none)
+        scorer.candidates.start(wait=True)
     hosts = time.time()
-    shapes = scorer.warm_up() if capture else 0
-    if warmup:
-        list(scorer.score_records([_record(r) for r in warmup]))
+    if start == "ready":
+        shapes = scorer.warm_up() if capture else 0
+        if warmup:
+            list(scorer.score_records([_record(r) for r in warmup]))
     _sync(device)
     warmed = time.time()
     if timings_dir is None:
@@ -470,6 +479,7 @@ def run_variant(
         "candidate_cache": args.candidate_cache,
         "capture": args.capture == "all",
         "warmup": warmup,
+        "start": args.start,
     }
     result: dict[str, Any] = {"variant": variant, "captions": captions, "runs": []}
     first: dict[str, tuple[dict[str, Any], dict[str, float]]] = {}
@@ -550,6 +560,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="lazy",
         help="each worker captures every batch shape's CUDA graphs before it is ready (all: about 30 s on "
         "an H200), or only those its warm-up and scoring meet, when first met (lazy, qace score's way)",
+    )
+    parser.add_argument(
+        "--start",
+        choices=["ready", "scoring"],
+        default="ready",
+        help="a worker starts its host and spaCy processes and scores a warm-up chunk before the start "
+        "barrier, so the steady window times the engine core (ready); or, as qace score's workers, it "
+        "starts scoring once loaded, in its own process until its host processes are ready (scoring)",
     )
     parser.add_argument(
         "--candidate-cache",
@@ -676,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
             "spacy_workers_per_worker": args.spacy_workers if args.spacy_workers is not None else "share",
             "candidate_cache": args.candidate_cache,
             "capture": args.capture,
+            "start": args.start,
             "warmup_records_per_worker": args.warmup,
             "host_cores": len(os.sched_getaffinity(0)),
         },

@@ -138,3 +138,22 @@ def test_compare_scores() -> None:
     assert got == {"max_abs_qace_diff": 0.25, "mean_abs_qace_diff": 0.125, "share_identical": 0.5}
     with pytest.raises(RuntimeError, match="different ids"):
         scaling.compare({"a": 0.5}, {"b": 0.5})
+
+
+@pytest.mark.parametrize("start", ["ready", "scoring"])
+def test_a_worker_starting_as_qace_score_does_is_ready_once_loaded(tiny_models: Path, start: str) -> None:
+    """``--start scoring``: the factory returns with no host process started (scoring starts them, as
+    ``qace score``'s workers do); ``--start ready``: with every host process ready."""
+    scorer = scaling.forced_scorer(
+        device="cpu", start=start, models=tiny_models, variant="img", features=RandomFeatureStore(seed=0),
+        precision="fp32", progress=False, host_workers=1, spacy_workers=0,
+    )  # fmt: skip
+    try:
+        assert (scorer.host is not None and scorer.host.ready()) == (start == "ready")
+    finally:
+        scorer.close()
+
+
+def test_an_unknown_start_is_refused_before_the_models_load(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'ready' or 'scoring'"):
+        scaling.forced_scorer(device="cpu", start="eager", models=tmp_path / "no-models")
