@@ -60,6 +60,12 @@ def test_an_actor_builds_a_scorer_without_host_processes() -> None:
 
 
 class _Dataset:
+    block_rows: int | None = None
+
+    def repartition(self, *, target_num_rows_per_block: int) -> _Dataset:
+        self.block_rows = target_num_rows_per_block
+        return self
+
     def map_batches(self, fn: Any, **kwargs: Any) -> _Dataset:
         self.kwargs = kwargs
         return self
@@ -76,7 +82,7 @@ def test_an_actor_call_takes_a_gpu_sized_batch_unless_told(
     from qace.scale.ray_data import score_dataset
 
     ds = score_dataset(_Dataset(), gpus_per_actor=gpus, batch_size=given)
-    assert ds.kwargs["batch_size"] == expected
+    assert ds.kwargs["batch_size"] == ds.block_rows == expected  # a block is one call
 
 
 def test_an_actors_batch_is_scored_in_whole_chunks() -> None:
