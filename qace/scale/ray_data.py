@@ -9,7 +9,8 @@ so every Parquet file of a run, and of its resumed runs, reads back as one table
 Input files are read by `qace.data.records.read_records` inside Ray tasks, one task per file, so
 every format of ``qace score`` (JSONL, CSV, COCO, Parquet) is read with the same checks: a malformed
 record becomes an output row with ``error`` set and its ``source`` file and ``line``, never a failed
-job or a lost row. Every input record gets exactly one output row.
+job or a lost row. Every input record gets exactly one output row. The records are then cut into blocks
+of one actor call (`call_sized_blocks`), so one large file still reaches every actor.
 
 Resume by input position (our own manifest: the output directory itself): each run writes new
 Parquet files next to the old ones; a resumed run reads the ``source`` and ``line`` columns of every
