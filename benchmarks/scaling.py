@@ -40,7 +40,9 @@ Paths (``--paths``), each on the same input for every device count of ``--counts
 Reported per run: wall seconds of the whole call (shards: planning, spawning, start-up, scoring, the
 merge; Ray: the job from submission to the last Parquet file, actors' start-up included) and steady-state
 seconds (from the moment every worker is ready and all start scoring, to the last worker's last row),
-captions/s for both, speedup and efficiency against the same path's first run. Per worker: its settings;
+captions/s for both, speedup and efficiency against the same path's first run, and the share of the host's
+logical CPUs busy over the steady window (`HostCpu`; the record's settings give the threads per core). Per
+worker: its settings;
 its start-up relative to the call (``begun``: the call, or its process's start if later, as Ray may start
 a worker process ahead; imports, load, host processes, warm-up, ready) and the run's ``concurrent``
 (every worker begun before the first was ready: they start up side by side, not one after another); its
@@ -215,6 +217,63 @@ def _process_start_time() -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
+class HostCpu:
+    """The host's CPU time, sampled from ``/proc/stat`` every ``interval`` seconds on a thread while the
+    block runs (Linux; elsewhere no samples): `busy` gives the share of all logical CPUs busy over a window
+    of that time, widened to the samples around it."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, int, int]] = []
+        """(epoch seconds, busy jiffies, all jiffies) of every logical CPU together."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="host-cpu", daemon=True)
+
+    def __enter__(self) -> HostCpu:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        try:
+            times = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        except (OSError, ValueError):
+            return
+        idle = times[3] + times[4]  # idle and iowait; guest time is inside user time already
+        self.samples.append((time.time(), sum(times) - idle, sum(times)))
+
+    def busy(self, start: float, end: float) -> float | None:
+        """Share of the logical CPUs busy from the last sample at or before ``start`` to the first at or
+        after ``end``; None without both."""
+        before = [s for s in self.samples if s[0] <= start]
+        after = [s for s in self.samples if s[0] >= end]
+        if not before or not after or after[0][2] == before[-1][2]:
+            return None
+        return (after[0][1] - before[-1][1]) / (after[0][2] - before[-1][2])
+
+
+def threads_per_core() -> int | None:
+    """Logical CPUs per physical core (SMT), from CPU 0's siblings in sysfs; None off Linux."""
+    try:
+        siblings = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return None
+    count = 0
+    for part in siblings.split(","):
+        low, _, high = part.partition("-")
+        count += int(high or low) - int(low) + 1
+    return count
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -321,8 +380,22 @@ def _workers(timings: Path, called: float, expected: int, captions: int) -> dict
     }
 
 
-def _rates(result: dict[str, Any], captions: int, wall: float, timing: dict[str, Any]) -> dict[str, Any]:
+def _rates(
+    result: dict[str, Any],
+    captions: int,
+    wall: float,
+    timing: dict[str, Any],
+    cpu: HostCpu,
+    called: float,
+) -> dict[str, Any]:
+    """A run's record: rates, start-up, workers and the host's busy CPU share over the steady window
+    (`HostCpu.busy`; the workers' times are relative to ``called``)."""
     steady = timing["steady_seconds"]
+    busy = [w for w in timing["workers"] if w["rows"]]
+    window = (
+        called + min(w["started_after_seconds"] for w in busy),
+        called + max(w["ended_after_seconds"] for w in busy),
+    )
     return {
         **result,
         "captions": captions,
@@ -331,6 +404,7 @@ def _rates(result: dict[str, Any], captions: int, wall: float, timing: dict[str,
         "steady_seconds": steady,
         "captions_per_s_steady": captions / steady,
         "captions_per_s_sum_of_workers": sum(w["captions_per_s"] or 0.0 for w in timing["workers"]),
+        "host_cpu_busy_steady": cpu.busy(*window),
         "startup": timing["startup"],
         "workers": timing["workers"],
     }
@@ -347,14 +421,15 @@ def run_shards(
     timings.mkdir()
     called = time.time()
     start = time.perf_counter()
-    summary = score_file_sharded(
-        input_path,
-        output,
-        devices=devices,
-        scorer_kwargs={**scorer_kwargs, "timings_dir": str(timings), "workers": len(devices)},
-        scorer_factory=FACTORY,
-        cpu_pool=CPU_POOL,
-    )
+    with HostCpu() as cpu:
+        summary = score_file_sharded(
+            input_path,
+            output,
+            devices=devices,
+            scorer_kwargs={**scorer_kwargs, "timings_dir": str(timings), "workers": len(devices)},
+            scorer_factory=FACTORY,
+            cpu_pool=CPU_POOL,
+        )
     wall = time.perf_counter() - start
     if summary.scored != captions or summary.errors:
         raise RuntimeError(f"{summary.scored} scored and {summary.errors} errors for {captions} captions")
@@ -362,7 +437,7 @@ def run_shards(
     scores = _scores(output)
     if len(scores) != captions:
         raise RuntimeError(f"{len(scores)} distinct ids in {captions} rows")
-    result = _rates({"path": "shards", "devices": devices}, captions, wall, timing)
+    result = _rates({"path": "shards", "devices": devices}, captions, wall, timing, cpu, called)
     result["mean_qace"] = float(np.mean(list(scores.values())))
     shutil.rmtree(timings)
     output.unlink()
@@ -405,13 +480,14 @@ def run_ray(
     entry = replace(scorers.get(f"qace-{variant}"), factory=FACTORY)
     called = time.time()
     start = time.perf_counter()
-    score_to_parquet(
-        [str(p) for p in inputs],
-        output,
-        scorer_kwargs={**scorer_kwargs, "timings_dir": str(timings), "workers": count},
-        entry=entry,
-        **placement,
-    )
+    with HostCpu() as cpu:
+        score_to_parquet(
+            [str(p) for p in inputs],
+            output,
+            scorer_kwargs={**scorer_kwargs, "timings_dir": str(timings), "workers": count},
+            entry=entry,
+            **placement,
+        )
     wall = time.perf_counter() - start
     table = read_scores(output).to_pylist()
     errors = [row for row in table if row["error"] is not None]
@@ -421,7 +497,7 @@ def run_ray(
             f"Ray wrote {len(table)} rows, {len(scores)} distinct ids, {len(errors)} errors for {captions}"
         )
     timing = _workers(timings, called, count, captions)
-    result = _rates({"path": "ray", **placement}, captions, wall, timing)
+    result = _rates({"path": "ray", **placement}, captions, wall, timing, cpu, called)
     result["mean_qace"] = float(np.mean(list(scores.values())))
     shutil.rmtree(timings)
     shutil.rmtree(output)
@@ -697,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
             "start": args.start,
             "warmup_records_per_worker": args.warmup,
             "host_cores": len(os.sched_getaffinity(0)),
+            "host_threads_per_core": threads_per_core(),
         },
         "target_speedup": TARGET_SPEEDUP,
         "models_seconds": time.perf_counter() - started,

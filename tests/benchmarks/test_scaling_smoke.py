@@ -54,6 +54,7 @@ def test_report_shape(report: dict[str, Any]) -> None:
             assert 0 < run["steady_seconds"] < run["wall_seconds"]
             assert run["captions_per_s_wall"] == pytest.approx(N / run["wall_seconds"])
             assert run["captions_per_s_steady"] == pytest.approx(N / run["steady_seconds"])
+            assert 0.0 < run["host_cpu_busy_steady"] <= 1.0  # the workers were busy on this host's CPUs
             assert len(run["workers"]) == len(run["devices"])
             assert sum(w["rows"] for w in run["workers"]) == N
             for w in run["workers"]:
@@ -157,3 +158,11 @@ def test_a_worker_starting_as_qace_score_does_is_ready_once_loaded(tiny_models: 
 def test_an_unknown_start_is_refused_before_the_models_load(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="'ready' or 'scoring'"):
         scaling.forced_scorer(device="cpu", start="eager", models=tmp_path / "no-models")
+
+
+def test_the_host_cpu_share_is_read_between_the_samples_around_a_window() -> None:
+    cpu = scaling.HostCpu()
+    cpu.samples = [(10.0, 100, 1000), (11.0, 400, 1400), (12.0, 500, 1800)]
+    assert cpu.busy(10.0, 11.0) == pytest.approx(300 / 400)
+    assert cpu.busy(10.5, 11.5) == pytest.approx(400 / 800)  # widened to the samples at 10 and 12
+    assert cpu.busy(9.0, 11.0) is None and cpu.busy(10.0, 13.0) is None  # no sample before / after
