@@ -343,12 +343,13 @@ def _scores(path: Path) -> dict[str, float]:
 
 def _workers(timings: Path, called: float, expected: int, captions: int) -> dict[str, Any]:
     """The run's worker records (`forced_scorer`), times made relative to ``called``, with the steady
-    window and start-up summary; `RuntimeError` unless ``expected`` workers scored ``captions`` rows."""
+    window (epoch seconds) and start-up summary; `RuntimeError` unless ``expected`` workers scored
+    ``captions`` rows."""
     workers = sorted((json.loads(p.read_text()) for p in timings.glob("*.json")), key=lambda w: w["ready"])
     if len(workers) != expected or sum(w["rows"] for w in workers) != captions:
         raise RuntimeError(f"worker timings are incomplete: {workers}")
     busy = [w for w in workers if w["rows"]]
-    steady = max(w["end"] for w in busy) - min(w["start"] for w in busy)
+    window = (min(w["start"] for w in busy), max(w["end"] for w in busy))
     for w in workers:  # start-up begins with the call, or with the worker's process if that is later
         born = w.pop("process_started")
         w["begun"] = max(born, called) if born is not None else w["factory_called"]
@@ -370,7 +371,8 @@ def _workers(timings: Path, called: float, expected: int, captions: int) -> dict
         w["ended_after_seconds"] = None if end is None else end - called
     ready = [w["ready_after_seconds"] for w in workers]
     return {
-        "steady_seconds": steady,
+        "steady_seconds": window[1] - window[0],
+        "window": window,
         "startup": {
             "concurrent": concurrent,
             "first_ready_after_seconds": min(ready),
@@ -386,16 +388,10 @@ def _rates(
     wall: float,
     timing: dict[str, Any],
     cpu: HostCpu,
-    called: float,
 ) -> dict[str, Any]:
     """A run's record: rates, start-up, workers and the host's busy CPU share over the steady window
-    (`HostCpu.busy`; the workers' times are relative to ``called``)."""
+    (`HostCpu.busy`)."""
     steady = timing["steady_seconds"]
-    busy = [w for w in timing["workers"] if w["rows"]]
-    window = (
-        called + min(w["started_after_seconds"] for w in busy),
-        called + max(w["ended_after_seconds"] for w in busy),
-    )
     return {
         **result,
         "captions": captions,
@@ -404,7 +400,7 @@ def _rates(
         "steady_seconds": steady,
         "captions_per_s_steady": captions / steady,
         "captions_per_s_sum_of_workers": sum(w["captions_per_s"] or 0.0 for w in timing["workers"]),
-        "host_cpu_busy_steady": cpu.busy(*window),
+        "host_cpu_busy_steady": cpu.busy(*timing["window"]),
         "startup": timing["startup"],
         "workers": timing["workers"],
     }
@@ -437,7 +433,7 @@ def run_shards(
     scores = _scores(output)
     if len(scores) != captions:
         raise RuntimeError(f"{len(scores)} distinct ids in {captions} rows")
-    result = _rates({"path": "shards", "devices": devices}, captions, wall, timing, cpu, called)
+    result = _rates({"path": "shards", "devices": devices}, captions, wall, timing, cpu)
     result["mean_qace"] = float(np.mean(list(scores.values())))
     shutil.rmtree(timings)
     output.unlink()
@@ -497,7 +493,7 @@ def run_ray(
             f"Ray wrote {len(table)} rows, {len(scores)} distinct ids, {len(errors)} errors for {captions}"
         )
     timing = _workers(timings, called, count, captions)
-    result = _rates({"path": "ray", **placement}, captions, wall, timing, cpu, called)
+    result = _rates({"path": "ray", **placement}, captions, wall, timing, cpu)
     result["mean_qace"] = float(np.mean(list(scores.values())))
     shutil.rmtree(timings)
     shutil.rmtree(output)
