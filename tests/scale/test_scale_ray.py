@@ -145,7 +145,7 @@ def test_an_actor_scores_its_concurrent_calls_at_once(ray_local, tmp_path, calls
     entry = replace(ENTRY, factory="tests.toy_scorer:MeetingLength")
     records = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
     inputs = []
-    for i in range(4):  # one read task per file: batches an actor can be given together
+    for i in range(4):  # four calls of three records
         path = tmp_path / f"part-{i}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in records[3 * i : 3 * i + 3]))
         inputs.append(str(path))
