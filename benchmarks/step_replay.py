@@ -1,0 +1,154 @@
+"""One graphed decoding step, whole, at reward and steady-state batch sizes: the host's launch against the
+device's time (one GPU).
+
+    python -m benchmarks.step_replay --out benchmarks/results/step_replay_h200.json
+
+The engine decodes by replaying one CUDA graph per step (`qace.families.t5.decode_graphs`). Whether a
+step at a given batch size is bound by the host (the replay's launch) or by the device (its kernels) says
+which work shortens small reward calls: fewer host calls, or fewer and faster kernels. On the question
+generator (random weights of T5-base's shape, bf16, the workload's models, `benchmarks.workload`), for
+each ``--shapes`` entry ``ROWSxLENGTH`` (decoded rows x encoder positions, forced tokens), the graph of the
+first self-attention window is replayed ``--replays`` times:
+
+- ``host_us_per_replay_call``: host time of one ``replay()`` call (p50 and max), the queue not full;
+- ``device_ms_per_step``: device time per replay from CUDA events around back-to-back replays;
+- ``replay_and_wait_ms``: one replay and the wait for its ended flags (the decoding loop's pattern), p50;
+- ``kernels_per_step`` and ``kernel_ms_per_step``: the graph's kernels and their summed time
+  (`torch.profiler`), so ``kernel_share`` = how much of the device's step the kernels fill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.run_info import gpu_name, record
+from benchmarks.workload import build_models, flickr_workload
+from qace.families.t5.decode_graphs import bucket_length, bucket_rows, windows
+from qace.families.t5.decoder import StaticT5Decoder
+from qace.models.loading import load_seq2seq
+
+STEPS = 31
+"""Decoding steps the graphs are built for (the engine's question length)."""
+RESET_KERNELS = 2
+"""Device operations of one reset between rounds of replays (the position zeroed, the ended flags)."""
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _p50(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+@torch.inference_mode()
+def measure(decoder: StaticT5Decoder, width: int, rows: int, length: int, replays: int) -> dict[str, Any]:
+    """One shape's figures (see the module docstring)."""
+    hidden = torch.randn(rows, length, width, device="cuda", dtype=torch.bfloat16)
+    mask = torch.ones(rows, length, device="cuda", dtype=torch.long)
+    forced = torch.full((rows, STEPS), 7, device="cuda", dtype=torch.long)
+    for _ in range(3):  # captures the bucket, loads the kernels
+        decoder.generate(hidden, mask, max_new_tokens=STEPS, unanswerable_id=None, forced=forced)
+    view = decoder.graphed()._views[(bucket_rows(rows), bucket_length(length), True, None)]
+    graph = view.graphs[windows(STEPS)[0]]
+
+    def reset() -> None:  # position 0, every row decoding
+        view.pos.zero_()
+        view.finished.fill_(False)
+
+    def steps(n: int, each: Any = None) -> None:
+        """``n`` replays, positions 0 to ``window - 1`` over and over (reset between rounds, not counted
+        as steps: `RESET_KERNELS`); ``each(seconds)`` gets each replay's host time when given."""
+        for i in range(n):
+            if i % window == 0:
+                reset()
+            start = time.perf_counter()
+            graph.replay()
+            if each is not None:
+                each(time.perf_counter() - start)
+
+    window = windows(STEPS)[0]
+    torch.cuda.synchronize()
+    host: list[float] = []
+    steps(replays, host.append)
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    steps(replays)
+    end.record()
+    torch.cuda.synchronize()
+    waited = []
+    for _ in range(replays):
+        reset()
+        start = time.perf_counter()
+        graph.replay()
+        bool(view.finished.all())
+        waited.append(time.perf_counter() - start)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        steps(window)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    step_kernels = (len(kernels) - RESET_KERNELS) / window
+    kernel_ms = sum(e.device_time for e in kernels) / window / 1000
+    device_ms = begin.elapsed_time(end) / replays
+    return {
+        "rows": rows,
+        "length": length,
+        "bucket": [bucket_rows(rows), bucket_length(length)],
+        "host_us_per_replay_call": {"p50": _p50(host) * 1e6, "max": max(host) * 1e6},
+        "device_ms_per_step": device_ms,
+        "replay_and_wait_ms": _p50(waited) * 1e3,
+        "kernels_per_step": step_kernels,
+        "kernel_ms_per_step": kernel_ms,
+        "kernel_share": kernel_ms / device_ms,
+        "note": f"device and kernel times include a reset (two fills) every {window} replays",
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=None, help="default: results/step_replay_<gpu>.json")
+    parser.add_argument(
+        "--models-dir", type=Path, default=None, help="the workload's models (built if absent)"
+    )
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--shapes", nargs="+", default=["256x32", "1024x32", "2048x48"])
+    parser.add_argument("--replays", type=int, default=50)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.step_replay needs a CUDA GPU")
+    models = args.models_dir or Path(tempfile.mkdtemp(prefix="qace-step-replay-"))
+    if not (models / "qg").is_dir():
+        build_models(models, flickr_workload(args.data_dir))
+    model, _ = load_seq2seq(str(models / "qg"), role="qg", device="cuda", dtype=torch.bfloat16)
+    decoder = StaticT5Decoder(model)
+    shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes]
+    result = {
+        **record("benchmarks.step_replay", argv, device="cuda"),
+        "precision": "bf16",
+        "model": str(models / "qg"),
+        "steps": STEPS,
+        "shapes": [measure(decoder, model.config.d_model, r, n, args.replays) for r, n in shapes],
+    }
+    gpu = (gpu_name("cuda") or "gpu").split()[-1].lower()
+    out = args.out or Path(__file__).parent / "results" / f"step_replay_{gpu}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    for shape in result["shapes"]:
+        print(json.dumps(shape))
+    print("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""`benchmarks.step_replay` on a GPU at a small shape: every figure measured, the step's kernels counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.gpu
+def test_step_replay_smoke(tmp_path: Path, test_models_dir: Path) -> None:
+    from benchmarks import step_replay
+
+    out = tmp_path / "step_replay.json"
+    argv = ["--models-dir", str(test_models_dir), "--shapes", "5x9", "--replays", "9", "--out", str(out)]
+    assert step_replay.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["commit"] and result["gpu"]
+    (shape,) = result["shapes"]
+    assert shape["bucket"] == [8, 16]
+    assert shape["host_us_per_replay_call"]["p50"] > 0 and shape["device_ms_per_step"] > 0
+    assert shape["kernels_per_step"] > 10  # a step's layers, not only the resets
+    assert 0 < shape["kernel_share"]
