@@ -15,7 +15,11 @@ distorts another:
 - ``torch.profiler``: time per operator on the host and per kernel on the GPU, how busy the GPU was
   during the calls (``gpu_busy_fraction``: kernel time over wall time), and per stage the wall time and
   the time the GPU ran anything (``gpu_busy_by_stage``, from the trace, ``trace.json``);
-- ``cProfile``: Python functions by cumulative and by own time.
+- ``cProfile``: Python functions by cumulative and by own time;
+- ``threads``: what every Python thread was doing while the calls ran (`ThreadSampler`: each thread's
+  innermost Python frame every ``--sample-ms``), so a thread that runs Python beside the model thread,
+  and takes the interpreter lock the model thread waits to get back after each released call (a graph
+  replay, a wait for the device), shows as ``running``.
 
 ``floor``: what one call cannot go under while it stays one batch, from the profiler's stages: the
 candidates stage's wall (spaCy parses; no model can start before its captions' candidates are known)
@@ -32,7 +36,9 @@ import cProfile
 import io
 import json
 import pstats
+import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -90,6 +96,79 @@ def stage_walls(reward: QACEReward, call: Callable[[int], None], calls: int) -> 
             str(g): {"collections": n / calls, "ms": 1000 * s / calls}
             for g, (n, s) in sorted(pauses.by_generation.items())
         },
+    }
+
+
+WAITING = {
+    ("threading.py", "wait"),
+    ("threading.py", "_wait_for_tstate_lock"),
+    ("threading.py", "join"),
+    ("queue.py", "get"),
+    ("thread.py", "_worker"),
+    ("selectors.py", "select"),
+    ("connection.py", "_poll"),
+    ("connection.py", "_recv"),
+    ("connection.py", "wait"),
+    ("_monitor.py", "run"),
+}
+"""Innermost frames (file name, function) of a thread blocked in a wait: a lock, a queue, a pipe, an idle
+executor worker, tqdm's monitor between its checks. Any other frame counts as running."""
+
+
+class ThreadSampler:
+    """Samples, every ``interval`` seconds from a thread of its own, every other Python thread's innermost
+    frame (`sys._current_frames`): per thread name (executor workers' numbers dropped), how many samples,
+    how many were in a `WAITING` frame, and the most frequent frames. The sampler needs the interpreter
+    lock to sample, so a thread that holds it for long is seen at the moments it lets go (the switch
+    interval): the counts rank threads, they do not time them."""
+
+    def __init__(self, interval: float = 0.0005) -> None:
+        self.interval = interval
+        self.samples: dict[str, dict[str, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="qace-thread-sampler", daemon=True)
+
+    def __enter__(self) -> ThreadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                name = re.sub(r"_\d+$", "", names.get(ident, "unknown"))
+                where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+                counts = self.samples.setdefault(name, {})
+                counts[where] = counts.get(where, 0) + 1
+
+    def report(self) -> dict[str, Any]:
+        """Per thread: samples, the share in a running frame, and the eight most frequent frames."""
+        out = {}
+        for name, counts in sorted(self.samples.items(), key=lambda kv: -sum(kv[1].values())):
+            total = sum(counts.values())
+            waiting = sum(n for where, n in counts.items() if tuple(where.split(":", 1)) in WAITING)
+            top = sorted(counts.items(), key=lambda kv: -kv[1])[:8]
+            out[name] = {"samples": total, "running_share": (total - waiting) / total, "top": dict(top)}
+        return out
+
+
+def thread_activity(call: Callable[[int], None], calls: int, interval: float) -> dict[str, Any]:
+    """`ThreadSampler` over ``calls`` calls of their own."""
+    start = time.perf_counter()
+    with ThreadSampler(interval) as sampler:
+        for i in range(calls):
+            call(3 * calls + i)
+    return {
+        "interval_ms": 1000 * interval,
+        "wall_ms_per_call": 1000 * (time.perf_counter() - start) / calls,
+        "by_thread": sampler.report(),
     }
 
 
@@ -199,6 +278,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=5, help="calls per tool")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--candidate-cache", action="store_true", help="keep spaCy candidates across calls")
+    parser.add_argument("--sample-ms", type=float, default=0.5, help="the thread sampler's interval")
     add_engine_arguments(parser)
     args = parser.parse_args(argv)
     engine_defaults(args)
@@ -239,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "stages": stage_walls(reward, call, args.calls),
         "torch_profiler": kernel_tables(reward, call, args.calls, out_dir),
         "python": python_profile(call, args.calls, out_dir),
+        "threads": thread_activity(call, args.calls, args.sample_ms / 1000),
     }
     report["graph_captures_in_profiled_calls"] = graph_captures(scorer) - captured
     report["floor"] = chain_floor(report["torch_profiler"]["gpu_busy_by_stage"])

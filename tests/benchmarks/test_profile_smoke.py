@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import profile
@@ -33,6 +36,8 @@ def test_tiny_profile_writes_its_report_and_tables(tiny_models: Path, tmp_path: 
     assert "aten::" in (tmp_path / "ops_by_host.txt").read_text()
     assert "score_chunk" in (tmp_path / "python_cumulative.txt").read_text()
     assert report["python"]["top_own_ms_per_call"]
+    threads = report["threads"]["by_thread"]
+    assert threads["MainThread"]["samples"] > 0 and threads["MainThread"]["running_share"] > 0
 
 
 def test_stage_busy_counts_overlapping_device_work_once() -> None:
@@ -68,3 +73,31 @@ def test_the_chain_floor_is_parsing_then_the_device_work_of_every_later_stage() 
         "gpu_busy_ms_after_candidates": 80.0,
         "chain_floor_ms": 125.0,
     }
+
+
+def test_the_thread_sampler_tells_running_threads_from_waiting_ones() -> None:
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(100))
+
+    busy = threading.Thread(target=spin, name="busy")
+    idle = threading.Thread(target=stop.wait, name="idle")
+    pool = ThreadPoolExecutor(1, thread_name_prefix="pool")
+    pool.submit(int).result()  # its worker now waits for work
+    busy.start()
+    idle.start()
+    with profile.ThreadSampler(0.001) as sampler:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    stop.set()
+    busy.join()
+    idle.join()
+    pool.shutdown()
+    threads = sampler.report()
+    assert threads["busy"]["samples"] > 0 and threads["busy"]["running_share"] > 0.9
+    assert threads["idle"]["running_share"] == 0 and "threading.py:wait" in threads["idle"]["top"]
+    assert threads["pool"]["running_share"] == 0  # the worker's number dropped from its name
+    assert "qace-thread-sampler" not in threads
