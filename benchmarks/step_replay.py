@@ -15,6 +15,9 @@ first self-attention window is replayed ``--replays`` times:
 - ``replay_and_wait_ms``: one replay and the wait for its ended flags (the decoding loop's pattern), p50;
 - ``kernels_per_step`` and ``kernel_ms_per_step``: the graph's kernels and their summed time
   (`torch.profiler`), so ``kernel_share`` = how much of the device's step the kernels fill.
+
+``--prepare 2048x96`` first captures every bucket a warm-up captures for one model (hundreds of graphs in
+one memory pool), to tell whether a replay's host call costs more among many captured graphs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 
 from benchmarks.run_info import gpu_name, record
 from benchmarks.workload import build_models, flickr_workload
+from qace.engine.scheduler import batch_shapes
 from qace.families.t5.decode_graphs import bucket_length, bucket_rows, windows
 from qace.families.t5.decoder import StaticT5Decoder
 from qace.models.loading import load_seq2seq
@@ -38,6 +42,8 @@ STEPS = 31
 """Decoding steps the graphs are built for (the engine's question length)."""
 RESET_KERNELS = 2
 """Device operations of one reset between rounds of replays (the position zeroed, the ended flags)."""
+WARM_UP_TOKENS = 131072
+"""The GPU default ``max_batch_tokens``, which bounds a warm-up's batch shapes."""
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -121,6 +127,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--shapes", nargs="+", default=["256x32", "1024x32", "2048x48"])
     parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument(
+        "--prepare",
+        metavar="ROWSxLENGTH",
+        default=None,
+        help="first capture every bucket of batches of up to ROWS rows of 1 to LENGTH tokens, as a warm-up "
+        "does (2048x96: one model's), so the steps replay among as many graphs as in a warmed engine",
+    )
     return parser.parse_args(argv)
 
 
@@ -134,11 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     model, _ = load_seq2seq(str(models / "qg"), role="qg", device="cuda", dtype=torch.bfloat16)
     decoder = StaticT5Decoder(model)
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes]
+    prepared = 0
+    if args.prepare:
+        rows, length = (int(x) for x in args.prepare.split("x"))
+        like = torch.empty(0, device="cuda", dtype=torch.bfloat16)
+        shapes_up_to = batch_shapes(range(1, length + 1), WARM_UP_TOKENS, rows)  # as `QACE.warm_up`
+        prepared = decoder.graphed().prepare(shapes_up_to, steps=STEPS, like=like, forcing=True)
     result = {
         **record("benchmarks.step_replay", argv, device="cuda"),
         "precision": "bf16",
         "model": str(models / "qg"),
         "steps": STEPS,
+        "buckets_prepared_first": prepared,
         "shapes": [measure(decoder, model.config.d_model, r, n, args.replays) for r, n in shapes],
     }
     gpu = (gpu_name("cuda") or "gpu").split()[-1].lower()

@@ -14,8 +14,9 @@ def test_step_replay_smoke(tmp_path: Path, test_models_dir: Path) -> None:
 
     out = tmp_path / "step_replay.json"
     argv = ["--models-dir", str(test_models_dir), "--shapes", "5x9", "--replays", "9", "--out", str(out)]
-    assert step_replay.main(argv) == 0
+    assert step_replay.main([*argv, "--prepare", "16x20"]) == 0
     result = json.loads(out.read_text())
+    assert result["buckets_prepared_first"] == 2 * 2  # rows 8, 16 x lengths 16, 32 (1 to 20 tokens)
     assert result["commit"] and result["gpu"]
     (shape,) = result["shapes"]
     assert shape["bucket"] == [8, 16]
