@@ -31,8 +31,10 @@ from typing import Any
 
 import torch
 
+from benchmarks.latency import DEFAULT_DATA
 from benchmarks.run_info import gpu_name, record
 from benchmarks.workload import build_models, flickr_workload
+from qace.config import QACEConfig, speed_defaults
 from qace.engine.scheduler import batch_shapes
 from qace.families.t5.decode_graphs import bucket_length, bucket_rows, windows
 from qace.families.t5.decoder import StaticT5Decoder
@@ -42,9 +44,6 @@ STEPS = 31
 """Decoding steps the graphs are built for (the engine's question length)."""
 RESET_KERNELS = 2
 """Device operations of one reset between rounds of replays (the position zeroed, the ended flags)."""
-WARM_UP_TOKENS = 131072
-"""The GPU default ``max_batch_tokens``, which bounds a warm-up's batch shapes."""
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def _p50(values: list[float]) -> float:
@@ -151,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare:
         rows, length = (int(x) for x in args.prepare.split("x"))
         like = torch.empty(0, device="cuda", dtype=torch.bfloat16)
-        shapes_up_to = batch_shapes(range(1, length + 1), WARM_UP_TOKENS, rows)  # as `QACE.warm_up`
+        # this GPU's default batch tokens (the dataclass's where it has none), as `QACE.warm_up` meets
+        tokens = speed_defaults("cuda").get("max_batch_tokens", QACEConfig.max_batch_tokens)
+        shapes_up_to = batch_shapes(range(1, length + 1), tokens, rows)
         prepared = decoder.graphed().prepare(shapes_up_to, steps=STEPS, like=like, forcing=True)
     result = {
         **record("benchmarks.step_replay", argv, device="cuda"),
