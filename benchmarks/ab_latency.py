@@ -118,15 +118,16 @@ def main(argv: list[str] | None = None, runner: Callable[..., dict[str, Any]] = 
     if any(a == "--out" or a.startswith("--out=") for a in latency_args):
         parser.error("benchmarks.latency's --out is this driver's to set")
     runs: list[tuple[str, dict[str, Any]]] = []
+    planned = order(args.tree, args.rounds)
     report: dict[str, Any] = {
         **record("benchmarks.ab_latency", argv),
         "note": args.note,
         "trees": {t.name: {"folder": str(t.folder), "commit": t.commit} for t in args.tree},
         "latency_arguments": latency_args,
-        "order": [t.name for t in order(args.tree, args.rounds)],
+        "order": [t.name for t in planned],
     }
     with tempfile.TemporaryDirectory(prefix="qace-ab-") as tmp:
-        for i, tree in enumerate(order(args.tree, args.rounds)):
+        for i, tree in enumerate(planned):
             runs.append((tree.name, runner(tree, latency_args, Path(tmp) / f"run{i}.json")))
             report["summary"] = summarize(names, runs)
             report["runs"] = [{"tree": name, **run} for name, run in runs]
