@@ -14,7 +14,9 @@ first self-attention window is replayed ``--replays`` times:
 - ``device_ms_per_step``: device time per replay from CUDA events around back-to-back replays;
 - ``replay_and_wait_ms``: one replay and the wait for its ended flags (the decoding loop's pattern), p50;
 - ``kernels_per_step`` and ``kernel_ms_per_step``: the graph's kernels and their summed time
-  (`torch.profiler`), so ``kernel_share`` = how much of the device's step the kernels fill.
+  (`torch.profiler`), so ``kernel_share`` = how much of the device's step the kernels fill;
+  ``kernels_by_time``: the step's most costly kernels by name, launches and milliseconds a step (what a
+  fusion would remove).
 
 ``--prepare 2048x96`` first captures every bucket a warm-up captures for one model (hundreds of graphs in
 one memory pool), to tell whether a replay's host call costs more among many captured graphs.
@@ -42,6 +44,8 @@ from qace.models.loading import load_seq2seq
 
 STEPS = 31
 """Decoding steps the graphs are built for (the engine's question length)."""
+KERNEL_NAMES = 20
+"""Kernels named in ``kernels_by_time`` (a step's, by time, names cut at 80 characters)."""
 RESET_KERNELS = 2
 """Device operations of one reset between rounds of replays (the position zeroed, the ended flags)."""
 
@@ -100,6 +104,12 @@ def measure(decoder: StaticT5Decoder, width: int, rows: int, length: int, replay
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     step_kernels = (len(kernels) - RESET_KERNELS) / window
     kernel_ms = sum(e.device_time for e in kernels) / window / 1000
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        entry = by_name.setdefault(e.name[:80], [0.0, 0.0])
+        entry[0] += 1 / window
+        entry[1] += e.device_time / window / 1000
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:KERNEL_NAMES]
     device_ms = begin.elapsed_time(end) / replays
     return {
         "rows": rows,
@@ -111,6 +121,7 @@ def measure(decoder: StaticT5Decoder, width: int, rows: int, length: int, replay
         "kernels_per_step": step_kernels,
         "kernel_ms_per_step": kernel_ms,
         "kernel_share": kernel_ms / device_ms,
+        "kernels_by_time": {name: {"per_step": n, "ms_per_step": ms} for name, (n, ms) in top},
         "note": f"device and kernel times include a reset (two fills) every {window} replays",
     }
 

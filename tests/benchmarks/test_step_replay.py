@@ -23,3 +23,6 @@ def test_step_replay_smoke(tmp_path: Path, test_models_dir: Path) -> None:
     assert shape["host_us_per_replay_call"]["p50"] > 0 and shape["device_ms_per_step"] > 0
     assert shape["kernels_per_step"] > 10  # a step's layers, not only the resets
     assert 0 < shape["kernel_share"]
+    named = shape["kernels_by_time"]
+    assert 0 < len(named) <= step_replay.KERNEL_NAMES
+    assert sum(k["per_step"] for k in named.values()) <= shape["kernels_per_step"] + step_replay.RESET_KERNELS
