@@ -6,8 +6,9 @@
 #
 #   bash scripts/gpu_host_kit.sh [KIT_DIR] [PYTHON_VERSION]     # default .kit and 3.12
 #
-# KIT_DIR (inside the checkout, given relative to its root) then holds site.txz (about 26 MB: compiled modules stripped, no MiniLM weights), data/ (a copy
-# of ../shared/data) and setup.sh. On the host, in a copy of this checkout with KIT_DIR in it:
+# KIT_DIR (inside the checkout, given relative to its root) then holds site.txz (about 26 MB: compiled
+# modules stripped, no MiniLM weights), data/ (a copy of ../shared/data) and setup.sh. On the host, in a
+# copy of this checkout with KIT_DIR in it:
 #
 #   source KIT_DIR/setup.sh <commit>    # unpacks to /tmp/site, sets PYTHONPATH and QACE_COMMIT, puts
 #                                       # the data at ../shared/data, gives MiniLM random weights
