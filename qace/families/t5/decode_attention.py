@@ -78,6 +78,11 @@ def attend_step(
     return attend(q, keys, values, bias)
 
 
+SINGLE_WARP_KEYS = 64
+"""Up to this many key slots (a power of two) a program is one warp, else two: one warp is faster at the
+decoder's key counts (docs/performance.md, "The decoding step"); longer keys were not measured with one."""
+
+
 def fused_available(q: torch.Tensor) -> bool:
     """The fused kernel runs for half-precision CUDA tensors with a power-of-two head size."""
     d = q.shape[-1]
@@ -107,13 +112,14 @@ def _fused(
     if bias.stride(-1) != 1:
         bias = bias.contiguous()
     out = torch.empty(rows, 1, heads * d, device=q.device, dtype=q.dtype)
+    block = max(16, triton.next_power_of_2(keys))
     _kernel[(rows * heads,)](
         q, k, v, bias, out, new_k, new_v, pos, q if ended is None else ended,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), bias.stride(0), bias.stride(1),
         new_k.stride(0), new_k.stride(1), heads, keys, torch.finfo(q.dtype).min / 2,
-        D=d, BLOCK_S=max(16, triton.next_power_of_2(keys)), WRITE=step is not None, SKIP=ended is not None,
-        num_warps=2,
+        D=d, BLOCK_S=block, WRITE=step is not None, SKIP=ended is not None,
+        num_warps=1 if block <= SINGLE_WARP_KEYS else 2,
     )  # fmt: skip
     return out
 
