@@ -66,9 +66,7 @@ def _questions(row: dict[str, Any]) -> list[str]:
 
 def _answers(row: dict[str, Any]) -> list[str]:
     return [
-        a
-        for q in row["explanation"]["questions"]
-        for a in [q["answer_on_caption"], *q["answers_on_context"]]
+        a for q in row["explanation"]["questions"] for a in [q["answer_on_caption"], *q["answers_on_context"]]
     ]
 
 
@@ -116,8 +114,8 @@ def _before(tree: str, args: argparse.Namespace, models: Path) -> dict[str, Any]
     argv += ["--captions", str(args.captions), "--variants", *args.variants, "--precisions", *args.precisions]
     # run as a file, not a module (the older tree may lack it), and not by path: that would put this
     # folder first on sys.path, where profile.py hides the standard library's
-    run = f"import runpy, sys; sys.argv = {[__file__, *argv]!r}; runpy.run_path({__file__!r}, run_name='__main__')"
-    command = [sys.executable, "-c", run]
+    code = "import runpy, sys; sys.argv = {!r}; runpy.run_path({!r}, run_name='__main__')"
+    command = [sys.executable, "-c", code.format([__file__, *argv], __file__)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
     subprocess.run(command, check=True, cwd=path, env=env)
     return {"tree": path, "commit": commit or None, **json.loads(out.read_text())}
