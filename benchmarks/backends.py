@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     workload, records = workload_records(args)
     # the tokenizer of the models knows the words of both data sets, as the throughput benchmark's does
     flickr = flickr_workload(Path(args.data_dir))
-    models = workload_models(args, [*records, *flickr], "qace-backends-")
+    models = workload_models(args, [*records, *flickr], "qace-backends-", Path(args.data_dir))
     # warm-up captions the timed pass never sees: the other data set's
     warm = flickr[:256] if args.records else pascal_workload(Path(args.data_dir), 256)
     if args.child:

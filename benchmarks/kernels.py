@@ -67,8 +67,9 @@ import torch
 
 from benchmarks.gpu_suite import gpu_tag
 from benchmarks.run_info import gpu_name, record
-from benchmarks.throughput import DATA, PASCAL_DISTINCT, PEAK_BF16
+from benchmarks.throughput import DATA, PEAK_BF16
 from benchmarks.workload import (
+    PASCAL_DISTINCT,
     add_engine_arguments,
     batch_tokens,
     build_models,
@@ -686,11 +687,10 @@ def main(argv: list[str] | None = None) -> int:
     pascal = pascal_workload(DATA, PASCAL_DISTINCT, seed=args.seed)
     records = pascal[: args.captions]
     models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-kernels-"))
-    corpus = [*pascal, *flickr_workload(DATA)]  # throughput's tokenizer: the same token lengths
     if args.tiny:
-        build_tiny_models(models_dir, corpus)
+        build_tiny_models(models_dir, [*pascal, *flickr_workload(DATA)])
     else:
-        build_models(models_dir, corpus, args.bertscore_files)
+        build_models(models_dir, DATA, args.bertscore_files)
     scorer = workload_scorer(
         models_dir, args.variant, device=args.device, precision=args.precision, args=args
     )

@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     records = flickr_workload(Path(args.data_dir))
-    models_dir = workload_models(args, records, "qace-latency-")
+    models_dir = workload_models(args, records, "qace-latency-", Path(args.data_dir))
     report: dict[str, Any] = {
         **record("benchmarks.latency", argv, device=args.device, packages=("transformers",)),
         "device": args.device,

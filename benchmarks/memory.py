@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child(args.child, args)))
         return 0
     raw = argv if argv is not None else sys.argv[1:]
-    from benchmarks.workload import build_models, flickr_workload
+    from benchmarks.workload import build_models
 
-    build_models(Path(args.models_dir), flickr_workload(Path(args.data_dir)), args.bertscore_files)
+    build_models(Path(args.models_dir), Path(args.data_dir), args.bertscore_files)
     runs = []
     for size in args.sizes:
         out = subprocess.run(

@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records = flickr_workload(Path(args.data_dir))
-    models_dir = workload_models(args, records, "qace-profile-")
+    models_dir = workload_models(args, records, "qace-profile-", Path(args.data_dir))
     scorer = make_scorer(models_dir, args.variant, args.device, args)
     preload_features(scorer, records)
     reward = QACEReward(scorer)

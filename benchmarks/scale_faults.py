@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     data = Path(args.data_dir)
     records = pascal_workload(data, max(args.n, PASCAL_DISTINCT))
     models_dir = workload_models(
-        args, [*records[:PASCAL_DISTINCT], *flickr_workload(data)], "qace-faults-models-"
+        args, [*records[:PASCAL_DISTINCT], *flickr_workload(data)], "qace-faults-models-", data
     )
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="qace-faults-"))
     work.mkdir(parents=True, exist_ok=True)

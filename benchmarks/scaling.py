@@ -75,6 +75,7 @@ from benchmarks.gpu_suite import gpu_tag
 from benchmarks.latency import DEFAULT_DATA
 from benchmarks.run_info import gpu_name, record
 from benchmarks.workload import (
+    PASCAL_DISTINCT,
     add_engine_arguments,
     distinct_captions,
     engine_defaults,
@@ -93,8 +94,6 @@ log = logging.getLogger(__name__)
 FACTORY = "benchmarks.scaling:forced_scorer"
 TARGET_SPEEDUP = 1.8
 """The issue's goal for 2 GPUs over 1."""
-PASCAL_DISTINCT = 48_715
-"""PASCAL-50S's distinct human captions (the models' tokenizer knows every word of them)."""
 CPU_POOL = "spacy_workers"
 """QACE's setting that sizes its CPU worker processes (`qace.scorers.ScorerEntry.cpu_pool`)."""
 
@@ -725,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     records, corpus = workload_records(args)
-    models_dir = workload_models(args, corpus, "qace-scaling-models-")
+    models_dir = workload_models(args, corpus, "qace-scaling-models-", Path(args.data_dir))
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="qace-scaling-"))
     work.mkdir(parents=True, exist_ok=True)
     input_path = work / "input.jsonl"

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
     records = flickr_workload(Path(args.data_dir))
-    models_dir = workload_models(args, records, "qace-serve-load-")
+    models_dir = workload_models(args, records, "qace-serve-load-", Path(args.data_dir))
     scorer = make_scorer(models_dir, args.variant, args.device, args)
     preload_features(scorer, records)
     reward = QACEReward(scorer)

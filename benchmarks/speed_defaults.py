@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args.batches = args.batches or ([4] if args.tiny else [256, 64])
     args.iterations = args.iterations or (2 if args.tiny else 20)
     records = flickr_workload(Path(args.data_dir))
-    models = workload_models(args, records, "qace-speed-defaults-")
+    models = workload_models(args, records, "qace-speed-defaults-", Path(args.data_dir))
     settings = engine_settings(args.device)
     rewards = {}
     for name, chosen in settings.items():

@@ -35,7 +35,7 @@ import torch
 
 from benchmarks.latency import DEFAULT_DATA
 from benchmarks.run_info import gpu_name, record
-from benchmarks.workload import build_models, flickr_workload
+from benchmarks.workload import build_models
 from qace.config import QACEConfig, speed_defaults
 from qace.engine.scheduler import batch_shapes
 from qace.families.t5.decode_graphs import bucket_length, bucket_rows, windows
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("benchmarks.step_replay needs a CUDA GPU")
     models = args.models_dir or Path(tempfile.mkdtemp(prefix="qace-step-replay-"))
     if not (models / "qg").is_dir():
-        build_models(models, flickr_workload(args.data_dir))
+        build_models(models, args.data_dir)
     model, _ = load_seq2seq(str(models / "qg"), role="qg", device="cuda", dtype=torch.bfloat16)
     decoder = StaticT5Decoder(model)
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes]

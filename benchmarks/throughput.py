@@ -61,6 +61,7 @@ from benchmarks import hf_batched
 from benchmarks.gpu_suite import gpu_tag
 from benchmarks.run_info import gpu_name, record
 from benchmarks.workload import (
+    PASCAL_DISTINCT,
     add_engine_arguments,
     build_models,
     build_tiny_models,
@@ -83,7 +84,6 @@ from qace.metric.candidates import load_spacy
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, vendor datasheet (SXM)
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-PASCAL_DISTINCT = 48_715
 
 
 def _linear_params(module: torch.nn.Module) -> int:
@@ -612,11 +612,10 @@ def main(argv: list[str] | None = None) -> int:
     else:  # Flickr8k-Expert's candidates; the warm-up uses PASCAL captions
         records, warm = flickr_workload(DATA)[: args.captions], pascal[: args.warmup]
     models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-throughput-"))
-    corpus = [*pascal, *flickr_workload(DATA)]  # the benchmark tokenizer knows every word of both
     if args.tiny:
-        build_tiny_models(models_dir, corpus)
+        build_tiny_models(models_dir, [*pascal, *flickr_workload(DATA)])
     else:
-        build_models(models_dir, corpus, args.bertscore_files)
+        build_models(models_dir, DATA, args.bertscore_files)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="qace-throughput-work-"))
     work.mkdir(parents=True, exist_ok=True)
 

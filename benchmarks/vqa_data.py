@@ -37,6 +37,7 @@ from benchmarks import run_info
 from benchmarks.gpu_suite import gpu_tag
 from benchmarks.hf_batched import ForceTokens
 from benchmarks.workload import (
+    PASCAL_DISTINCT,
     add_engine_arguments,
     batch_tokens,
     engine_defaults,
@@ -48,7 +49,6 @@ from benchmarks.workload import (
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PAPER_TRIPLES = 1_000_000
-PASCAL_DISTINCT = 48_715
 
 
 def write_captions(records: list[Any], path: Path) -> Path:
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pascal = pascal_workload(DATA, PASCAL_DISTINCT, seed=args.seed)  # all: the tokenizer knows every word
     records, warm = pascal[: args.captions], pascal[args.captions : args.captions + args.warmup]
-    models_dir = workload_models(args, pascal, "qace-vqa-data-")
+    models_dir = workload_models(args, pascal, "qace-vqa-data-", DATA)
     config = QACEConfig(device=args.device, precision=args.precision)
     models, _, _ = build_models(config, models_dir=models_dir)
     for role in ("qg", "tqa"):

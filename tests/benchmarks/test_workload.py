@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.workload import score_in_full_chunks
+import pytest
+
+from benchmarks.workload import (
+    MODELS_STAMP,
+    build_models,
+    flickr_workload,
+    model_corpus,
+    pascal_workload,
+    score_in_full_chunks,
+)
 from qace.api import _Tapered
+from tests.helpers import SHARED_DATA
 
 
 def test_profiled_passes_run_every_chunk_at_its_full_size() -> None:
@@ -51,3 +63,28 @@ def test_the_helper_scores_every_chunk_whole_from_the_first(test_models_dir: Any
     records = [Record(str(i), f"a dog number {i} runs", None, ("a dog runs",)) for i in range(19)]
     score_in_full_chunks(scorer, records)
     assert sizes == [8, 8, 3]
+
+
+def test_the_model_corpus_holds_both_workloads_text() -> None:
+    """Whichever benchmark builds the models, the tokenizer learns PASCAL-50S's and Flickr8k-Expert's
+    captions and references alike."""
+    corpus = model_corpus(SHARED_DATA)
+    assert corpus == sorted(set(corpus))
+    flickr = flickr_workload(SHARED_DATA)
+    pascal = pascal_workload(SHARED_DATA, 50, seed=7)
+    for record in [*flickr[:50], *pascal]:
+        assert record.caption in corpus and set(record.references or ()) <= set(corpus)
+
+
+def test_a_models_dir_built_otherwise_is_refused(tmp_path: Path) -> None:
+    """A complete build is reused only with the same corpus and seed in its stamp; a build without a
+    stamp or with another seed raises (it would give other token counts), naming the way out."""
+    (tmp_path / "bertscore").mkdir()
+    (tmp_path / "bertscore" / "model.safetensors").write_bytes(b"")  # what marks a complete build
+    with pytest.raises(RuntimeError, match="remove it or pass another --models-dir"):
+        build_models(tmp_path, tmp_path / "no-data")
+    stamp = {"corpus": "PASCAL-50S and Flickr8k-Expert captions and references", "seed": 0, "texts": 5}
+    (tmp_path / MODELS_STAMP).write_text(json.dumps(stamp))
+    assert build_models(tmp_path, tmp_path / "no-data") == tmp_path  # reused: the data is not read
+    with pytest.raises(RuntimeError, match="another corpus or seed"):
+        build_models(tmp_path, tmp_path / "no-data", seed=1)
