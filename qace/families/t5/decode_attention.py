@@ -80,7 +80,8 @@ def attend_step(
 
 SINGLE_WARP_KEYS = 64
 """Up to this many key slots (a power of two) a program is one warp, else two: one warp is faster at the
-decoder's key counts (docs/performance.md, "The decoding step"); longer keys were not measured with one."""
+decoder's key counts (docs/performance.md, "The decoding step against its memory bound"); longer keys
+were not measured with one."""
 
 
 def fused_available(q: torch.Tensor) -> bool:
