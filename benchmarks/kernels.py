@@ -54,7 +54,6 @@ import argparse
 import json
 import re
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -72,13 +71,12 @@ from benchmarks.workload import (
     PASCAL_DISTINCT,
     add_engine_arguments,
     batch_tokens,
-    build_models,
-    build_tiny_models,
     distinct_captions,
     engine_defaults,
     flickr_workload,
     pascal_workload,
     score_in_full_chunks,
+    workload_models,
     workload_scorer,
 )
 from qace.api import QACE
@@ -686,11 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     pascal = pascal_workload(DATA, PASCAL_DISTINCT, seed=args.seed)
     records = pascal[: args.captions]
-    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-kernels-"))
-    if args.tiny:
-        build_tiny_models(models_dir, [*pascal, *flickr_workload(DATA)])
-    else:
-        build_models(models_dir, DATA, args.bertscore_files)
+    models_dir = workload_models(args, [*pascal, *flickr_workload(DATA)], "qace-kernels-", DATA)
     scorer = workload_scorer(
         models_dir, args.variant, device=args.device, precision=args.precision, args=args
     )

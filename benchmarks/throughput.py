@@ -63,8 +63,6 @@ from benchmarks.run_info import gpu_name, record
 from benchmarks.workload import (
     PASCAL_DISTINCT,
     add_engine_arguments,
-    build_models,
-    build_tiny_models,
     distinct_captions,
     engine_defaults,
     flickr_workload,
@@ -73,6 +71,7 @@ from benchmarks.workload import (
     reset_caches,
     score_in_full_chunks,
     transformers_model,
+    workload_models,
     workload_scorer,
     write_jsonl,
 )
@@ -611,11 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         records, warm = pascal[: args.captions], pascal[args.captions : args.captions + args.warmup]
     else:  # Flickr8k-Expert's candidates; the warm-up uses PASCAL captions
         records, warm = flickr_workload(DATA)[: args.captions], pascal[: args.warmup]
-    models_dir = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-throughput-"))
-    if args.tiny:
-        build_tiny_models(models_dir, [*pascal, *flickr_workload(DATA)])
-    else:
-        build_models(models_dir, DATA, args.bertscore_files)
+    models_dir = workload_models(args, [*pascal, *flickr_workload(DATA)], "qace-throughput-", DATA)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="qace-throughput-work-"))
     work.mkdir(parents=True, exist_ok=True)
 
