@@ -66,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     args.device = args.device or ("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     records = pascal_workload(Path(args.data_dir), args.captions)
     models = Path(args.models_dir or tempfile.mkdtemp(prefix="qace-determinism-"))
-    corpus = pascal_workload(Path(args.data_dir), max(args.captions, 2048))  # the forced tokens' vocabulary
-    (build_tiny_models if args.tiny else build_models)(models, corpus)
+    if args.tiny:  # a tiny tokenizer of the workload's own text
+        build_tiny_models(models, pascal_workload(Path(args.data_dir), max(args.captions, 2048)))
+    else:
+        build_models(models, Path(args.data_dir))
     cells = []
     for variant in args.variants:
         for precision in args.precisions:

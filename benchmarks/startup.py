@@ -191,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     records = pascal_workload(Path(args.data_dir), args.captions)
     work = Path(tempfile.mkdtemp(prefix="qace-startup-"))
     models = Path(args.models_dir or work / "models")
-    corpus = pascal_workload(Path(args.data_dir), 2048)  # the models' vocabulary (the workload's own)
-    (build_tiny_models if args.tiny else build_models)(models, corpus)
+    if args.tiny:  # a tiny tokenizer of the workload's own text
+        build_tiny_models(models, pascal_workload(Path(args.data_dir), 2048))
+    else:
+        build_models(models, Path(args.data_dir))
     args.models_dir = str(models)
     args.input = str(work / "in.jsonl")
     write_jsonl(records, Path(args.input))
