@@ -193,7 +193,9 @@ class QACE(FileScorer):
         a call tens of milliseconds, the tail of a reward service's latency. Takes seconds, and reserves
         the decoders' graph buffers for the largest batch at once. Longer prompts are still captured
         when first met. Returns how many batch shapes were captured: 0 on the CPU or the ONNX Runtime
-        backend, which capture nothing.
+        backend, which capture nothing. On a GPU the encoders also run their products once at every
+        row count their batches are padded to (`qace.families.t5.encoder.T5Encoder.warm_up`), so that
+        cuBLAS has chosen each kernel before a call needs it.
 
         It also starts, on any device, what a first call would otherwise wait for: spaCy's worker
         processes (each loads the parser; they start while the graphs are captured), then synthetic

@@ -29,3 +29,12 @@ def padded_rows(n: int) -> int:
     octave = n.bit_length() - 1  # 2 ** octave <= n < 2 ** (octave + 1)
     step = 1 << (octave - (STEPS_PER_OCTAVE.bit_length() - 1))  # n // step in [32, 64)
     return -(-n // step) * step
+
+
+def row_counts(up_to: int) -> list[int]:
+    """Every count `padded_rows` gives for 1 to ``up_to`` rows, ascending (what a warm-up runs the
+    products at, so that no call meets a new one)."""
+    counts = [FEWEST]
+    while counts[-1] < up_to:
+        counts.append(padded_rows(counts[-1] + 1))
+    return counts

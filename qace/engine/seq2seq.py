@@ -38,6 +38,12 @@ class Encoder(Protocol):
         waits for all the work queued before it). It must be exact: None = read it from the mask."""
         ...
 
+    def warm_up(self, max_tokens: int) -> int:
+        """Prepare now what batches of up to ``max_tokens`` padded tokens would otherwise prepare on
+        first sight (a family whose products pad rows to few counts: each count's kernel choice);
+        returns how many shapes were prepared (0 where there is nothing to prepare)."""
+        ...
+
 
 class Decoder(Protocol):
     """Greedy generation from encoder states."""

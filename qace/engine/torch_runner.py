@@ -81,10 +81,12 @@ class TorchRunner:
         unanswerable_id: int | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> int:
-        """Prepare now what the decoder would prepare on first sight of a batch (its CUDA graphs) for
+        """Prepare now what the encoder and the decoder would prepare on first sight of a batch (the
+        encoder's product shapes, `Encoder.warm_up`; the decoder's CUDA graphs, `Decoder.warm_up`) for
         batches of up to ``rows`` rows padded to ``length``, for each ``(rows, length)`` of ``shapes``, so
-        that no later call pays for it (`Decoder.warm_up`); returns how many batch shapes were new (0 on
-        the CPU)."""
+        that no later call pays for it; returns how many decoder batch shapes were new (0 on the CPU)."""
+        shapes = list(shapes)
+        self.encoder.warm_up(max((rows * length for rows, length in shapes), default=0))
         return self.decoder.warm_up(
             shapes,
             device=self.device,

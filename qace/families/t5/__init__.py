@@ -37,6 +37,10 @@ class T5Encoding:
         img_emb = getattr(self.model.encoder, "img_emb", None)
         return None if img_emb is None else img_emb.weight.dtype
 
+    def warm_up(self, max_tokens: int) -> int:
+        """`T5Encoder.warm_up`: the products at every padded row count up to ``max_tokens``."""
+        return self.encoder.warm_up(max_tokens)
+
     def __call__(
         self,
         input_ids: torch.Tensor,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from qace.engine.gemm_rows import padded_rows
+from qace.engine.gemm_rows import padded_rows, row_counts
 from qace.families.t5.ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
 
 
@@ -101,6 +101,26 @@ class T5Encoder:
             flat = clamp_fp16(ff.add_(flat))
         out = rms_norm(flat[:tokens], self.stack.final_layer_norm, fused=True)
         return out.view(batch, length, width), mask
+
+    @torch.inference_mode()
+    def warm_up(self, max_tokens: int) -> int:
+        """Run a layer's products once on zeros at every row count the fused forward pads batches of up
+        to ``max_tokens`` tokens to (`qace.engine.gemm_rows.row_counts`), so that cuBLAS has chosen a
+        kernel for each shape before a call meets it; returns how many row counts ran (0 where batches
+        are not padded: fp32, or ``few_shapes`` off). Every layer's products have the first layer's
+        shapes. The outputs are thrown away; the weights are only read."""
+        if not (self.fused and self.few_shapes):
+            return 0
+        qkv, ff = self.qkv[0], self.ff[0]
+        out = self.stack.block[0].layer[0].SelfAttention.o.weight
+        counts = row_counts(max_tokens)
+        flat = qkv.new_zeros(counts[-1], qkv.shape[1])
+        attended = qkv.new_zeros(counts[-1], out.shape[1])
+        for rows in counts:
+            F.linear(flat[:rows], qkv)
+            add_linear_(flat[:rows], attended[:rows], out)
+            ff.add_(flat[:rows])
+        return len(counts)
 
     def _bias(
         self, length: int, positions: torch.Tensor | None, mask: torch.Tensor, dtype: torch.dtype

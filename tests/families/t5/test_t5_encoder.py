@@ -72,6 +72,36 @@ def test_products_on_padded_rows_give_the_same_states(packed: bool) -> None:
     assert not T5Encoder(model, fused=True).few_shapes  # on the CPU, off by default
 
 
+def test_warm_up_runs_every_padded_row_count_and_changes_nothing(monkeypatch) -> None:
+    """The warm-up runs a layer's products at each count `row_counts` gives (the shapes a padded batch
+    can meet), with the model's weights, and leaves the encoder's output as it was; an encoder whose
+    batches are not padded has nothing to warm."""
+    from qace.engine.gemm_rows import row_counts
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, dropout_rate=0.0)
+    model = T5ForConditionalGeneration(config).eval()
+    ids = torch.randint(2, 64, (3, 9))
+    mask = torch.ones_like(ids)
+    encoder = T5Encoder(model, fused=True, few_shapes=True)
+    before, _ = encoder(mask, input_ids=ids)
+    rows_seen: list[tuple[int, int]] = []
+    linear = torch.nn.functional.linear
+
+    def counting(x, weight, *args):
+        rows_seen.append((x.shape[0], weight.shape[0]))
+        return linear(x, weight, *args)
+
+    monkeypatch.setattr("qace.families.t5.encoder.F.linear", counting)
+    assert encoder.warm_up(300) == len(row_counts(300))
+    assert rows_seen == [(rows, 3 * 32) for rows in row_counts(300)]  # q, k and v of every count
+    monkeypatch.undo()
+    after, _ = encoder(mask, input_ids=ids)
+    assert torch.equal(after, before)
+    assert T5Encoder(model, fused=True, few_shapes=False).warm_up(300) == 0
+    assert T5Encoder(model).warm_up(300) == 0  # fp32 on the CPU: Hugging Face's forward
+
+
 def test_fp32_models_keep_hugging_faces_forward(test_models_dir) -> None:
     model, tokenizer = load_seq2seq(test_models_dir / "qg", role="qg", dtype=torch.float32)
     encoder = T5Encoder(model)
