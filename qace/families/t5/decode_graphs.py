@@ -56,6 +56,8 @@ class StepDecoder(Protocol):
 
     def cross_views(self, buffer: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
 
+    def warm_products(self, out: torch.Tensor) -> int: ...
+
     def cross_cache(
         self, hidden: torch.Tensor, out: torch.Tensor | None = None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
@@ -228,6 +230,8 @@ class GraphedDecoding:
         before = self.captures
         with torch.cuda.device(like.device):
             self._reserve(max(r for r, _ in buckets), max(r * n for r, n in buckets), steps, like)
+            assert self._store is not None
+            self.dec.warm_products(self._store.cross_kv)  # each batch's keys and values overwrite it
             for r, n in buckets:
                 self._bucket(r, n, steps, like, forcing, unanswerable_id)
                 if progress is not None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from qace.engine.gemm_rows import padded_rows
+from qace.engine.gemm_rows import padded_rows, row_counts
 from qace.engine.greedy import TorchArrays, greedy_decode
 from qace.families.t5.decode_attention import attend, attend_step
 from qace.families.t5.decode_graphs import GraphedDecoding
@@ -129,10 +129,11 @@ class StaticT5Decoder:
         decoding passes its static storage, of a bucket's rows), else a new one.
 
         In half precision all layers' keys and values are one matrix product with the weights stacked,
-        written straight into the buffer instead of a product and a strided copy per layer; on a GPU it
-        also fills rows of ``out`` past ``B`` with those of zero states, up to a product shape cuBLAS has
-        likely met before (`qace.engine.gemm_rows`). fp32 keeps Hugging Face's product per layer and
-        copies it in, so its keys and values are the reference's.
+        written straight into the buffer instead of a product and a strided copy per layer; on a GPU the
+        product runs on the batch's positions plus zero states, up to a row count cuBLAS has likely met
+        before (`qace.engine.gemm_rows.padded_rows`, at most ``out``'s positions; `warm_products` meets
+        them all ahead), the rows past ``B`` filled with their keys and values. fp32 keeps Hugging
+        Face's product per layer and copies it in, so its keys and values are the reference's.
         """
         rows, length, _ = hidden.shape
         width = 2 * len(self.layers) * self.heads * self.d_kv
@@ -140,21 +141,33 @@ class StaticT5Decoder:
             out = hidden.new_empty(rows, length, width)
         views = self.cross_views(out[:rows])
         if self.cross_weight is not None:
-            run = rows
+            positions = products = rows * length
             if hidden.is_cuda:
-                run = min(out.shape[0], -(-padded_rows(rows * length) // length))
-            if run > rows:
-                hidden = F.pad(hidden, (0, 0, 0, 0, 0, run - rows))
-            torch.mm(
-                hidden.reshape(run * length, -1),
-                self.cross_weight.t(),
-                out=out[:run].view(run * length, width),
-            )
+                products = min(out.shape[0] * length, padded_rows(positions))
+            flat = hidden.reshape(positions, -1)
+            if products > positions:
+                flat = F.pad(flat, (0, 0, 0, products - positions))
+            torch.mm(flat, self.cross_weight.t(), out=out.view(-1, width)[:products])
             return views
         for layer, (k_buf, v_buf) in zip(self.layers, views, strict=True):
             k_buf.copy_(self._split(layer.cross_attn.k(hidden)))
             v_buf.copy_(self._split(layer.cross_attn.v(hidden)))
         return views
+
+    @torch.inference_mode()
+    def warm_products(self, out: torch.Tensor) -> int:
+        """Run the stacked cross-attention product of `cross_cache` once on zeros at every row count it
+        pads a batch's positions to (`qace.engine.gemm_rows.row_counts`), up to the rows of ``out`` (a
+        ``(positions, 2 * layers * heads * d_kv)`` buffer it overwrites), so that cuBLAS has chosen a
+        kernel for each before a batch needs it; returns how many counts ran (0 where the product is
+        not stacked or not on a GPU: fp32, the CPU)."""
+        if self.cross_weight is None or not out.is_cuda:
+            return 0
+        counts = [c for c in row_counts(out.shape[0]) if c <= out.shape[0]]
+        zeros = out.new_zeros(counts[-1], self.cross_weight.shape[1])
+        for rows in counts:
+            torch.mm(zeros[:rows], self.cross_weight.t(), out=out[:rows])
+        return len(counts)
 
     def cross_views(self, buffer: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, ``(keys, values)`` as ``(B, heads, S, d_kv)`` views of a ``(B, S, 2 * layers *
