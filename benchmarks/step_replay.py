@@ -19,7 +19,9 @@ first self-attention window is replayed ``--replays`` times:
   fusion would remove).
 
 ``--prepare 2048x96`` first captures every bucket a warm-up captures for one model (hundreds of graphs in
-one memory pool), to tell whether a replay's host call costs more among many captured graphs.
+one memory pool), to tell whether a replay's host call costs more among many captured graphs; and
+``first_replays`` times the host's call of up to `FIRST_REPLAYS` of those graphs replayed for the first
+time, then again (a graph's first launch may upload it to the device), every row flagged ended.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ KERNEL_NAMES = 20
 """Kernels named in ``kernels_by_time`` (a step's, by time, names cut at 80 characters)."""
 RESET_KERNELS = 2
 """Device operations of one reset between rounds of replays (the position zeroed, the ended flags)."""
+FIRST_REPLAYS = 24
+"""Prepared graphs whose first and second replays ``first_replays`` times."""
 
 
 def _p50(values: list[float]) -> float:
@@ -126,6 +130,29 @@ def measure(decoder: StaticT5Decoder, width: int, rows: int, length: int, replay
     }
 
 
+@torch.inference_mode()
+def first_replays(decoder: StaticT5Decoder) -> dict[str, Any]:
+    """Host time of the first and the second ``replay()`` of up to `FIRST_REPLAYS` captured graphs (one
+    window of each prepared bucket, never replayed before), each followed by a wait for the device."""
+    graphs = []
+    for view in list(decoder.graphed()._views.values())[:FIRST_REPLAYS]:
+        view.pos.zero_()
+        view.finished.fill_(True)  # the attention reads nothing; the products still run
+        graphs.append(next(iter(view.graphs.values())))
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {"first": [], "again": []}
+    for round_ in ("first", "again"):
+        for graph in graphs:
+            start = time.perf_counter()
+            graph.replay()
+            times[round_].append((time.perf_counter() - start) * 1e6)
+            torch.cuda.synchronize()
+    return {
+        "graphs": len(graphs),
+        **{f"{k}_host_us": {"p50": _p50(v), "max": max(v)} for k, v in times.items() if v},
+    }
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -165,12 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         tokens = speed_defaults("cuda").get("max_batch_tokens", QACEConfig.max_batch_tokens)
         shapes_up_to = batch_shapes(range(1, length + 1), tokens, rows)
         prepared = decoder.graphed().prepare(shapes_up_to, steps=STEPS, like=like, forcing=True)
+    replayed_first = first_replays(decoder) if args.prepare else None
     result = {
         **record("benchmarks.step_replay", argv, device="cuda"),
         "precision": "bf16",
         "model": str(models / "qg"),
         "steps": STEPS,
         "buckets_prepared_first": prepared,
+        "first_replays": replayed_first,
         "shapes": [measure(decoder, model.config.d_model, r, n, args.replays) for r, n in shapes],
     }
     gpu = (gpu_name("cuda") or "gpu").split()[-1].lower()

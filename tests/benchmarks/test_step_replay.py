@@ -17,6 +17,8 @@ def test_step_replay_smoke(tmp_path: Path, test_models_dir: Path) -> None:
     assert step_replay.main([*argv, "--prepare", "16x20"]) == 0
     result = json.loads(out.read_text())
     assert result["buckets_prepared_first"] == 2 * 2  # rows 8, 16 x lengths 16, 32 (1 to 20 tokens)
+    first = result["first_replays"]
+    assert first["graphs"] == 4 and first["first_host_us"]["p50"] > 0 and first["again_host_us"]["p50"] > 0
     assert result["commit"] and result["gpu"]
     (shape,) = result["shapes"]
     assert shape["bucket"] == [8, 16]
