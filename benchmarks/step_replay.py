@@ -134,21 +134,20 @@ def measure(decoder: StaticT5Decoder, width: int, rows: int, length: int, replay
 def first_replays(decoder: StaticT5Decoder) -> dict[str, Any]:
     """Host time of the first and the second ``replay()`` of up to `FIRST_REPLAYS` captured graphs (one
     window of each prepared bucket, never replayed before), each followed by a wait for the device."""
-    graphs = []
-    for view in list(decoder.graphed()._views.values())[:FIRST_REPLAYS]:
-        view.pos.zero_()
+    views = list(decoder.graphed()._views.values())[:FIRST_REPLAYS]
+    for view in views:
         view.finished.fill_(True)  # the attention reads nothing; the products still run
-        graphs.append(next(iter(view.graphs.values())))
-    torch.cuda.synchronize()
     times: dict[str, list[float]] = {"first": [], "again": []}
     for round_ in ("first", "again"):
-        for graph in graphs:
+        for view in views:
+            view.pos.zero_()  # one position for every bucket: each replay advances it
+            torch.cuda.synchronize()
             start = time.perf_counter()
-            graph.replay()
+            next(iter(view.graphs.values())).replay()
             times[round_].append((time.perf_counter() - start) * 1e6)
             torch.cuda.synchronize()
     return {
-        "graphs": len(graphs),
+        "graphs": len(views),
         **{f"{k}_host_us": {"p50": _p50(v), "max": max(v)} for k, v in times.items() if v},
     }
 
