@@ -4,9 +4,11 @@ In half precision, most of Hugging Face's encoder time is not its matrix product
 every layer norm, an fp32 attention through the math path, and mask bookkeeping. The fused forward keeps
 the weights and the arithmetic of T5 and changes only how it is run:
 
-- the relative position bias and the padding mask are added once per batch, in the model's dtype, and
-  handed, contiguous, to PyTorch's memory-efficient attention kernel (scale 1, as T5 does not scale) in
-  one call per layer (a strided mask had sent ``scaled_dot_product_attention`` to its fp32 math path);
+- on CUDA the attention is one Triton kernel a layer (`qace.families.t5.encoder_attention`) that reads
+  q, k and v where their product wrote them, looks the relative position bias up per score and writes
+  the heads where the output projection reads them; elsewhere the bias and the padding mask are added
+  once per batch, in the model's dtype, and handed, contiguous, to PyTorch's attention (scale 1, as T5
+  does not scale; a strided mask had sent ``scaled_dot_product_attention`` to its fp32 math path);
 - q, k and v come from one matrix product; residual additions and the feed-forward ReLU happen in the
   matrix products' epilogues (`qace.families.t5.ops.add_linear_`, `FeedForward`);
 - layer norms are one fused kernel (`qace.families.t5.ops.rms_norm`);
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from qace.engine.gemm_rows import padded_rows, row_counts
+from qace.families.t5.encoder_attention import attend_packed, fused_available, relative_bias_table
 from qace.families.t5.ops import HALF, FeedForward, add_linear_, clamp_fp16, fused_qkv, rms_norm
 
 
@@ -89,14 +92,20 @@ class T5Encoder:
         flat[tokens:].zero_()
         attended = flat.new_zeros(rows, self.heads * self.d_kv)
         heads = attended[:tokens].view(batch, length, self.heads, self.d_kv)
-        bias = self._bias(attention_mask.shape[1], positions, mask, h.dtype)
+        kernel = fused_available(flat, self.d_kv)
+        if kernel:
+            table = relative_bias_table(self.bias_module, attention_mask.shape[1], flat.device)
+        else:
+            bias = self._bias(attention_mask.shape[1], positions, mask, h.dtype)
         for block, qkv, ff in zip(self.stack.block, self.qkv, self.ff, strict=True):
             attention, norm = block.layer[0].SelfAttention, block.layer[0].layer_norm
             x = rms_norm(flat, norm, fused=True)
-            q, k, v = (
-                F.linear(x, qkv)[:tokens].view(batch, length, 3, self.heads, self.d_kv).permute(2, 0, 3, 1, 4)
-            )
-            heads.copy_(_attention(q, k, v, bias).transpose(1, 2))
+            if kernel:
+                attend_packed(F.linear(x, qkv), attended, table, mask, positions, self.heads, self.d_kv)
+            else:
+                split = F.linear(x, qkv)[:tokens].view(batch, length, 3, self.heads, self.d_kv)
+                q, k, v = split.permute(2, 0, 3, 1, 4)
+                heads.copy_(_attention(q, k, v, bias).transpose(1, 2))
             flat = clamp_fp16(add_linear_(flat, attended, attention.o.weight))
             flat = clamp_fp16(ff.add_(flat))
         out = rms_norm(flat[:tokens], self.stack.final_layer_norm, fused=True)
