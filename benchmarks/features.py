@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import gpu_name, record
+from benchmarks.run_info import gpu_name, gpu_tag, record
 from qace.data.features import HDF5Store
 from qace.features import ops
 from qace.features.detector import BottomUpDetector, DetectorConfig, resize_for_detector
@@ -170,11 +170,6 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def gpu_tag(device: str) -> str:
-    name = (gpu_name(device) or "cpu").lower()
-    return next((tag for tag in ("h200", "h100", "a100", "l4") if tag in name), name.split()[-1])
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -282,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     text = json.dumps(result, indent=2)
     print(text)
-    out = args.out or RESULTS / f"features_{gpu_tag(args.device)}.json"
+    out = args.out or RESULTS / f"features_{gpu_tag(gpu_name(args.device))}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     return result

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_suite_plugin import parse_part
-from benchmarks.run_info import gpu_name, record
+from benchmarks.run_info import gpu_name, gpu_tag, record
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -57,16 +57,6 @@ EXPECTED_SKIPS = ("needs onnxruntime-gpu", "needs two GPUs")
 and a second GPU. Any other skip (the shared data missing, a package the tests need) makes the merged
 record incomplete, so a suite that did not run its parity tests is not recorded as checked."""
 BUILD_TEST_MODELS = "import sys; from qace.testing.qace_models import main; sys.exit(main(sys.argv[1:]))"
-
-
-def gpu_tag(name: str | None) -> str:
-    """A short file-name tag for a device name: ``NVIDIA H100 80GB HBM3`` -> ``h100``; ``cpu`` without one."""
-    if not name:
-        return "cpu"
-    for word in name.replace("-", " ").split():
-        if word[:1].isalpha() and any(ch.isdigit() for ch in word):
-            return word.lower()
-    return name.split()[-1].lower()
 
 
 def tree_files(root: Path) -> list[str]:

@@ -64,8 +64,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from benchmarks.gpu_suite import gpu_tag
-from benchmarks.run_info import gpu_name, record
+from benchmarks.run_info import gpu_name, gpu_tag, record
 from benchmarks.throughput import DATA, PEAK_BF16
 from benchmarks.workload import (
     PASCAL_DISTINCT,

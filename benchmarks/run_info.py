@@ -82,6 +82,16 @@ def gpu_name(device: str | None = None) -> str | None:
     return torch.cuda.get_device_name(device) if torch.cuda.is_available() else None
 
 
+def gpu_tag(name: str | None) -> str:
+    """A short file-name tag for a device name: ``NVIDIA H100 80GB HBM3`` -> ``h100``; ``cpu`` without one."""
+    if not name:
+        return "cpu"
+    for word in name.replace("-", " ").split():
+        if word[:1].isalpha() and any(ch.isdigit() for ch in word):
+            return word.lower()
+    return name.split()[-1].lower()
+
+
 def _version(name: str) -> str | None:
     """One entry of `versions`: ``python``, ``cuda``, ``providers`` or a package's ``__version__``."""
     if name == "python":

@@ -50,9 +50,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_suite import gpu_tag
 from benchmarks.latency import DEFAULT_DATA
-from benchmarks.run_info import gpu_name, record
+from benchmarks.run_info import gpu_name, gpu_tag, record
 from benchmarks.scaling import (
     PASCAL_DISTINCT,
     forced_scorer,

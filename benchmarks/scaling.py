@@ -71,9 +71,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.gpu_suite import gpu_tag
 from benchmarks.latency import DEFAULT_DATA
-from benchmarks.run_info import gpu_name, record
+from benchmarks.run_info import gpu_name, gpu_tag, record
 from benchmarks.workload import (
     PASCAL_DISTINCT,
     add_engine_arguments,

@@ -58,8 +58,7 @@ import numpy as np
 import torch
 
 from benchmarks import hf_batched
-from benchmarks.gpu_suite import gpu_tag
-from benchmarks.run_info import gpu_name, record
+from benchmarks.run_info import gpu_name, gpu_tag, record
 from benchmarks.workload import (
     PASCAL_DISTINCT,
     add_engine_arguments,

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 
 from benchmarks import run_info
-from benchmarks.gpu_suite import gpu_tag
 from benchmarks.hf_batched import ForceTokens
 from benchmarks.workload import (
     PASCAL_DISTINCT,
@@ -209,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": baseline,
         "speedup_questions_per_s": engine["questions_per_s"] / baseline["questions_per_s"],
     }
-    out = Path(args.out or Path(__file__).parent / "results" / f"vqa_data_{gpu_tag(report['gpu'])}.json")
+    tag = run_info.gpu_tag(report["gpu"])
+    out = Path(args.out or Path(__file__).parent / "results" / f"vqa_data_{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=float) + "\n")
     print(json.dumps({k: report[k] for k in ("engine", "baseline", "speedup_questions_per_s")}, indent=1))

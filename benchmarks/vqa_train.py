@@ -34,7 +34,6 @@ import torch
 from transformers import TrainerCallback
 
 from benchmarks import run_info
-from benchmarks.gpu_suite import gpu_tag
 from benchmarks.workload import RANDOM_T5, T5_SMALL, TINY_T5, pascal_workload
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -190,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         "paper_hardware": "one RTX 2080 Ti",
         "speedup_vs_paper_epoch": PAPER_EPOCH_S / engine["epoch_900k_s"],
     }
-    out = Path(args.out or Path(__file__).parent / "results" / f"vqa_train_{gpu_tag(report['gpu'])}.json")
+    tag = run_info.gpu_tag(report["gpu"])
+    out = Path(args.out or Path(__file__).parent / "results" / f"vqa_train_{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: report[k] for k in ("engine", "baseline", "speedup_vs_paper_epoch")}, indent=1))

@@ -17,7 +17,6 @@ import pytest
 from benchmarks.gpu_suite import (
     REPO,
     child_env,
-    gpu_tag,
     merge,
     suite_digest,
     summarise,
@@ -25,6 +24,7 @@ from benchmarks.gpu_suite import (
     tree_files,
 )
 from benchmarks.gpu_suite_plugin import assign, parse_part
+from benchmarks.run_info import gpu_tag
 
 IDS = [
     "tests/a.py::test_one",
