@@ -28,10 +28,14 @@ try:
 except ImportError:  # CPU-only installs: the PyTorch path is used
     triton = None
 
-BLOCK_QUERIES = 64
-"""Queries a program attends for (a caption prompt's whole length in one program)."""
-BLOCK_KEYS = 64
+BLOCK_KEYS = 32
 """Keys a program reads at a time."""
+
+
+def launch_shape(length: int) -> tuple[int, int]:
+    """Queries per program and warps per program for rows of ``length`` tokens: 32 queries on 2 warps up
+    to 32 tokens, else 64 on 4 (the fastest of a sweep on an H200; docs/performance.md)."""
+    return (32, 2) if length <= 32 else (64, 4)
 
 
 def fused_available(x: torch.Tensor, d_kv: int) -> bool:
@@ -74,12 +78,13 @@ def attend_packed(
     mask = mask if mask.is_contiguous() else mask.contiguous()
     if positions is not None and not positions.is_contiguous():
         positions = positions.contiguous()
-    grid = (triton.cdiv(length, BLOCK_QUERIES), batch * heads)
+    block_queries, warps = launch_shape(length)
+    grid = (triton.cdiv(length, block_queries), batch * heads)
     _kernel[grid](
         qkv, out, table, mask, mask if positions is None else positions,
         heads, length, (table.shape[1] + 1) // 2, table.stride(0),
-        D=d_kv, BLOCK_M=BLOCK_QUERIES, BLOCK_N=BLOCK_KEYS, PACKED=positions is not None,
-        num_warps=4,
+        D=d_kv, BLOCK_M=block_queries, BLOCK_N=BLOCK_KEYS, PACKED=positions is not None,
+        num_warps=warps,
     )  # fmt: skip
 
 
