@@ -51,6 +51,7 @@ Markdown, as docs/performance.md shows them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
@@ -389,17 +390,29 @@ def with_twin_work(kernels: Sequence[Kernel], twin: Sequence[Kernel]) -> list[Ke
     ]
 
 
+TRITON_MODULES = (
+    "qace.families.t5.decode_attention",
+    "qace.families.t5.encoder_attention",
+    "qace.families.t5.fp16_guard",
+    "qace.features.half_roi_pool",
+)
+"""Every qace module that defines a Triton kernel (a test holds the list to the source)."""
+
+
 def triton_names() -> dict[str, str]:
     """qace's Triton kernels by the name the profiler shows (their function's), as ``module.function``
-    (none where Triton is absent)."""
-    from qace.families.t5 import decode_attention, fp16_guard
-
-    return {
-        attr: f"{module.__name__.rsplit('.', 1)[-1]}.{attr}"
-        for module in (decode_attention, fp16_guard)
-        for attr, value in vars(module).items()
-        if type(value).__name__ == "JITFunction"
-    }
+    (none where Triton is absent). The profiler shows only the function's name, so two kernels of one
+    name would be confused: refused."""
+    names: dict[str, str] = {}
+    for module_name in TRITON_MODULES:
+        for attr, value in vars(importlib.import_module(module_name)).items():
+            if type(value).__name__ != "JITFunction":
+                continue
+            name = f"{module_name.rsplit('.', 1)[-1]}.{attr}"
+            if attr in names:
+                raise ValueError(f"two Triton kernels named {attr}: {names[attr]} and {name}")
+            names[attr] = name
+    return names
 
 
 def short_name(name: str, triton: dict[str, str]) -> str:

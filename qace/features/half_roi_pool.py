@@ -72,7 +72,7 @@ def roi_pool_half(features: Tensor, rois: Tensor, size: int, spatial_scale: floa
     if len(rois):
         block = min(1024, triton.next_power_of_2(channels))
         grid = (len(rois) * size * size, triton.cdiv(channels, block))
-        _kernel[grid](
+        _roi_pool[grid](
             x, image, row0, row1, col0, col1, out,
             channels, x.stride(0), x.stride(2), x.stride(3),
             SIZE=size, BLOCK_C=block, num_warps=4,
@@ -83,7 +83,7 @@ def roi_pool_half(features: Tensor, rois: Tensor, size: int, spatial_scale: floa
 if triton is not None:
 
     @triton.jit
-    def _kernel(  # type: ignore[no-untyped-def]
+    def _roi_pool(  # type: ignore[no-untyped-def]
         X, IMAGE, ROW0, ROW1, COL0, COL1, OUT,
         channels, s_n, s_h, s_w,
         SIZE: tl.constexpr, BLOCK_C: tl.constexpr,

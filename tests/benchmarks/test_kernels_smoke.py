@@ -5,6 +5,7 @@ contracts. Timings are not checked."""
 
 from __future__ import annotations
 
+import ast
 import json
 from collections import Counter
 from pathlib import Path
@@ -167,3 +168,20 @@ def test_short_names() -> None:
     assert (
         kernels.kind_of("aten::addmm_", "nvjet_tst") == kernels.kind_of(None, "sm90_xmma_gemm_bf16") == "gemm"
     )
+
+
+def test_triton_modules_name_every_kernel_once() -> None:
+    """The profiler shows a Triton kernel by its function's name alone: every qace module with a
+    ``@triton.jit`` function is in `kernels.TRITON_MODULES`, and no two such functions share a name."""
+    root = Path(kernels.__file__).resolve().parent.parent
+    found: dict[str, list[str]] = {}
+    for path in sorted((root / "qace").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                ast.unparse(d).startswith("triton.jit") for d in node.decorator_list
+            ):
+                module = ".".join(path.relative_to(root).with_suffix("").parts)
+                found.setdefault(module, []).append(node.name)
+    assert set(found) == set(kernels.TRITON_MODULES)
+    names = Counter(name for functions in found.values() for name in functions)
+    assert [name for name, count in names.items() if count > 1] == []

@@ -80,7 +80,7 @@ def attend_packed(
         positions = positions.contiguous()
     block_queries, warps = launch_shape(length)
     grid = (triton.cdiv(length, block_queries), batch * heads)
-    _kernel[grid](
+    _self_attention[grid](
         qkv, out, table, mask, mask if positions is None else positions,
         heads, length, (table.shape[1] + 1) // 2, table.stride(0),
         D=d_kv, BLOCK_M=block_queries, BLOCK_N=BLOCK_KEYS, PACKED=positions is not None,
@@ -91,7 +91,7 @@ def attend_packed(
 if triton is not None:
 
     @triton.jit
-    def _kernel(  # type: ignore[no-untyped-def]
+    def _self_attention(  # type: ignore[no-untyped-def]
         QKV, OUT, TABLE, MASK, POS,
         n_heads, length, table_length, s_table,
         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr,
