@@ -8,6 +8,9 @@ captions, random T5-base QG/TQA and T5-small Visual-T5, random region features, 
 bf16. Paths, all on one engine (models loaded once):
 
 - ``in-process``: ``QACEReward.__call__`` (captions in, a float32 tensor on the device out);
+- ``in-process:worker-thread`` (``--worker-thread``): the same call made on one long-lived thread other
+  than the one that warmed the reward up, as the service's batcher makes it: what the service pays for
+  the thread apart from HTTP;
 - ``service:/v1/reward``: the real FastAPI app (``qace.serve.app.create_app``) on uvicorn on loopback,
   in a thread of this process, called with ``qace.serve.client.RewardClient``;
 - ``service:/get_reward``: the same server through OpenRLHF's remote-reward protocol (plain httpx, as
@@ -42,7 +45,8 @@ import secrets
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -127,7 +131,7 @@ def context_columns(batch: Sequence[Record], variant: str) -> dict[str, Any]:
 
 @contextmanager
 def callers(
-    reward: QACEReward, url: str | None, token: str
+    reward: QACEReward, url: str | None, token: str, worker_thread: bool = False
 ) -> Iterator[dict[str, Callable[[list[Record]], list]]]:
     """path name -> call(batch) -> rewards (floats), for every path this run can take."""
     variant = reward.variant
@@ -137,35 +141,39 @@ def callers(
         cuda_sync()
         return values.tolist()
 
-    if url is None:
-        yield {"in-process": in_process}
-        return
-    import httpx
+    with ExitStack() as stack:
+        paths: dict[str, Callable[[list[Record]], list]] = {"in-process": in_process}
+        if worker_thread:
+            worker = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="qace-latency-worker"))
+            paths["in-process:worker-thread"] = lambda batch: worker.submit(in_process, batch).result()
+        if url is not None:
+            import httpx
 
-    from qace.serve.client import RewardClient
+            from qace.serve.client import RewardClient
 
-    client = RewardClient(url, token, timeout_s=600.0, retries=0)
-    http = httpx.Client(base_url=url, timeout=600.0, headers={"Authorization": f"Bearer {token}"})
+            client = stack.enter_context(RewardClient(url, token, timeout_s=600.0, retries=0))
+            headers = {"Authorization": f"Bearer {token}"}
+            http = stack.enter_context(httpx.Client(base_url=url, timeout=600.0, headers=headers))
 
-    def v1(batch: list[Record]) -> list[float]:
-        return client.rewards([r.caption for r in batch], **context_columns(batch, variant))
+            def v1(batch: list[Record]) -> list[float]:
+                return client.rewards([r.caption for r in batch], **context_columns(batch, variant))
 
-    def openrlhf(batch: list[Record]) -> list[float]:
-        labels = [json.dumps(list(r.references or ())) if variant == "ref" else r.image_id for r in batch]
-        payload = {
-            "query": [f"{OPENRLHF_PROMPT}{r.caption}</s>" for r in batch],
-            "prompts": [OPENRLHF_PROMPT] * len(batch),
-            "labels": labels,
-        }
-        response = http.post("/get_reward", json=payload)
-        response.raise_for_status()
-        return [float(x) for x in response.json()["rewards"]]
+            def openrlhf(batch: list[Record]) -> list[float]:
+                labels = [
+                    json.dumps(list(r.references or ())) if variant == "ref" else r.image_id for r in batch
+                ]
+                payload = {
+                    "query": [f"{OPENRLHF_PROMPT}{r.caption}</s>" for r in batch],
+                    "prompts": [OPENRLHF_PROMPT] * len(batch),
+                    "labels": labels,
+                }
+                response = http.post("/get_reward", json=payload)
+                response.raise_for_status()
+                return [float(x) for x in response.json()["rewards"]]
 
-    try:
-        yield {"in-process": in_process, "service:/v1/reward": v1, "service:/get_reward": openrlhf}
-    finally:
-        client.close()
-        http.close()
+            paths["service:/v1/reward"] = v1
+            paths["service:/get_reward"] = openrlhf
+        yield paths
 
 
 def summarize(seconds: Sequence[float]) -> dict[str, float]:
@@ -262,7 +270,7 @@ def run_variant(
         )
         info["serve_settings"] = asdict(settings)
         server = serving(reward, settings, token)
-    with server as url, callers(reward, url, token) as paths:
+    with server as url, callers(reward, url, token, args.worker_thread) as paths:
         for batch, iterations in zip(args.batches, args.iterations, strict=True):
             inproc_rewards: list[list[float]] | None = None
             for path, call in paths.items():
@@ -344,6 +352,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="batch sizes that also time /get_reward (default 256; none given: all)",
     )
     parser.add_argument("--no-service", dest="service", action="store_false", help="in-process only")
+    parser.add_argument(
+        "--worker-thread",
+        action="store_true",
+        help="also time the in-process call made on a worker thread (path in-process:worker-thread)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--candidate-cache", action="store_true", help="keep spaCy candidates across calls (off by default)"

@@ -101,3 +101,15 @@ def test_batches_are_seeded_and_distinct_records() -> None:
 def test_no_host_processes_are_started(report: dict[str, Any]) -> None:
     """A reward call of one chunk is scored in the caller's process, host processes or not."""
     assert report["settings"]["host_workers"].startswith("not started")
+
+
+def test_worker_thread_path_gives_the_in_process_rewards(tiny_models: Path, tmp_path: Path) -> None:
+    """``--worker-thread`` times the same call on another thread (the service's arrangement without
+    HTTP): a cell per batch after the in-process one, with the in-process rewards exactly."""
+    out = tmp_path / "thread.json"
+    argv = ["--tiny", "--no-service", "--worker-thread", "--variants", "img", "--batches", "4"]
+    assert latency.main([*argv, "--out", str(out), "--models-dir", str(tiny_models)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["path"] for c in cells] == ["in-process", "in-process:worker-thread"]
+    assert cells[1]["max_abs_diff_vs_in_process"] == 0.0
+    assert 0 < cells[1]["min_ms"] <= cells[1]["p50_ms"]
