@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.run_info import gpu_name, gpu_tag, record
+from benchmarks.run_info import default_result, gpu_name, record
 
 HEADS, D_KV, LAYERS, VOCAB, D_MODEL = 12, 64, 12, 32128, 768
 
@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         **run(args),
     }
-    gpu = gpu_tag(gpu_name("cuda"))
-    out = args.out or Path(__file__).parent / "results" / f"decode_step_{gpu}.json"
+    out = args.out or default_result("decode_step", gpu_name("cuda"))
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(
         json.dumps(

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.run_info import gpu_name, gpu_tag, record
+from benchmarks.run_info import default_result, gpu_name, record
 from qace.data.features import HDF5Store
 from qace.features import ops
 from qace.features.detector import BottomUpDetector, DetectorConfig, resize_for_detector
@@ -60,7 +60,6 @@ from qace.features.extract import (
 from qace.precision import TORCH_PRECISIONS, torch_dtype
 
 TARGETS = {"images_per_s": 100.0, "speedup": 10.0}
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def make_images(folder: Path, count: int, size: tuple[int, int], seed: int = 0) -> list[ImageItem]:
@@ -277,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     text = json.dumps(result, indent=2)
     print(text)
-    out = args.out or RESULTS / f"features_{gpu_tag(gpu_name(args.device))}.json"
+    out = args.out or default_result("features", gpu_name(args.device))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     return result

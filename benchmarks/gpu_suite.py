@@ -40,10 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_suite_plugin import parse_part
-from benchmarks.run_info import gpu_name, gpu_tag, record
+from benchmarks.run_info import default_result, gpu_name, gpu_tag, record
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 TREE_ROOTS = ("qace", "tests", "benchmarks", "pyproject.toml")
 """What `tree_digest` covers: the code and data the tests run (``benchmarks/results`` left out)."""
 BYTECODE_PACKAGES = ("torch", "transformers", "spacy", "qace")
@@ -315,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--merge takes part records only")
         parts = [json.loads(Path(p).read_text()) for p in args.merge]
         result = merge(parts, local_checkout(argv))
-        out = Path(args.out or RESULTS / f"gpu_suite_{gpu_tag(result.get('gpu'))}.json")
+        out = Path(args.out or default_result("gpu_suite", result.get("gpu")))
         status = 0 if result["complete"] and not result["failing"] else 1
     else:
         try:
@@ -323,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(str(err))
         tag = gpu_tag(gpu_name())
-        weights = Path(args.weights or RESULTS / f"gpu_suite_{tag}.json")
+        weights = Path(args.weights or default_result("gpu_suite", gpu_name()))
         result = run_part(f"{i}/{n}", weights, args.pytest_args, argv)
         out = Path(args.out or REPO / ".qace-cache" / "gpu-suite" / f"gpu_suite_{tag}.part{i}of{n}.json")
         status = result["exit_status"]

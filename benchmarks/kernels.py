@@ -65,7 +65,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from benchmarks.run_info import gpu_name, gpu_tag, record
+from benchmarks.run_info import default_result, gpu_name, record
 from benchmarks.throughput import DATA, PEAK_BF16
 from benchmarks.workload import (
     PASCAL_DISTINCT,
@@ -713,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{role}: {json.dumps(counts)}", flush=True)
     finally:
         scorer.close()
-    out = Path(args.out or f"benchmarks/results/kernels_{gpu_tag(gpu_name(args.device))}.json")
+    out = Path(args.out or default_result("kernels", gpu_name(args.device)))
     report = {
         **record("benchmarks.kernels", argv, device=args.device, packages=("transformers", "triton")),
         "precision": args.precision,

@@ -92,6 +92,16 @@ def gpu_tag(name: str | None) -> str:
     return name.split()[-1].lower()
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+"""Where the committed records live."""
+
+
+def default_result(stem: str, gpu: str | None) -> Path:
+    """A benchmark's default record for the device named ``gpu`` (`gpu_name`'s; None: the CPU):
+    ``results/<stem>_<gpu_tag>.json``."""
+    return RESULTS / f"{stem}_{gpu_tag(gpu)}.json"
+
+
 def _version(name: str) -> str | None:
     """One entry of `versions`: ``python``, ``cuda``, ``providers`` or a package's ``__version__``."""
     if name == "python":

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from benchmarks import hf_batched
-from benchmarks.run_info import gpu_name, gpu_tag, record
+from benchmarks.run_info import default_result, gpu_name, record
 from benchmarks.workload import (
     PASCAL_DISTINCT,
     add_engine_arguments,
@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
 
     gpu = gpu_name(args.device)
-    out = Path(args.out or f"benchmarks/results/throughput_distinct_{gpu_tag(gpu)}.json")
+    out = Path(args.out or default_result("throughput_distinct", gpu))
     report = json.loads(out.read_text()) if out.is_file() else {"results": []}
     runs = report.setdefault("runs", [])
     meta = record("benchmarks.throughput", argv, device=args.device, packages=("transformers",))

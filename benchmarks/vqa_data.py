@@ -208,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": baseline,
         "speedup_questions_per_s": engine["questions_per_s"] / baseline["questions_per_s"],
     }
-    tag = run_info.gpu_tag(report["gpu"])
-    out = Path(args.out or Path(__file__).parent / "results" / f"vqa_data_{tag}.json")
+    out = Path(args.out or run_info.default_result("vqa_data", report["gpu"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=float) + "\n")
     print(json.dumps({k: report[k] for k in ("engine", "baseline", "speedup_questions_per_s")}, indent=1))

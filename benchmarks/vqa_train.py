@@ -189,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "paper_hardware": "one RTX 2080 Ti",
         "speedup_vs_paper_epoch": PAPER_EPOCH_S / engine["epoch_900k_s"],
     }
-    tag = run_info.gpu_tag(report["gpu"])
-    out = Path(args.out or Path(__file__).parent / "results" / f"vqa_train_{tag}.json")
+    out = Path(args.out or run_info.default_result("vqa_train", report["gpu"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: report[k] for k in ("engine", "baseline", "speedup_vs_paper_epoch")}, indent=1))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import run_info
 from benchmarks.run_info import commit, gpu_name, record, versions
 from qace import __version__
 
@@ -72,3 +73,10 @@ def test_every_benchmark_takes_its_run_metadata_from_record() -> None:
     assert own == set()
     writers = [p.name for p in BENCHMARKS.glob("*.py") if "--out" in p.read_text(encoding="utf-8")]
     assert writers and all("record(" in (BENCHMARKS / name).read_text() for name in writers), writers
+
+
+def test_default_result_is_the_results_folders_record_for_the_device() -> None:
+    assert run_info.default_result("kernels", "NVIDIA H200") == run_info.RESULTS / "kernels_h200.json"
+    assert run_info.default_result("precision", None).name == "precision_cpu.json"
+    assert run_info.RESULTS == Path(run_info.__file__).resolve().parent / "results"
+    assert run_info.RESULTS.is_dir()
