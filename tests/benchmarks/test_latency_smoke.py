@@ -18,7 +18,7 @@ pytest.importorskip("httpx")
 
 from benchmarks import latency  # noqa: E402
 
-PATHS = ["in-process", "service:/v1/reward", "service:/get_reward"]
+PATHS = ["in-process", "in-process:worker-thread", "service:/v1/reward", "service:/get_reward"]
 
 
 RESETS: list[str] = []
@@ -33,7 +33,8 @@ def report(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         patch.setattr(
             latency, "reset_caches", lambda scorer: (RESETS.append(scorer.config.variant), real_reset(scorer))
         )
-        assert latency.main(["--tiny", "--out", str(out), "--models-dir", str(tiny_models)]) == 0
+        argv = ["--tiny", "--worker-thread", "--out", str(out), "--models-dir", str(tiny_models)]
+        assert latency.main(argv) == 0
     return json.loads(out.read_text())
 
 
@@ -67,11 +68,15 @@ def test_every_cell_timed_and_sane(report: dict[str, Any]) -> None:
         assert cell["graph_captures_in_timed_calls"] == 0  # CPU: no CUDA graphs
 
 
-def test_service_gives_the_in_process_rewards(report: dict[str, Any]) -> None:
-    service = [c for c in report["cells"] if c["path"] != "in-process"]
-    assert len(service) == 8
-    for cell in service:  # float32 tensor vs JSON float: equal to float32 rounding
+def test_other_paths_give_the_in_process_rewards(report: dict[str, Any]) -> None:
+    """The service's paths, and the call made on a worker thread (the service's arrangement without
+    HTTP, ``--worker-thread``), score the same batches: the in-process rewards."""
+    others = [c for c in report["cells"] if c["path"] != "in-process"]
+    assert len(others) == 12
+    for cell in others:  # float32 tensor vs JSON float: equal to float32 rounding
         assert cell["max_abs_diff_vs_in_process"] <= 1e-6
+    threaded = [c["max_abs_diff_vs_in_process"] for c in others if c["path"] == "in-process:worker-thread"]
+    assert threaded == [0.0] * 4
 
 
 def test_time_budget_skips_cells(tiny_models: Path, tmp_path: Path) -> None:
@@ -101,15 +106,3 @@ def test_batches_are_seeded_and_distinct_records() -> None:
 def test_no_host_processes_are_started(report: dict[str, Any]) -> None:
     """A reward call of one chunk is scored in the caller's process, host processes or not."""
     assert report["settings"]["host_workers"].startswith("not started")
-
-
-def test_worker_thread_path_gives_the_in_process_rewards(tiny_models: Path, tmp_path: Path) -> None:
-    """``--worker-thread`` times the same call on another thread (the service's arrangement without
-    HTTP): a cell per batch after the in-process one, with the in-process rewards exactly."""
-    out = tmp_path / "thread.json"
-    argv = ["--tiny", "--no-service", "--worker-thread", "--variants", "img", "--batches", "4"]
-    assert latency.main([*argv, "--out", str(out), "--models-dir", str(tiny_models)]) == 0
-    cells = json.loads(out.read_text())["cells"]
-    assert [c["path"] for c in cells] == ["in-process", "in-process:worker-thread"]
-    assert cells[1]["max_abs_diff_vs_in_process"] == 0.0
-    assert 0 < cells[1]["min_ms"] <= cells[1]["p50_ms"]
