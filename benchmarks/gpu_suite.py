@@ -321,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
             i, n = parse_part(args.part)
         except ValueError as err:
             parser.error(str(err))
-        tag = gpu_tag(gpu_name())
-        weights = Path(args.weights or default_result("gpu_suite", gpu_name()))
+        name = gpu_name()
+        tag = gpu_tag(name)
+        weights = Path(args.weights or default_result("gpu_suite", name))
         result = run_part(f"{i}/{n}", weights, args.pytest_args, argv)
         out = Path(args.out or REPO / ".qace-cache" / "gpu-suite" / f"gpu_suite_{tag}.part{i}of{n}.json")
         status = result["exit_status"]
