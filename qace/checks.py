@@ -4,6 +4,7 @@ imported here (torch only where a CUDA device is asked for on a host that may ha
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -32,6 +33,15 @@ def check_device(device: str) -> None:
         raise BackendUnavailableError(
             f"--device {device}: only {visible} CUDA GPU(s) are visible (cuda:0 to cuda:{visible - 1})"
         )
+
+
+def check_invalid_reward(value: float) -> float:
+    """``value`` as a float, the reward of a caption that cannot be scored; `ConfigError` unless finite
+    (a NaN reward poisons a policy's update, and JSON cannot carry one)."""
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"invalid_reward (--invalid-reward) is {value}: give a finite number (default 0.0)")
+    return value
 
 
 def _cuda_devices() -> int:

@@ -57,13 +57,13 @@ OPTIONAL_COMMANDS = {
     "serve": OptionalCommand(
         "qace.serve.cli",
         "serve",
-        ("fastapi", "uvicorn"),
+        ("fastapi", "uvicorn", "orjson"),
         "serve a registered scorer as rewards over HTTP (own API and OpenRLHF's /get_reward)",
     ),
     "health": OptionalCommand(
         "qace.serve.health",
         "serve",
-        ("httpx",),
+        ("httpx", "orjson"),
         "check a reward service's /health, or --wait until it is ready",
     ),
     "score-ray": OptionalCommand(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qace.checks import check_invalid_reward
 from qace.data.records import RecordError, caption_problem, surrogate_problem
 from qace.errors import ConfigError, InputError
 from qace.scoring import list_ids
@@ -93,7 +94,7 @@ class ScorerReward:
         self.logged = tuple(parts)
         """The components a trainer logs next to the reward."""
         self.component = _checked(component or self.score_key, self.components)
-        self.invalid_reward = float(invalid_reward)
+        self.invalid_reward = check_invalid_reward(invalid_reward)
         self.device = str(getattr(getattr(scorer, "config", None), "device", "cpu"))
         self.tensor_device = tensor_device or self.device
         self.signature: str = scorer.signature
@@ -230,6 +231,7 @@ class QACEReward(ScorerReward):
         **settings: Any,
     ) -> None:
         _checked(component, COMPONENTS)
+        check_invalid_reward(invalid_reward)  # before the models load
         if scorer is None:
             from qace.api import QACE
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -47,7 +48,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from qace.errors import ConfigError
 from qace.reward import COMPONENTS, LOGGED_COMPONENTS, RewardResult
-from qace.serve import openrlhf
+from qace.serve import openrlhf, wire
 from qace.serve.batcher import Item, MicroBatcher, Overloaded
 from qace.serve.items import RequestError, json_type, make_item
 
@@ -204,6 +205,9 @@ def create_app(
             captions = [items[i].caption for i in todo]
             scored = reward.score(captions, max_chars=settings.max_caption_chars, **contexts)
             for i, result in zip(todo, scored, strict=True):
+                if not _finite(result):  # JSON has no NaN: sent, it would be a null reward
+                    result = invalid(_non_finite(result))
+                    log.warning("item %d of a batch of %d: %s", i, len(items), result.reason)
                 results[i] = result
         return results
 
@@ -282,7 +286,7 @@ def create_app(
             if len(data) > settings.max_body_bytes:
                 raise RequestError(413, _too_big(settings.max_body_bytes))
         try:
-            return json.loads(data)
+            return json.loads(data)  # not wire.loads: a client may send integers over 64 bits
         except ValueError as exc:
             raise RequestError(400, f"body is not JSON: {exc}") from exc
         except RecursionError:
@@ -406,11 +410,23 @@ def _too_big(limit: int) -> str:
 
 
 class _JSON(JSONResponse):
-    """JSON with every non-ASCII character escaped, so text that is not valid Unicode (a lone surrogate,
+    """Compact UTF-8 JSON (`qace.serve.wire.dumps`); text that is not valid Unicode (a lone surrogate,
     echoed in an id or a reason) is still sent, as JSON's ``\\ud800``."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+        return wire.dumps(content)
+
+
+def _finite(result: RewardResult) -> bool:
+    """Whether ``result``'s reward and scores are all finite (JSON has no NaN or infinity)."""
+    return math.isfinite(result.reward) and all(map(math.isfinite, result.scores.values()))
+
+
+def _non_finite(result: RewardResult) -> str:
+    """Why ``result`` is not sent: its first non-finite value, named."""
+    named = {"reward": result.reward, **result.scores}
+    name, value = next((k, v) for k, v in named.items() if not math.isfinite(v))
+    return f"the scorer returned a non-finite {name} ({value}); rewarded as invalid"
 
 
 def _error(exc: RequestError) -> JSONResponse:

@@ -11,7 +11,7 @@ import socket
 from typing import Any
 
 from qace import scorers
-from qace.checks import check_device
+from qace.checks import check_device, check_invalid_reward
 from qace.errors import ConfigError
 from qace.options import add_metric_option, add_scorer_options, entry_for
 
@@ -81,6 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     entry = entry_for(args)  # arguments first: nothing below may fail after the models load
     entry.require()
     check_device(args.device)
+    check_invalid_reward(args.invalid_reward)
     token = args.token or os.environ.get("QACE_SERVE_TOKEN", "")
     if token:
         check_token(token)

@@ -18,10 +18,12 @@ from typing import Any
 import httpx
 
 from qace.errors import QACEError
+from qace.serve import wire
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class RewardServiceError(QACEError):
@@ -89,10 +91,11 @@ class RewardClient:
         return [float(r["reward"]) for r in results]
 
     def _post(self, path: str, payload: dict[str, Any]) -> Any:
+        body = wire.dumps(payload)
         for attempt in range(self.retries + 1):
             wait = min(self.max_backoff_s, self.backoff_s * 2**attempt)
             try:
-                response = self._http.post(path, json=payload)
+                response = self._http.post(path, content=body, headers=JSON_HEADERS)
             except httpx.TransportError as exc:
                 if attempt == self.retries:
                     raise RewardServiceError(
@@ -102,7 +105,7 @@ class RewardClient:
             else:
                 if response.status_code == 200:
                     try:
-                        return response.json()
+                        return wire.loads(response.content)
                     except ValueError as exc:
                         raise RewardServiceError("reward service answered with invalid JSON", 200) from exc
                 detail = _detail(response)
@@ -140,7 +143,7 @@ def wait_ready(url: str, *, timeout_s: float, interval_s: float = 0.5) -> dict[s
             response = httpx.get(health, timeout=max(1.0, interval_s))
             state = f"{response.status_code}: {_detail_or_status(response)}"
             if response.status_code == 200:
-                return response.json()
+                return wire.loads(response.content)
         except httpx.TransportError as exc:
             state = f"unreachable ({type(exc).__name__}: {exc})"
         if time.monotonic() + interval_s > deadline:
@@ -150,7 +153,7 @@ def wait_ready(url: str, *, timeout_s: float, interval_s: float = 0.5) -> dict[s
 
 def _detail_or_status(response: httpx.Response) -> str:
     try:
-        return str(response.json().get("status", response.text[:200]))
+        return str(wire.loads(response.content).get("status", response.text[:200]))
     except (ValueError, AttributeError):
         return response.text[:200]
 
@@ -173,7 +176,7 @@ def _checked(answer: Any, request_id: str, ids: list[str]) -> list[dict[str, Any
 
 def _detail(response: httpx.Response) -> str:
     try:
-        return str(response.json().get("detail", response.text))
+        return str(wire.loads(response.content).get("detail", response.text))
     except (ValueError, AttributeError):
         return response.text[:200]
 

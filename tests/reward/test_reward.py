@@ -88,6 +88,8 @@ def test_components_and_settings(reward: QACEReward, test_models_dir: Path) -> N
         QACEReward(reward.scorer, device="cpu")
     custom = QACEReward(reward.scorer, invalid_reward=-1.0)
     assert custom([""], references=[REFS]).tolist() == [-1.0]
+    with pytest.raises(ConfigError, match="give a finite number"):  # before any model would load
+        QACEReward(models="/nonexistent/models", invalid_reward=float("nan"))
 
 
 def test_missing_context_is_a_caller_bug(reward: QACEReward) -> None:

@@ -20,6 +20,12 @@ def test_rewards_components_and_invalid_captions() -> None:
         reward(["a"], images=["a.png"], component="qace")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_invalid_reward_is_refused(value) -> None:
+    with pytest.raises(ConfigError, match="give a finite number"):
+        ScorerReward(CaptionLength(), reads="image", columns=("length",), invalid_reward=value)
+
+
 def test_a_missing_context_is_a_caller_bug() -> None:
     reward = ScorerReward(CaptionLength(), reads="image", columns=("length",))
     with pytest.raises(InputError, match=r"Length rewards need images=\[\.\.\.\]"):

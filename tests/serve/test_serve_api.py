@@ -111,6 +111,14 @@ def test_concurrent_batches_reach_the_service_and_zero_is_refused_before_models_
     assert "loaded" in seen and seen["settings"].concurrent_batches == 3
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_non_finite_invalid_reward_is_refused_before_models_load(monkeypatch, value) -> None:
+    from qace.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"invalid_reward \(--invalid-reward\) is .*: give a finite number"):
+        _serve_command(monkeypatch, ["--token", TOKEN, f"--invalid-reward={value}"])
+
+
 def test_serve_on_a_busy_port_fails_before_any_model_loads(monkeypatch, capsys) -> None:
     """The port is bound before the models load (it used to fail only after loading and "ready")."""
     import socket

@@ -7,6 +7,7 @@ import http.client
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -170,3 +171,27 @@ def test_ids_that_are_not_valid_unicode_are_echoed_not_a_500(fake, serve) -> Non
     assert got.status_code == 200 and got.json()["request_id"] == "r\ud800"
     (result,) = got.json()["results"]
     assert result["id"] == "\udfff" and not result["valid"] and "lone surrogate" in result["reason"]
+
+
+class NonFiniteReward(FakeReward):
+    """A caption with ``nan`` gets a NaN part (``qace_f1``), one with ``inf`` an infinite reward."""
+
+    def score(self, captions: list[Any], **kwargs: Any) -> list[Any]:
+        results = super().score(captions, **kwargs)
+        return [
+            replace(r, scores={**r.scores, "qace_f1": float("nan")}) if "nan" in c
+            else replace(r, reward=float("inf")) if "inf" in c
+            else r
+            for c, r in zip(captions, results, strict=True)
+        ]  # fmt: skip
+
+
+def test_a_non_finite_score_makes_its_item_invalid_not_a_null_or_a_500(serve, caplog) -> None:
+    """JSON has no NaN: such an item is rewarded as invalid with the value named, and logged."""
+    with serve(NonFiniteReward()) as url, RewardClient(url, TOKEN, retries=0) as client:
+        got = client.score(["a dog", "a nan dog", "an inf dog"], references=[REFS] * 3)
+    assert got[0]["valid"] and got[0]["reward"] == 0.05 and got[0]["scores"]["qace_f1"] == 1.0
+    assert not got[1]["valid"] and got[1]["reward"] == 0.0 and got[1]["scores"] == {}
+    assert got[1]["reason"] == "the scorer returned a non-finite qace_f1 (nan); rewarded as invalid"
+    assert not got[2]["valid"] and got[2]["reason"].startswith("the scorer returned a non-finite reward")
+    assert "item 1 of a batch of 3: the scorer returned a non-finite qace_f1" in caplog.text
