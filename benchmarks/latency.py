@@ -21,7 +21,10 @@ Not timed: ``QACEReward.warm_up`` per variant (every batch shape's CUDA graphs f
 ``--graph-warm-up-length`` tokens, spaCy's workers, BERTScore; 0 skips it), three calls of the smallest
 batch (timed apart as ``first_calls_ms``: what a fresh service's first requests wait), one full chunk of
 records, then, per cell, the engine's caches emptied (`reset_caches`: the paths time the same batches,
-which an earlier cell would otherwise have left tokenised) and ``--warmup`` calls; graphs still
+which an earlier cell would otherwise have left tokenised) and ``--warmup`` calls. With ``--rounds N``
+a batch size's paths take turns N times, each with its share of the calls (its caches emptied and
+``--warmup`` calls before each share), so a drift of the machine over the run does not fall on one
+path; ``p50_ms_by_round`` then gives each share's p50. Graphs still
 captured during timed calls (a batch shape first seen there) are counted in the cell's
 ``graph_captures_in_timed_calls``, the garbage collector's collections and pauses in
 ``garbage_collections_in_timed_calls``. Where a call's time goes:
@@ -191,21 +194,21 @@ def measure(
     call: Callable[[list[Record]], list],
     records: Sequence[Record],
     batch: int,
-    iterations: int,
-    warmup: int,
+    timed: range,
+    warmup: range,
     seed: int,
     captures: Callable[[], int] = lambda: 0,
 ) -> tuple[list[float], list[list[float]], int, dict[str, Any]]:
     """Seconds per timed call, the rewards each returned, the CUDA graphs captured during the timed
     calls (``captures`` counts them; warm-up calls are made, not timed), and the garbage collector's
     pauses during them (this process: the caller, and the service's thread on the service paths)."""
-    for i in range(warmup):
+    for i in warmup:
         call(draw(records, batch, seed, -1 - i))
     captured = captures()
     seconds, rewards = [], []
     pauses = CollectorPauses()
     try:
-        for i in range(iterations):
+        for i in timed:
             picked = draw(records, batch, seed, i)
             start = time.perf_counter()
             values = call(picked)
@@ -223,6 +226,16 @@ def measure(
         "oldest_generation_ms": 1000 * oldest[1],
     }
     return seconds, rewards, captures() - captured, collections
+
+
+def rounds(iterations: int, count: int, warmup: int) -> list[tuple[range, range]]:
+    """The timed calls' iteration indices and the warm-up calls' indices of each of ``count`` rounds:
+    ``iterations`` split as evenly as they go (earlier rounds take the remainder), ``warmup`` calls
+    before each round's, each round's warm-up batches its own."""
+    cuts = np.cumsum([0] + [iterations // count + (r < iterations % count) for r in range(count)])
+    return [
+        (range(int(cuts[r]), int(cuts[r + 1])), range(r * warmup, (r + 1) * warmup)) for r in range(count)
+    ]
 
 
 def run_variant(
@@ -272,24 +285,39 @@ def run_variant(
         server = serving(reward, settings, token)
     with server as url, callers(reward, url, token, args.worker_thread) as paths:
         for batch, iterations in zip(args.batches, args.iterations, strict=True):
-            inproc_rewards: list[list[float]] | None = None
-            for path, call in paths.items():
-                if path == "service:/get_reward" and batch not in args.openrlhf_batches:
-                    continue
-                cell: dict[str, Any] = {"variant": variant, "path": path, "batch": batch}
-                report["cells"].append(cell)
-                if args.max_seconds and time.perf_counter() - started > args.max_seconds:
+            live = {
+                path: call
+                for path, call in paths.items()
+                if path != "service:/get_reward" or batch in args.openrlhf_batches
+            }
+            cells = {path: {"variant": variant, "path": path, "batch": batch} for path in live}
+            report["cells"].extend(cells.values())
+            if args.max_seconds and time.perf_counter() - started > args.max_seconds:
+                for cell in cells.values():
                     cell["skipped"] = f"time budget of {args.max_seconds:g} s spent"
-                    continue
-                reset_caches(scorer)  # no cell meets the captions an earlier one left parsed or tokenised
-                seconds, rewards, captured, collections = measure(
-                    call, records, batch, iterations, args.warmup, args.seed, lambda: graph_captures(scorer)
-                )
+                continue
+            measured: dict[str, list[tuple[list[float], list[list[float]], int, dict[str, Any]]]] = {
+                path: [] for path in live
+            }
+            for block, warmup in rounds(iterations, args.rounds, args.warmup):
+                for path, call in live.items():
+                    reset_caches(scorer)  # no path meets the captions another left parsed or tokenised
+                    captures = lambda: graph_captures(scorer)  # noqa: E731
+                    measured[path].append(measure(call, records, batch, block, warmup, args.seed, captures))
+            inproc_rewards: list[list[float]] | None = None
+            for path, cell in cells.items():
+                seconds = [x for one in measured[path] for x in one[0]]
+                rewards = [x for one in measured[path] for x in one[1]]
                 cell.update(summarize(seconds))
-                cell["graph_captures_in_timed_calls"] = captured
-                cell["garbage_collections_in_timed_calls"] = collections
+                if args.rounds > 1:
+                    cell["p50_ms_by_round"] = [summarize(one[0])["p50_ms"] for one in measured[path]]
+                cell["graph_captures_in_timed_calls"] = sum(one[2] for one in measured[path])
+                cell["garbage_collections_in_timed_calls"] = {
+                    key: sum(one[3][key] for one in measured[path]) for key in measured[path][0][3]
+                }
                 cell["iterations"] = iterations
                 cell["warmup"] = args.warmup
+                cell["rounds"] = args.rounds
                 cell["mean_reward"] = float(np.mean(rewards))
                 cell["distinct_captions_per_batch"] = float(
                     np.mean(
@@ -306,7 +334,7 @@ def run_variant(
                         np.max(np.abs(np.asarray(rewards) - np.asarray(inproc_rewards)))
                     )
                 log.info("%s %s batch %d: p50 %.1f ms", variant, path, batch, cell["p50_ms"])
-                write()
+            write()
     scorer.candidates.close()
 
 
@@ -357,6 +385,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also time the in-process call made on a worker thread (path in-process:worker-thread)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time a batch size's paths in this many alternating rounds, each path's calls split among "
+        "them (default 1: each path's calls at once, one path after another)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--candidate-cache", action="store_true", help="keep spaCy candidates across calls (off by default)"
@@ -379,6 +414,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.warmup_records = 8 if tiny else args.chunk_size
     if args.openrlhf_batches is None:
         args.openrlhf_batches = args.batches if tiny else [256]
+    if not 1 <= args.rounds <= min(args.iterations):
+        parser.error(f"--rounds {args.rounds}: give 1 to {min(args.iterations)} (the fewest --iterations)")
     return args
 
 
@@ -409,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             "candidate_cache": args.candidate_cache,
             "features_preloaded": True,
             "graph_warm_up_length": args.graph_warm_up_length,
-            "warmup_per_cell": args.warmup,
+            "warmup_per_cell_and_round": args.warmup,
+            "rounds": args.rounds,
             "warmup_records_per_variant": args.warmup_records,
         },
         "target": TARGET,

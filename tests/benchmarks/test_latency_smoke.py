@@ -33,15 +33,24 @@ def report(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         patch.setattr(
             latency, "reset_caches", lambda scorer: (RESETS.append(scorer.config.variant), real_reset(scorer))
         )
-        argv = ["--tiny", "--worker-thread", "--out", str(out), "--models-dir", str(tiny_models)]
+        argv = [
+            "--tiny",
+            "--worker-thread",
+            "--rounds",
+            "2",
+            "--out",
+            str(out),
+            "--models-dir",
+            str(tiny_models),
+        ]
         assert latency.main(argv) == 0
     return json.loads(out.read_text())
 
 
 def test_each_cell_starts_from_emptied_caches(report: dict[str, Any]) -> None:
-    """The paths time the same batches: no cell may meet captions an earlier cell left tokenised."""
+    """The paths time the same batches: no cell's round may meet captions another left tokenised."""
     timed = [c["variant"] for c in report["cells"] if "p50_ms" in c]
-    assert RESETS == timed and len(timed) > 2
+    assert RESETS == [variant for variant in timed for _ in range(2)] and len(timed) > 2
 
 
 def test_report_metadata(report: dict[str, Any]) -> None:
@@ -60,7 +69,8 @@ def test_every_cell_timed_and_sane(report: dict[str, Any]) -> None:
     assert keys == [(v, b, p) for v in ("img", "ref") for b in (4, 8) for p in PATHS]
     for cell in cells:
         assert "skipped" not in cell
-        assert cell["iterations"] == 2 and cell["warmup"] == 1
+        assert cell["iterations"] == 2 and cell["warmup"] == 1 and cell["rounds"] == 2
+        assert len(cell["p50_ms_by_round"]) == 2 and cell["min_ms"] == min(cell["p50_ms_by_round"])
         assert 0 < cell["min_ms"] <= cell["p50_ms"] <= cell["p99_ms"] <= cell["max_ms"]
         assert cell["min_ms"] <= cell["mean_ms"] <= cell["max_ms"]
         assert 0.0 <= cell["mean_reward"] <= 1.0
@@ -86,6 +96,17 @@ def test_time_budget_skips_cells(tiny_models: Path, tmp_path: Path) -> None:
     cells = json.loads(out.read_text())["cells"]
     assert [(c["path"], c["batch"]) for c in cells] == [("in-process", 4), ("in-process", 8)]
     assert all("skipped" in c and "p50_ms" not in c for c in cells)
+
+
+def test_rounds_split_the_calls_and_give_each_its_own_warm_up_batches() -> None:
+    assert latency.rounds(10, 3, 2) == [
+        (range(0, 4), range(0, 2)),
+        (range(4, 7), range(2, 4)),
+        (range(7, 10), range(4, 6)),
+    ]
+    assert latency.rounds(5, 1, 0) == [(range(0, 5), range(0, 0))]
+    with pytest.raises(SystemExit):
+        latency.parse_args(["--tiny", "--rounds", "3"])  # 2 iterations a cell: at most 2 rounds
 
 
 def test_summary_statistics() -> None:
