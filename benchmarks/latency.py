@@ -21,10 +21,10 @@ Not timed: ``QACEReward.warm_up`` per variant (every batch shape's CUDA graphs f
 ``--graph-warm-up-length`` tokens, spaCy's workers, BERTScore; 0 skips it), three calls of the smallest
 batch (timed apart as ``first_calls_ms``: what a fresh service's first requests wait), one full chunk of
 records, then, per cell, the engine's caches emptied (`reset_caches`: the paths time the same batches,
-which an earlier cell would otherwise have left tokenised) and ``--warmup`` calls. With ``--rounds N``
-a batch size's paths take turns N times, each with its share of the calls (its caches emptied and
-``--warmup`` calls before each share), so a drift of the machine over the run does not fall on one
-path; ``p50_ms_by_round`` then gives each share's p50. Graphs still
+which an earlier cell would otherwise have left tokenised) and ``--warmup`` calls. A batch size's
+paths take turns ``--rounds`` times (default 2), each with its share of the calls (its caches emptied
+and ``--warmup`` calls before each share), so a drift of the machine over the run does not fall on the path
+timed last; ``p50_ms_by_round`` gives each share's p50. Graphs still
 captured during timed calls (a batch shape first seen there) are counted in the cell's
 ``graph_captures_in_timed_calls``, the garbage collector's collections and pauses in
 ``garbage_collections_in_timed_calls``. Where a call's time goes:
@@ -309,8 +309,7 @@ def run_variant(
                 seconds = [x for one in measured[path] for x in one[0]]
                 rewards = [x for one in measured[path] for x in one[1]]
                 cell.update(summarize(seconds))
-                if args.rounds > 1:
-                    cell["p50_ms_by_round"] = [summarize(one[0])["p50_ms"] for one in measured[path]]
+                cell["p50_ms_by_round"] = [summarize(one[0])["p50_ms"] for one in measured[path]]
                 cell["graph_captures_in_timed_calls"] = sum(one[2] for one in measured[path])
                 cell["garbage_collections_in_timed_calls"] = {
                     key: sum(one[3][key] for one in measured[path]) for key in measured[path][0][3]
@@ -388,9 +387,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=1,
+        default=None,
         help="time a batch size's paths in this many alternating rounds, each path's calls split among "
-        "them (default 1: each path's calls at once, one path after another)",
+        "them (default 2, or 1 where a batch size has one call; 1: each path's calls at once, one path "
+        "after another)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -414,6 +414,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.warmup_records = 8 if tiny else args.chunk_size
     if args.openrlhf_batches is None:
         args.openrlhf_batches = args.batches if tiny else [256]
+    if args.rounds is None:
+        args.rounds = min(2, min(args.iterations))
     if not 1 <= args.rounds <= min(args.iterations):
         parser.error(f"--rounds {args.rounds}: give 1 to {min(args.iterations)} (the fewest --iterations)")
     return args

@@ -107,6 +107,8 @@ def test_rounds_split_the_calls_and_give_each_its_own_warm_up_batches() -> None:
     assert latency.rounds(5, 1, 0) == [(range(0, 5), range(0, 0))]
     with pytest.raises(SystemExit):
         latency.parse_args(["--tiny", "--rounds", "3"])  # 2 iterations a cell: at most 2 rounds
+    assert latency.parse_args(["--tiny"]).rounds == 2  # the paths take turns by default
+    assert latency.parse_args(["--tiny", "--iterations", "1"]).rounds == 1
 
 
 def test_summary_statistics() -> None:
