@@ -418,14 +418,19 @@ class _JSON(JSONResponse):
 
 
 def _finite(result: RewardResult) -> bool:
-    """Whether ``result``'s reward and scores are all finite (JSON has no NaN or infinity)."""
-    return math.isfinite(result.reward) and all(map(math.isfinite, result.scores.values()))
+    """Whether none of ``result``'s reward and scores is a non-finite float (JSON has no NaN or
+    infinity)."""
+    return not any(map(_non_finite_float, (result.reward, *result.scores.values())))
+
+
+def _non_finite_float(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _non_finite(result: RewardResult) -> str:
     """Why ``result`` is not sent: its first non-finite value, named."""
     named = {"reward": result.reward, **result.scores}
-    name, value = next((k, v) for k, v in named.items() if not math.isfinite(v))
+    name, value = next((k, v) for k, v in named.items() if _non_finite_float(v))
     return f"the scorer returned a non-finite {name} ({value}); rewarded as invalid"
 
 
