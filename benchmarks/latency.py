@@ -42,6 +42,7 @@ the workload's 1,000 images are preloaded (an RL run revisits its images).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import secrets
@@ -283,6 +284,7 @@ def run_variant(
         )
         info["serve_settings"] = asdict(settings)
         server = serving(reward, settings, token)
+    captures = functools.partial(graph_captures, scorer)
     with server as url, callers(reward, url, token, args.worker_thread) as paths:
         for batch, iterations in zip(args.batches, args.iterations, strict=True):
             live = {
@@ -302,7 +304,6 @@ def run_variant(
             for block, warmup in rounds(iterations, args.rounds, args.warmup):
                 for path, call in live.items():
                     reset_caches(scorer)  # no path meets the captions another left parsed or tokenised
-                    captures = lambda: graph_captures(scorer)  # noqa: E731
                     measured[path].append(measure(call, records, batch, block, warmup, args.seed, captures))
             inproc_rewards: list[list[float]] | None = None
             for path, cell in cells.items():
