@@ -91,12 +91,12 @@ class T5Encoder:
         flat[:tokens].copy_(h.reshape(tokens, width))
         flat[tokens:].zero_()
         attended = flat.new_zeros(rows, self.heads * self.d_kv)
-        heads = attended[:tokens].view(batch, length, self.heads, self.d_kv)
         kernel = fused_available(flat, self.d_kv)
         if kernel:
             table = relative_bias_table(self.bias_module, attention_mask.shape[1], flat.device)
         else:
             bias = self._bias(attention_mask.shape[1], positions, mask, h.dtype)
+            heads = attended[:tokens].view(batch, length, self.heads, self.d_kv)
         for block, qkv, ff in zip(self.stack.block, self.qkv, self.ff, strict=True):
             attention, norm = block.layer[0].SelfAttention, block.layer[0].layer_norm
             x = rms_norm(flat, norm, fused=True)
