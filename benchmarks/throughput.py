@@ -79,6 +79,7 @@ from qace.data.features import RandomFeatureStore
 from qace.engine import instrument
 from qace.engine.instrument import StageTimer, cuda_sync
 from qace.metric.candidates import load_spacy
+from qace.models.visual_inputs import NUM_REGIONS
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, vendor datasheet (SXM)
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -89,12 +90,32 @@ def _linear_params(module: torch.nn.Module) -> int:
 
 
 def _model_flops(runner: Any) -> tuple[float, float]:
-    """Encoder and decoder FLOPs of what ``runner`` ran since its counters were zeroed: 2 x linear-layer
-    parameters per (padded) encoder token and per decoded row-step; attention products and the
-    relative-bias adds are left out, so these are slight underestimates."""
+    """Encoder and decoder FLOPs of the linear layers ``runner`` ran since its counters were zeroed, each
+    layer counted where it runs (2 x its parameters per row it multiplies):
+
+    - the encoder's layers once per (padded) encoder token; Visual-T5's region projection once per region
+      (36 a sequence), not per token;
+    - the decoder's layers and the LM head once per decoded row-step (graph buckets' rows included),
+      except the cross-attention's key and value projections, which run once per encoder token (the
+      decoder computes every layer's cross keys and values once a batch).
+
+    Attention products and relative-bias adds are left out (about 1% of T5-base's), so these are slight
+    underestimates; on a GPU the products' rows padded to a count cuBLAS has met (at most 3.1%,
+    `qace.engine.gemm_rows`) are not counted either. A CPU test checks the count against
+    ``torch.utils.flop_counter`` on the engine's own runs.
+    """
     model, stats = runner.model, runner.stats
-    encoder = 2 * _linear_params(model.encoder) * stats["encoder_tokens"]
-    decoder = 2 * (_linear_params(model.decoder) + model.lm_head.weight.numel()) * runner.decoder.row_steps
+    tokens = stats["encoder_tokens"]
+    region = getattr(model.encoder, "img_emb", None)
+    region_params = 0 if region is None else region.weight.numel()
+    encoder = 2 * (_linear_params(model.encoder) - region_params) * tokens
+    encoder += 2 * region_params * NUM_REGIONS * stats["sequences"]
+    cross_kv = sum(
+        block.layer[1].EncDecAttention.k.weight.numel() + block.layer[1].EncDecAttention.v.weight.numel()
+        for block in model.decoder.block
+    )
+    per_step = _linear_params(model.decoder) - cross_kv + model.lm_head.weight.numel()
+    decoder = 2 * per_step * runner.decoder.row_steps + 2 * cross_kv * tokens
     return float(encoder), float(decoder)
 
 
