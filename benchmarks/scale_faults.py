@@ -345,7 +345,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA))
     parser.add_argument("--gpus", type=int, default=None, help="GPUs, one actor each (default: all visible)")
     parser.add_argument("--variant", default="ref", choices=["img", "ref"])
-    parser.add_argument("--n", type=int, default=None, help="records per case (default 20,000; tiny 160)")
+    parser.add_argument("--n", type=int, default=None, help="records per case (default 20,000; tiny 64)")
     parser.add_argument("--files", type=int, default=8, help="input files, one read task each")
     parser.add_argument("--batch-size", type=int, default=None, help="records per actor call (1,024; tiny 8)")
     parser.add_argument(
@@ -370,7 +370,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.gpus = args.gpus or (visible if cuda else 0)
     if cuda and not 0 < args.gpus <= visible:
         parser.error(f"--gpus {args.gpus}: {visible} GPU(s) visible")
-    args.n = args.n or (160 if args.tiny else 20_000)
+    args.n = args.n or (64 if args.tiny else 20_000)
     args.batch_size = args.batch_size or (8 if args.tiny else 1024)
     return args
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from in
 from benchmarks import scale_faults  # noqa: E402
 from tests.helpers import run_benchmark  # noqa: E402
 
-N = 160
+N = 64
 
 
 @pytest.fixture(scope="module")
