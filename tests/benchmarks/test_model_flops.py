@@ -24,7 +24,9 @@ def _linear_flops(counts: dict[Any, int]) -> int:
 
 @pytest.mark.parametrize("variant", ["img", "ref"])
 def test_model_flops_equal_pytorchs_count(test_models_dir: Path, variant: str) -> None:
-    scorer = QACE(models=test_models_dir, variant=variant, features=RandomFeatureStore(seed=0), progress=False)
+    scorer = QACE(
+        models=test_models_dir, variant=variant, features=RandomFeatureStore(seed=0), progress=False
+    )
     inputs: dict[str, Any] = (
         {"image_ids": ["i1", "i2", "i3"]}
         if variant == "img"
