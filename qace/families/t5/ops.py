@@ -16,14 +16,18 @@ import torch
 import torch.nn.functional as F
 
 from qace.families.t5 import fp16_guard
+from qace.families.t5 import rms_norm as norm_kernel
 
 HALF = (torch.float16, torch.bfloat16)
 
 
 def rms_norm(x: torch.Tensor, norm: Any, fused: bool) -> torch.Tensor:
-    """T5LayerNorm (no mean, no bias). ``fused``: ``F.rms_norm`` (fp32 inside, rounded once);
-    otherwise exactly Hugging Face's formula (fp32 variance, cast back for half weights)."""
+    """T5LayerNorm (no mean, no bias). ``fused``: fp32 inside, rounded once, as one Triton kernel
+    where it runs (`qace.families.t5.rms_norm`), else ``F.rms_norm``; otherwise exactly Hugging Face's
+    formula (fp32 variance, cast back for half weights)."""
     if fused:
+        if norm_kernel.fused_available(x, norm.weight):
+            return norm_kernel.rms_norm(x, norm.weight, norm.variance_epsilon)
         return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
     x = x * torch.rsqrt(variance + norm.variance_epsilon)
