@@ -5,14 +5,14 @@
 
 Each shape is ``ROWS`` rows of T5-base's 768 channels in bf16: decoding steps (a row a caption) and
 encoder batches (rows x tokens). Three operations read the rows and write as many bytes:
-`qace.families.t5.rms_norm` at its default launch shape (``kernel``), ``F.rms_norm`` (``torch``), and
+`qace.families.t5.rms_norm` at its launch shape (``kernel``), ``F.rms_norm`` (``torch``), and
 ``Tensor.copy_`` (``copy``: the read-and-write bound). On a GPU each runs ``--calls`` times inside one
 CUDA graph (as in the engine's decoding steps, no launch cost on the host), replayed ``--rounds`` times
 in turn with the others; ``us`` is the median per call and ``tb_s`` its bytes (read plus written) a
-second. ``eager_us`` times the same calls launched from Python (as the encoders' norms are in a reward
-call), synchronised once after all of them: what a call costs the host where the device is not the
-bound. ``--sweep`` adds every launch shape of ``rms_norm.SHAPES`` in graphs. On a CPU only ``torch`` and
-``copy`` run, eagerly: a smoke run.
+second. ``eager_us`` times the same calls launched from Python (as the encoders' norms are),
+synchronised once after all of them: a call's cost where the host is the bound, which decides
+`rms_norm.EAGER_MIN_ROWS`. ``--sweep`` adds every launch shape of ``rms_norm.SHAPES`` in graphs. On a
+CPU only ``torch`` and ``copy`` run, eagerly: a smoke run.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from qace.families.t5 import rms_norm as norm_kernel
 
 WIDTH = 768
 EPS = 1e-6
-ROWS = [256, 2048, 4096, 8192, 81_920, 122_880]
-"""Decoding steps of 256 to 8,192 rows; QG's encoder batch (2,048 x 40) and text-QA's (1,024 x 120)."""
+ROWS = [256, 2048, 4096, 8192, 32_768, 81_920, 122_880]
+"""Decoding steps of 256 to 8,192 rows; `rms_norm.EAGER_MIN_ROWS`; QG's encoder batch (2,048 x 40) and
+text-QA's (1,024 x 120)."""
 
 
 def _graph_us(fn: Callable[[], Any], calls: int, rounds: int) -> list[float]:
@@ -121,7 +122,6 @@ def measure(rows_list: list[int], calls: int, rounds: int, device: str, sweep: b
         if kernel:
             entry["kernel_share_of_copy_rate"] = round(entry["copy"]["us"] / entry["kernel"]["us"], 3)
             entry["kernel_over_torch"] = round(entry["kernel"]["us"] / entry["torch"]["us"], 3)
-            entry["launch_shape"] = list(norm_kernel.launch_shape(rows))
         shapes[str(rows)] = entry
     return {"kernel_available": available, "dtype": str(dtype).removeprefix("torch."), "width": WIDTH,
             "shapes": shapes}  # fmt: skip

@@ -48,7 +48,7 @@ class T5Encoder:
         blocks = self.stack.block
         self.qkv = [fused_qkv(b.layer[0].SelfAttention) for b in blocks] if self.fused else []
         self.ff = (
-            [FeedForward(b.layer[-1].DenseReluDense, b.layer[-1].layer_norm) for b in blocks]
+            [FeedForward(b.layer[-1].DenseReluDense, b.layer[-1].layer_norm, eager=True) for b in blocks]
             if self.fused
             else []
         )
@@ -99,7 +99,7 @@ class T5Encoder:
             heads = attended[:tokens].view(batch, length, self.heads, self.d_kv)
         for block, qkv, ff in zip(self.stack.block, self.qkv, self.ff, strict=True):
             attention, norm = block.layer[0].SelfAttention, block.layer[0].layer_norm
-            x = rms_norm(flat, norm, fused=True)
+            x = rms_norm(flat, norm, fused=True, eager=True)
             if kernel:
                 attend_packed(F.linear(x, qkv), attended, table, mask, positions, self.heads, self.d_kv)
             else:
@@ -108,7 +108,7 @@ class T5Encoder:
                 heads.copy_(_attention(q, k, v, bias).transpose(1, 2))
             flat = clamp_fp16(add_linear_(flat, attended, attention.o.weight))
             flat = clamp_fp16(ff.add_(flat))
-        out = rms_norm(flat[:tokens], self.stack.final_layer_norm, fused=True)
+        out = rms_norm(flat[:tokens], self.stack.final_layer_norm, fused=True, eager=True)
         return out.view(batch, length, width), mask
 
     @torch.inference_mode()

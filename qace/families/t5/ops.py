@@ -21,12 +21,13 @@ from qace.families.t5 import rms_norm as norm_kernel
 HALF = (torch.float16, torch.bfloat16)
 
 
-def rms_norm(x: torch.Tensor, norm: Any, fused: bool) -> torch.Tensor:
-    """T5LayerNorm (no mean, no bias). ``fused``: fp32 inside, rounded once, as one Triton kernel
-    where it runs (`qace.families.t5.rms_norm`), else ``F.rms_norm``; otherwise exactly Hugging Face's
-    formula (fp32 variance, cast back for half weights)."""
+def rms_norm(x: torch.Tensor, norm: Any, fused: bool, eager: bool = False) -> torch.Tensor:
+    """T5LayerNorm (no mean, no bias). ``fused``: fp32 inside, rounded once, as one Triton kernel where
+    it pays (`qace.families.t5.rms_norm.chosen`; ``eager``: the caller launches from Python, not from a
+    CUDA graph), else ``F.rms_norm``; otherwise exactly Hugging Face's formula (fp32 variance, cast back
+    for half weights)."""
     if fused:
-        if norm_kernel.fused_available(x, norm.weight):
+        if norm_kernel.chosen(x, norm.weight, eager):
             return norm_kernel.rms_norm(x, norm.weight, norm.variance_epsilon)
         return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
@@ -70,10 +71,11 @@ class FeedForward:
     ReLU checkpoints (T5 v1.0, the paper's) run ``wi`` with the ReLU in cuBLASLt's epilogue (the ReLU
     of the rounded product equals the rounded ReLU), saving a read and a write of the 4x-wide
     intermediate (1.2 GB a layer at 2,048 x 48 tokens of T5-base); gated-GELU ones keep their module.
+    ``eager``: the block is launched from Python, not from a CUDA graph (`rms_norm`'s).
     """
 
-    def __init__(self, ff: Any, norm: Any) -> None:
-        self.ff, self.norm = ff, norm
+    def __init__(self, ff: Any, norm: Any, eager: bool = False) -> None:
+        self.ff, self.norm, self.eager = ff, norm, eager
         self.relu = isinstance(getattr(ff, "act", None), torch.nn.ReLU) and hasattr(ff, "wi")
         weight = ff.wo.weight
         self.zero = torch.zeros(weight.shape[1], dtype=weight.dtype, device=weight.device)
@@ -81,7 +83,7 @@ class FeedForward:
 
     def add_(self, h: torch.Tensor) -> torch.Tensor:
         """``h += ff(norm(h))`` in place; returns ``h``."""
-        x = rms_norm(h, self.norm, fused=True)
+        x = rms_norm(h, self.norm, fused=True, eager=self.eager)
         if not self.relu:
             return h.add_(self.ff(x))
         inner = torch._addmm_activation(self.zero, x.reshape(-1, x.shape[-1]), self.ff.wi.weight.t())
