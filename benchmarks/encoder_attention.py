@@ -13,6 +13,13 @@ round, with the kernel (`qace.families.t5.encoder_attention`) and with the PyTor
 ``max_abs_vs_fp32``: each path's largest difference from the fp32 encoder (Hugging Face's forward) at
 real tokens; ``max_abs_between``: between the two paths. On a CPU (``--tiny``) only the PyTorch path
 exists: a smoke run.
+
+``--sweep`` times the attention kernel alone (`attend_packed`, q, k and v random, T5-base's 12 heads of
+64) at every launch shape of `SWEEP` and at `launch_shape`'s, on the same shapes (a packed shape's rows
+hold its ``KEPT`` positions, scattered over the length), each shape ``--sweep-calls`` times in one CUDA
+graph, the shapes taking turns over ``--rounds`` rounds: median µs a call, and the bytes the kernel must
+move (q of every position, k and v of the real ones, the heads written) against a copy of as many bytes
+in the same way (``share_of_copy_rate``).
 """
 
 from __future__ import annotations
@@ -32,8 +39,18 @@ import qace.families.t5.encoder as encoder_module
 from benchmarks.run_info import default_result, gpu_name, record
 from benchmarks.workload import RANDOM_T5, T5_BASE
 from qace.families.t5.encoder import T5Encoder
+from qace.families.t5.encoder_attention import LaunchShape, attend_packed, launch_shape, relative_bias_table
 
 TINY = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+SWEEP = [
+    LaunchShape(queries, keys, warps, stages, heads)
+    for queries in (32, 64)
+    for keys in (32, 64)
+    for warps in (2, 4)
+    for stages in (1, 2)
+    for heads in (1, 2, 4)
+]
+"""Launch shapes ``--sweep`` times besides `launch_shape`'s."""
 
 
 def _batch(shape: str, vocab: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,6 +129,80 @@ def measure(shapes: list[str], rounds: int, device: str, tiny: bool) -> dict[str
     return out
 
 
+def _graph_us(fn: Any, calls: int) -> float:
+    """Microseconds a call of ``calls`` calls of ``fn`` captured in one CUDA graph, one replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def sweep(shapes: list[str], rounds: int, calls: int) -> dict[str, Any]:
+    """The attention kernel alone at every launch shape (the module docstring's ``--sweep``)."""
+    torch.manual_seed(0)
+    config = T5Config(**RANDOM_T5, **T5_BASE)
+    bias_module = T5ForConditionalGeneration(config).encoder.block[0].layer[0].SelfAttention.cuda()
+    return {
+        name: _sweep_shape(name, seed, bias_module, config.num_heads, config.d_kv, rounds, calls)
+        for seed, name in enumerate(shapes)
+    }
+
+
+def _sweep_shape(
+    name: str, seed: int, bias_module: Any, heads: int, d_kv: int, rounds: int, calls: int
+) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    size, _, kept = name.partition(":")
+    rows, original = (int(x) for x in size.split("x"))
+    positions = None
+    if kept:
+        length = int(kept)
+        picks = [torch.randperm(original, generator=g)[:length].sort().values for _ in range(rows)]
+        positions, mask = torch.stack(picks).cuda(), torch.ones(rows, length, dtype=torch.long).cuda()
+    else:
+        length = original
+        real = torch.randint(length // 2, length + 1, (rows,), generator=g)
+        mask = (torch.arange(length)[None, :] < real[:, None]).long().cuda()
+    tokens, width = rows * length, heads * d_kv
+    qkv = torch.randn(tokens, 3 * width, generator=g).to("cuda", torch.bfloat16)
+    heads_out = torch.empty(tokens, width, device="cuda", dtype=torch.bfloat16)
+    table = relative_bias_table(bias_module, original, torch.device("cuda")).to(torch.bfloat16)
+    moved = 2 * width * (2 * tokens + 2 * int(mask.sum()))  # q, heads: every position; k, v: real ones
+    src = torch.empty(moved // 4, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    runs: dict[str, Any] = {"copy": lambda: dst.copy_(src)}
+    for shape in [launch_shape(length), *SWEEP]:
+        key = "x".join(str(x) for x in shape)  # queries x keys x warps x stages x heads
+        runs[key] = lambda s=shape: attend_packed(qkv, heads_out, table, mask, positions, heads, d_kv, s)
+    for fn in runs.values():  # compile outside the captures
+        fn()
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {key: [] for key in runs}
+    for _ in range(rounds):
+        for key, fn in runs.items():
+            times[key].append(_graph_us(fn, calls))
+    us = {key: statistics.median(t) for key, t in times.items()}
+    default = "x".join(str(x) for x in launch_shape(length))
+    ranked = sorted((key for key in us if key != "copy"), key=us.__getitem__)
+    return {
+        "bytes_moved": moved,
+        "copy_us": round(us["copy"], 2),
+        "launch_shape": default,
+        "launch_shape_us": round(us[default], 2),
+        "best": ranked[0],
+        "best_us": round(us[ranked[0]], 2),
+        "share_of_copy_rate": {key: round(us["copy"] / us[key], 3) for key in ranked},
+        "us": {key: round(us[key], 2) for key in ranked},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -123,13 +214,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a tiny random T5 (CPU smoke run)")
     parser.add_argument("--shapes", nargs="+", default=["256x32", "2048x40", "1024x120", "2048x102:56"])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument(
+        "--sweep", action="store_true", help="the attention kernel alone at every SWEEP shape"
+    )
+    parser.add_argument("--sweep-calls", type=int, default=20, help="calls a CUDA graph in --sweep")
     args = parser.parse_args(argv)
+    if args.sweep and not (torch.cuda.is_available() and args.device.startswith("cuda")):
+        parser.error("--sweep times the Triton kernel: it needs a CUDA device")
     result = {
         **record("benchmarks.encoder_attention", argv, device=args.device),
         "model": "random T5 of tiny shapes" if args.tiny else "random T5-base encoder",
         "rounds": args.rounds,
         **measure(args.shapes, args.rounds, args.device, args.tiny),
     }
+    if args.sweep:
+        result["sweep_calls"] = args.sweep_calls
+        result["sweep"] = sweep(args.shapes, args.rounds, args.sweep_calls)
     out = args.out or default_result("encoder_attention", gpu_name(args.device))
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["shapes"], indent=1))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import encoder_attention
 
 
@@ -23,3 +25,10 @@ def test_encoder_attention_smoke(tmp_path) -> None:
         assert entry["pytorch"]["max_abs_vs_fp32"] < 1e-4  # the fused fp32 forward is Hugging Face's
         if real is not None:
             assert entry["real_tokens"] == real
+
+
+def test_sweep_needs_a_cuda_device(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        encoder_attention.main(["--device", "cpu", "--tiny", "--sweep", "--out", str(tmp_path / "e.json")])
+    assert "needs a CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "e.json").exists()

@@ -16,7 +16,7 @@ fp32 models and CPUs keep `qace.families.t5.encoder`'s PyTorch path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -28,14 +28,24 @@ try:
 except ImportError:  # CPU-only installs: the PyTorch path is used
     triton = None
 
-BLOCK_KEYS = 32
-"""Keys a program reads at a time."""
+
+class LaunchShape(NamedTuple):
+    """How `attend_packed` launches its kernel: ``queries`` and ``keys`` a block, ``warps`` a program,
+    ``stages`` of the key loop's software pipeline (1: none) and ``heads`` a program (1, 2 or 4, looped
+    over unrolled, dividing the model's heads). Every shape computes each query's attention the same way
+    but for the key blocks' order of accumulation (``keys``), so shapes agree to rounding."""
+
+    queries: int
+    keys: int
+    warps: int
+    stages: int = 1
+    heads: int = 1
 
 
-def launch_shape(length: int) -> tuple[int, int]:
-    """Queries per program and warps per program for rows of ``length`` tokens: 32 queries on 2 warps up
-    to 32 tokens, else 64 on 4 (the fastest of a sweep on an H200; docs/performance.md)."""
-    return (32, 2) if length <= 32 else (64, 4)
+def launch_shape(length: int) -> LaunchShape:
+    """The launch shape for rows of ``length`` tokens: 32 queries on 2 warps up to 32 tokens, else 64
+    on 4, 32 keys a block (the fastest of a sweep on an H200; docs/performance.md)."""
+    return LaunchShape(32, 32, 2) if length <= 32 else LaunchShape(64, 32, 4)
 
 
 def fused_available(x: torch.Tensor, d_kv: int) -> bool:
@@ -60,6 +70,7 @@ def attend_packed(
     positions: torch.Tensor | None,
     heads: int,
     d_kv: int,
+    shape: LaunchShape | None = None,
 ) -> None:
     """Self-attention of a batch whose q, k and v are one product's output, written into ``out``.
 
@@ -68,7 +79,8 @@ def attend_packed(
     heads * d_kv)``, whose first ``batch * length`` rows get each token's heads, merged; ``mask``: ``(batch,
     length)``, nonzero where a key is real; ``positions``: ``(batch, length)`` original positions of packed
     rows, or None for ``0 .. length - 1``; ``table``: `relative_bias_table` of the original length.
-    Every query (padding ones too) attends to its row's real keys; a row without any gives zeros."""
+    ``shape``: the kernel's `LaunchShape`, by default `launch_shape`'s for the batch's length. Every
+    query (padding ones too) attends to its row's real keys; a row without any gives zeros."""
     batch, length = mask.shape
     width = heads * d_kv
     if qkv.stride(1) != 1 or qkv.stride(0) != 3 * width or out.stride(1) != 1 or out.stride(0) != width:
@@ -78,13 +90,15 @@ def attend_packed(
     mask = mask if mask.is_contiguous() else mask.contiguous()
     if positions is not None and not positions.is_contiguous():
         positions = positions.contiguous()
-    block_queries, warps = launch_shape(length)
-    grid = (triton.cdiv(length, block_queries), batch * heads)
+    shape = shape or launch_shape(length)
+    if heads % shape.heads:
+        raise ValueError(f"attend_packed: {shape.heads} heads a program do not divide {heads} heads")
+    grid = (triton.cdiv(length, shape.queries), batch * heads // shape.heads)
     _self_attention[grid](
         qkv, out, table, mask, mask if positions is None else positions,
         heads, length, (table.shape[1] + 1) // 2, table.stride(0),
-        D=d_kv, BLOCK_M=block_queries, BLOCK_N=BLOCK_KEYS, PACKED=positions is not None,
-        num_warps=warps,
+        D=d_kv, BLOCK_M=shape.queries, BLOCK_N=shape.keys, PACKED=positions is not None,
+        STAGES=shape.stages, HEADS=shape.heads, num_warps=shape.warps,
     )  # fmt: skip
 
 
@@ -95,47 +109,53 @@ if triton is not None:
         QKV, OUT, TABLE, MASK, POS,
         n_heads, length, table_length, s_table,
         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr,
+        STAGES: tl.constexpr, HEADS: tl.constexpr,
     ):  # fmt: skip
-        """One program per (block of queries, row and head): an online softmax over blocks of keys.
-        Scores and bias in fp32; a key whose mask is 0 is not read and weighs exactly zero."""
-        row_head = tl.program_id(1)
-        b = (row_head // n_heads).to(tl.int64)
-        h = row_head % n_heads
+        """One program per (block of queries, row and ``HEADS`` heads): for each head, an online softmax
+        over blocks of keys. Scores and bias in fp32; a key whose mask is 0 is not read and weighs
+        exactly zero."""
+        row_heads = tl.program_id(1)
+        groups = n_heads // HEADS
+        b = (row_heads // groups).to(tl.int64)
         width = n_heads * D
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         d = tl.arange(0, D)
         in_row = m < length
         first = b * length  # the row's first token
         stride = 3 * width  # a token's q, k and v
-        q = tl.load(QKV + (first + m)[:, None] * stride + h * D + d[None, :], mask=in_row[:, None], other=0.0)
         if PACKED:
             q_pos = tl.load(POS + first + m, mask=in_row, other=0).to(tl.int32)
         else:
             q_pos = m
-        top = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for start in tl.range(0, length, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            keep = tl.load(MASK + first + n, mask=n < length, other=0) != 0
-            at = QKV + (first + n)[:, None] * stride + h * D + d[None, :]
-            k = tl.load(at + width, mask=keep[:, None], other=0.0)
-            v = tl.load(at + 2 * width, mask=keep[:, None], other=0.0)
-            if PACKED:
-                k_pos = tl.load(POS + first + n, mask=n < length, other=0).to(tl.int32)
-            else:
-                k_pos = n
-            relative = k_pos[None, :] - q_pos[:, None] + (table_length - 1)
-            both = in_row[:, None] & keep[None, :]
-            bias = tl.load(TABLE + h * s_table + relative, mask=both, other=0.0).to(tl.float32)
-            scores = tl.where(keep[None, :], tl.dot(q, tl.trans(k)) + bias, float("-inf"))
-            new_top = tl.maximum(top, tl.max(scores, axis=1))
-            shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no key yet: nothing to rescale
-            p = tl.exp(scores - shift[:, None])
-            scale = tl.exp(top - shift)
-            total = total * scale + tl.sum(p, axis=1)
-            acc = acc * scale[:, None] + tl.dot(p.to(v.dtype), v)
-            top = new_top
-        o = acc / tl.maximum(total, 1e-30)[:, None]
-        at = OUT + (first + m)[:, None] * width + h * D + d[None, :]
-        tl.store(at, o.to(OUT.dtype.element_ty), mask=in_row[:, None])
+        for i in tl.static_range(HEADS):
+            h = (row_heads % groups) * HEADS + i
+            q = tl.load(
+                QKV + (first + m)[:, None] * stride + h * D + d[None, :], mask=in_row[:, None], other=0.0
+            )
+            top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            total = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            for start in tl.range(0, length, BLOCK_N, num_stages=STAGES):
+                n = start + tl.arange(0, BLOCK_N)
+                keep = tl.load(MASK + first + n, mask=n < length, other=0) != 0
+                at = QKV + (first + n)[:, None] * stride + h * D + d[None, :]
+                k = tl.load(at + width, mask=keep[:, None], other=0.0)
+                v = tl.load(at + 2 * width, mask=keep[:, None], other=0.0)
+                if PACKED:
+                    k_pos = tl.load(POS + first + n, mask=n < length, other=0).to(tl.int32)
+                else:
+                    k_pos = n
+                relative = k_pos[None, :] - q_pos[:, None] + (table_length - 1)
+                both = in_row[:, None] & keep[None, :]
+                bias = tl.load(TABLE + h * s_table + relative, mask=both, other=0.0).to(tl.float32)
+                scores = tl.where(keep[None, :], tl.dot(q, tl.trans(k)) + bias, float("-inf"))
+                new_top = tl.maximum(top, tl.max(scores, axis=1))
+                shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no key yet: nothing to rescale
+                p = tl.exp(scores - shift[:, None])
+                scale = tl.exp(top - shift)
+                total = total * scale + tl.sum(p, axis=1)
+                acc = acc * scale[:, None] + tl.dot(p.to(v.dtype), v)
+                top = new_top
+            o = acc / tl.maximum(total, 1e-30)[:, None]
+            at = OUT + (first + m)[:, None] * width + h * D + d[None, :]
+            tl.store(at, o.to(OUT.dtype.element_ty), mask=in_row[:, None])

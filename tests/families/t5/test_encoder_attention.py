@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 from transformers import T5Config, T5ForConditionalGeneration
 
-from qace.families.t5.encoder_attention import attend_packed, fused_available, relative_bias_table
+from qace.families.t5.encoder_attention import (
+    LaunchShape,
+    attend_packed,
+    fused_available,
+    launch_shape,
+    relative_bias_table,
+)
 
 HEADS, D = 12, 64
 
@@ -107,6 +113,40 @@ def test_kernel_is_at_least_as_close_to_fp64_as_the_memory_efficient_kernel(dtyp
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape",
+    [
+        LaunchShape(32, 64, 4, 2, 2),
+        LaunchShape(16, 32, 2, 3, 4),
+        LaunchShape(64, 16, 4, 1, 4),
+        LaunchShape(64, 32, 8, 2, 1),
+    ],
+)
+def test_every_launch_shape_is_as_close_to_fp64_as_the_default(shape: LaunchShape) -> None:
+    """Other blocks of queries and keys, warps, pipeline stages and heads a program (what
+    `benchmarks.encoder_attention --sweep` times): one and several key blocks, packed rows; the heads
+    within 1.05x of the default shape's or the memory-efficient kernel's error against fp64 (the larger),
+    the row without a key zeros, the rows past the batch untouched."""
+    batch, dtype = 6, torch.bfloat16
+    attention = _attention_module().cuda().to(dtype)
+    for length, packed in ((11, False), (48, True), (150, False)):
+        qkv, mask, positions, original = _case(batch, length, packed, dtype, seed=length)
+        table = relative_bias_table(attention, original, qkv.device)
+        expected = _reference(qkv, mask, positions, table, batch, length)
+        has_keys = mask.bool().any(dim=1).repeat_interleave(length)
+        efficient = _memory_efficient(qkv, mask, positions, table, batch, length)
+        errors = [(efficient.double() - expected)[has_keys].abs().max().item()]
+        for chosen in (launch_shape(length), shape):
+            out = torch.full((batch * length + 5, HEADS * D), 7.0, device="cuda", dtype=dtype)
+            attend_packed(qkv, out, table, mask, positions, HEADS, D, shape=chosen)
+            heads = out[: batch * length]
+            errors.append((heads.double() - expected)[has_keys].abs().max().item())
+            assert torch.equal(heads[~has_keys], torch.zeros_like(heads[~has_keys]))
+            assert torch.equal(out[batch * length :], torch.full_like(out[batch * length :], 7.0))
+        assert errors[2] <= max(errors[:2]) * 1.05 + 1e-6, (length, errors)
+
+
+@pytest.mark.gpu
 def test_kernel_refuses_rows_it_cannot_address() -> None:
     attention = _attention_module().cuda().half()
     qkv, mask, _, _ = _case(3, 11, False, torch.float16, seed=0)
@@ -114,6 +154,14 @@ def test_kernel_refuses_rows_it_cannot_address() -> None:
     out = torch.empty(33, HEADS * D, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="contiguous rows"):
         attend_packed(qkv.t().contiguous().t(), out, table, mask, None, HEADS, D)  # column-major
+
+
+def test_heads_a_program_must_divide_the_heads() -> None:
+    """Checked before any launch (so on the CPU too), naming both counts."""
+    qkv, out = torch.zeros(6, 3 * 4 * 16), torch.zeros(6, 4 * 16)
+    table, mask = torch.zeros(4, 5), torch.ones(2, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="3 heads a program do not divide 4 heads"):
+        attend_packed(qkv, out, table, mask, None, 4, 16, shape=LaunchShape(32, 32, 2, 1, 3))
 
 
 def test_kernel_runs_only_for_half_cuda_tensors_with_power_of_two_heads() -> None:
