@@ -138,9 +138,9 @@ if triton is not None:
             for start in tl.range(0, length, BLOCK_N, num_stages=STAGES):
                 n = start + tl.arange(0, BLOCK_N)
                 keep = tl.load(MASK + first + n, mask=n < length, other=0) != 0
-                at = QKV + (first + n)[:, None] * stride + h * D + d[None, :]
-                k = tl.load(at + width, mask=keep[:, None], other=0.0)
-                v = tl.load(at + 2 * width, mask=keep[:, None], other=0.0)
+                keys = QKV + (first + n)[:, None] * stride + h * D + d[None, :]
+                k = tl.load(keys + width, mask=keep[:, None], other=0.0)
+                v = tl.load(keys + 2 * width, mask=keep[:, None], other=0.0)
                 if PACKED:
                     k_pos = tl.load(POS + first + n, mask=n < length, other=0).to(tl.int32)
                 else:
@@ -157,5 +157,8 @@ if triton is not None:
                 acc = acc * scale[:, None] + tl.dot(p.to(v.dtype), v)
                 top = new_top
             o = acc / tl.maximum(total, 1e-30)[:, None]
-            at = OUT + (first + m)[:, None] * width + h * D + d[None, :]
-            tl.store(at, o.to(OUT.dtype.element_ty), mask=in_row[:, None])
+            tl.store(
+                OUT + (first + m)[:, None] * width + h * D + d[None, :],
+                o.to(OUT.dtype.element_ty),
+                mask=in_row[:, None],
+            )
