@@ -43,12 +43,10 @@ from qace.families.t5.encoder_attention import LaunchShape, attend_packed, launc
 
 TINY = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
 SWEEP = [
-    LaunchShape(queries, keys, warps, stages, heads)
-    for queries in (32, 64)
-    for keys in (32, 64)
-    for warps in (2, 4)
-    for stages in (1, 2)
-    for heads in (1, 2, 4)
+    LaunchShape(queries, keys, warps)
+    for queries in (32, 64, 128)
+    for keys in (32, 64, 128)
+    for warps in (2, 4, 8)
 ]
 """Launch shapes ``--sweep`` times besides `launch_shape`'s."""
 
@@ -179,7 +177,7 @@ def _sweep_shape(
     dst = torch.empty_like(src)
     runs: dict[str, Any] = {"copy": lambda: dst.copy_(src)}
     for shape in [launch_shape(length), *SWEEP]:
-        key = "x".join(str(x) for x in shape)  # queries x keys x warps x stages x heads
+        key = "x".join(str(x) for x in shape)  # queries x keys x warps
         runs[key] = lambda s=shape: attend_packed(qkv, heads_out, table, mask, positions, heads, d_kv, s)
     for fn in runs.values():  # compile outside the captures
         fn()

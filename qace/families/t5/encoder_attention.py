@@ -30,16 +30,13 @@ except ImportError:  # CPU-only installs: the PyTorch path is used
 
 
 class LaunchShape(NamedTuple):
-    """How `attend_packed` launches its kernel: ``queries`` and ``keys`` a block, ``warps`` a program,
-    ``stages`` of the key loop's software pipeline (1: none) and ``heads`` a program (1, 2 or 4, looped
-    over unrolled, dividing the model's heads). Every shape computes each query's attention the same way
-    but for the key blocks' order of accumulation (``keys``), so shapes agree to rounding."""
+    """How `attend_packed` launches its kernel: ``queries`` and ``keys`` a block, ``warps`` a program.
+    Every shape computes each query's attention alike but for the order in which key blocks accumulate,
+    so shapes agree to rounding."""
 
     queries: int
     keys: int
     warps: int
-    stages: int = 1
-    heads: int = 1
 
 
 def launch_shape(length: int) -> LaunchShape:
@@ -91,14 +88,12 @@ def attend_packed(
     if positions is not None and not positions.is_contiguous():
         positions = positions.contiguous()
     shape = shape or launch_shape(length)
-    if heads % shape.heads:
-        raise ValueError(f"attend_packed: {shape.heads} heads a program do not divide {heads} heads")
-    grid = (triton.cdiv(length, shape.queries), batch * heads // shape.heads)
+    grid = (triton.cdiv(length, shape.queries), batch * heads)
     _self_attention[grid](
         qkv, out, table, mask, mask if positions is None else positions,
         heads, length, (table.shape[1] + 1) // 2, table.stride(0),
         D=d_kv, BLOCK_M=shape.queries, BLOCK_N=shape.keys, PACKED=positions is not None,
-        STAGES=shape.stages, HEADS=shape.heads, num_warps=shape.warps,
+        num_warps=shape.warps,
     )  # fmt: skip
 
 
@@ -109,56 +104,47 @@ if triton is not None:
         QKV, OUT, TABLE, MASK, POS,
         n_heads, length, table_length, s_table,
         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr,
-        STAGES: tl.constexpr, HEADS: tl.constexpr,
     ):  # fmt: skip
-        """One program per (block of queries, row and ``HEADS`` heads): for each head, an online softmax
-        over blocks of keys. Scores and bias in fp32; a key whose mask is 0 is not read and weighs
-        exactly zero."""
-        row_heads = tl.program_id(1)
-        groups = n_heads // HEADS
-        b = (row_heads // groups).to(tl.int64)
+        """One program per (block of queries, row and head): an online softmax over blocks of keys.
+        Scores and bias in fp32; a key whose mask is 0 is not read and weighs exactly zero."""
+        row_head = tl.program_id(1)
+        b = (row_head // n_heads).to(tl.int64)
+        h = row_head % n_heads
         width = n_heads * D
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         d = tl.arange(0, D)
         in_row = m < length
         first = b * length  # the row's first token
         stride = 3 * width  # a token's q, k and v
+        q = tl.load(QKV + (first + m)[:, None] * stride + h * D + d[None, :], mask=in_row[:, None], other=0.0)
         if PACKED:
             q_pos = tl.load(POS + first + m, mask=in_row, other=0).to(tl.int32)
         else:
             q_pos = m
-        for i in tl.static_range(HEADS):
-            h = (row_heads % groups) * HEADS + i
-            q = tl.load(
-                QKV + (first + m)[:, None] * stride + h * D + d[None, :], mask=in_row[:, None], other=0.0
-            )
-            top = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            total = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, D], tl.float32)
-            for start in tl.range(0, length, BLOCK_N, num_stages=STAGES):
-                n = start + tl.arange(0, BLOCK_N)
-                keep = tl.load(MASK + first + n, mask=n < length, other=0) != 0
-                keys = QKV + (first + n)[:, None] * stride + h * D + d[None, :]
-                k = tl.load(keys + width, mask=keep[:, None], other=0.0)
-                v = tl.load(keys + 2 * width, mask=keep[:, None], other=0.0)
-                if PACKED:
-                    k_pos = tl.load(POS + first + n, mask=n < length, other=0).to(tl.int32)
-                else:
-                    k_pos = n
-                relative = k_pos[None, :] - q_pos[:, None] + (table_length - 1)
-                both = in_row[:, None] & keep[None, :]
-                bias = tl.load(TABLE + h * s_table + relative, mask=both, other=0.0).to(tl.float32)
-                scores = tl.where(keep[None, :], tl.dot(q, tl.trans(k)) + bias, float("-inf"))
-                new_top = tl.maximum(top, tl.max(scores, axis=1))
-                shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no key yet: nothing to rescale
-                p = tl.exp(scores - shift[:, None])
-                scale = tl.exp(top - shift)
-                total = total * scale + tl.sum(p, axis=1)
-                acc = acc * scale[:, None] + tl.dot(p.to(v.dtype), v)
-                top = new_top
-            o = acc / tl.maximum(total, 1e-30)[:, None]
-            tl.store(
-                OUT + (first + m)[:, None] * width + h * D + d[None, :],
-                o.to(OUT.dtype.element_ty),
-                mask=in_row[:, None],
-            )
+        top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for start in tl.range(0, length, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            keep = tl.load(MASK + first + n, mask=n < length, other=0) != 0
+            at = QKV + (first + n)[:, None] * stride + h * D + d[None, :]
+            k = tl.load(at + width, mask=keep[:, None], other=0.0)
+            v = tl.load(at + 2 * width, mask=keep[:, None], other=0.0)
+            if PACKED:
+                k_pos = tl.load(POS + first + n, mask=n < length, other=0).to(tl.int32)
+            else:
+                k_pos = n
+            relative = k_pos[None, :] - q_pos[:, None] + (table_length - 1)
+            both = in_row[:, None] & keep[None, :]
+            bias = tl.load(TABLE + h * s_table + relative, mask=both, other=0.0).to(tl.float32)
+            scores = tl.where(keep[None, :], tl.dot(q, tl.trans(k)) + bias, float("-inf"))
+            new_top = tl.maximum(top, tl.max(scores, axis=1))
+            shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # no key yet: nothing to rescale
+            p = tl.exp(scores - shift[:, None])
+            scale = tl.exp(top - shift)
+            total = total * scale + tl.sum(p, axis=1)
+            acc = acc * scale[:, None] + tl.dot(p.to(v.dtype), v)
+            top = new_top
+        o = acc / tl.maximum(total, 1e-30)[:, None]
+        at = OUT + (first + m)[:, None] * width + h * D + d[None, :]
+        tl.store(at, o.to(OUT.dtype.element_ty), mask=in_row[:, None])

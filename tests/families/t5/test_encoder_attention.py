@@ -115,16 +115,11 @@ def test_kernel_is_at_least_as_close_to_fp64_as_the_memory_efficient_kernel(dtyp
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "shape",
-    [
-        LaunchShape(32, 64, 4, 2, 2),
-        LaunchShape(16, 32, 2, 3, 4),
-        LaunchShape(64, 16, 4, 1, 4),
-        LaunchShape(64, 32, 8, 2, 1),
-    ],
+    [LaunchShape(32, 32, 2), LaunchShape(64, 32, 4), LaunchShape(32, 128, 8), LaunchShape(128, 64, 8)],
 )
 def test_every_launch_shape_is_as_close_to_fp64_as_the_default(shape: LaunchShape) -> None:
-    """Other blocks of queries and keys, warps, pipeline stages and heads a program (what
-    `benchmarks.encoder_attention --sweep` times): one and several key blocks, packed rows; the heads
+    """Other blocks of queries and keys and other warps (what `benchmarks.encoder_attention --sweep`
+    times): one and several key blocks, packed rows; the heads
     within 1.05x of the default shape's or the memory-efficient kernel's error against fp64 (the larger),
     the row without a key zeros, the rows past the batch untouched."""
     batch, dtype = 6, torch.bfloat16
@@ -154,14 +149,6 @@ def test_kernel_refuses_rows_it_cannot_address() -> None:
     out = torch.empty(33, HEADS * D, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="contiguous rows"):
         attend_packed(qkv.t().contiguous().t(), out, table, mask, None, HEADS, D)  # column-major
-
-
-def test_heads_a_program_must_divide_the_heads() -> None:
-    """Checked before any launch (so on the CPU too), naming both counts."""
-    qkv, out = torch.zeros(6, 3 * 4 * 16), torch.zeros(6, 4 * 16)
-    table, mask = torch.zeros(4, 5), torch.ones(2, 3, dtype=torch.int64)
-    with pytest.raises(ValueError, match="3 heads a program do not divide 4 heads"):
-        attend_packed(qkv, out, table, mask, None, 4, 16, shape=LaunchShape(32, 32, 2, 1, 3))
 
 
 def test_kernel_runs_only_for_half_cuda_tensors_with_power_of_two_heads() -> None:
