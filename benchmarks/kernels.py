@@ -394,6 +394,7 @@ TRITON_MODULES = (
     "qace.families.t5.decode_attention",
     "qace.families.t5.encoder_attention",
     "qace.families.t5.fp16_guard",
+    "qace.families.t5.rms_norm",
     "qace.features.half_roi_pool",
 )
 """Every qace module that defines a Triton kernel (a test holds the list to the source)."""
