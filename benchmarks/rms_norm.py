@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks.decode_step import graph_time_us
 from benchmarks.run_info import default_result, gpu_name, record
 from qace.families.t5 import rms_norm as norm_kernel
 
@@ -36,29 +37,6 @@ EPS = 1e-6
 ROWS = [256, 2048, 4096, 8192, 32_768, 81_920, 122_880]
 """Decoding steps of 256 to 8,192 rows; `rms_norm.EAGER_MIN_ROWS`; QG's encoder batch (2,048 x 40) and
 text-QA's (1,024 x 120)."""
-
-
-def _graph_us(fn: Callable[[], Any], calls: int, rounds: int) -> list[float]:
-    """Microseconds a call, per round, of ``calls`` calls captured in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()  # compile and choose kernels outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return times
 
 
 def _eager_us(fn: Callable[[], Any], calls: int, rounds: int, sync: Callable[[], None]) -> list[float]:
@@ -106,7 +84,7 @@ def measure(rows_list: list[int], calls: int, rounds: int, device: str, sweep: b
         for _ in range(rounds):  # the operations take turns, round by round
             for name, fn in ops.items():
                 if cuda:
-                    graph_times[name] += _graph_us(fn, calls, 1)
+                    graph_times[name].append(graph_time_us(fn, calls, 1))
                 if name in eager_times:
                     eager_times[name] += _eager_us(fn, calls, 1, sync)
         moved = 2 * x.numel() * x.element_size()
