@@ -36,6 +36,7 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 import qace.families.t5.encoder as encoder_module
+from benchmarks.decode_step import graph_time_us
 from benchmarks.run_info import default_result, gpu_name, record
 from benchmarks.workload import RANDOM_T5, T5_BASE
 from qace.families.t5.encoder import T5Encoder
@@ -127,21 +128,6 @@ def measure(shapes: list[str], rounds: int, device: str, tiny: bool) -> dict[str
     return out
 
 
-def _graph_us(fn: Any, calls: int) -> float:
-    """Microseconds a call of ``calls`` calls of ``fn`` captured in one CUDA graph, one replay."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
-
-
 def sweep(shapes: list[str], rounds: int, calls: int) -> dict[str, Any]:
     """The attention kernel alone at every launch shape (the module docstring's ``--sweep``)."""
     torch.manual_seed(0)
@@ -185,7 +171,7 @@ def _sweep_shape(
     times: dict[str, list[float]] = {key: [] for key in runs}
     for _ in range(rounds):
         for key, fn in runs.items():
-            times[key].append(_graph_us(fn, calls))
+            times[key].append(graph_time_us(fn, calls, 1))
     us = {key: statistics.median(t) for key, t in times.items()}
     default = "x".join(str(x) for x in launch_shape(length))
     ranked = sorted((key for key in us if key != "copy"), key=us.__getitem__)
