@@ -119,9 +119,9 @@ def test_kernel_is_at_least_as_close_to_fp64_as_the_memory_efficient_kernel(dtyp
 )
 def test_every_launch_shape_is_as_close_to_fp64_as_the_default(shape: LaunchShape) -> None:
     """Other blocks of queries and keys and other warps (what `benchmarks.encoder_attention --sweep`
-    times): one and several key blocks, packed rows; the heads
-    within 1.05x of the default shape's or the memory-efficient kernel's error against fp64 (the larger),
-    the row without a key zeros, the rows past the batch untouched."""
+    times): one and several key blocks, packed rows; the heads within 1.05x of the default shape's or
+    the memory-efficient kernel's error against fp64 (the larger), the row without a key zeros, the rows
+    past the batch untouched."""
     batch, dtype = 6, torch.bfloat16
     attention = _attention_module().cuda().to(dtype)
     for length, packed in ((11, False), (48, True), (150, False)):
