@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.run_info import default_result, gpu_name, record
+from benchmarks.run_info import record, write_result
 
 HEADS, D_KV, LAYERS, VOCAB, D_MODEL = 12, 64, 12, 32128, 768
 
@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         **run(args),
     }
-    out = args.out or default_result("decode_step", gpu_name("cuda"))
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_result(result, args.out, "decode_step")
     print(
         json.dumps(
             {k: result[k] for k in ("read_bound_gbps", "cross", "cross_ended", "self", "lm_head")}, indent=1

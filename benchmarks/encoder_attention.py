@@ -29,7 +29,7 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 import qace.families.t5.encoder as encoder_module
-from benchmarks.run_info import default_result, gpu_name, record
+from benchmarks.run_info import record, write_result
 from benchmarks.workload import RANDOM_T5, T5_BASE
 from qace.families.t5.encoder import T5Encoder
 
@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         **measure(args.shapes, args.rounds, args.device, args.tiny),
     }
-    out = args.out or default_result("encoder_attention", gpu_name(args.device))
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out, "encoder_attention", args.device)
     print(json.dumps(result["shapes"], indent=1))
     return 0
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.run_info import default_result, gpu_name, record
+from benchmarks.run_info import record, write_result
 from qace.engine.gemm_rows import row_counts
 
 SHAPES = {"qkv": (2304, 768), "out": (768, 768), "ff_in": (3072, 768), "ff_out": (768, 3072)}
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "shapes": {name: list(shape) for name, shape in SHAPES.items()},
         **measure(args.up_to, args.device, dtype),
     }
-    out = args.out or default_result("gemm_shapes", gpu_name(args.device))
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out, "gemm_shapes", args.device)
     print(json.dumps({k: v for k, v in result.items() if k in SHAPES}, indent=1))
     return 0
 

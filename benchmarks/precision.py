@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(args.models, args.variants, args.precisions, args.device, args.captions)
         args.out.write_text(json.dumps({"qace_imported_from": str(Path(qace.__file__).parents[1]), **result}))
         return 0
-    from benchmarks.run_info import default_result, gpu_name, record
+    from benchmarks.run_info import record, write_result
     from qace.testing.qace_models import make_test_models
 
     cache = os.environ.get("QACE_TEST_MODELS") or Path(tempfile.gettempdir()) / "qace-test-models"
@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.before:
         result["before"] = _before(args.before, args, models)
-    out = args.out or default_result("precision", gpu_name(args.device))
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out, "precision", args.device)
     print(json.dumps(result["results"], indent=1))
     return 0
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.decode_step import graph_time_us
-from benchmarks.run_info import default_result, gpu_name, record
+from benchmarks.run_info import record, write_result
 from qace.families.t5 import rms_norm as norm_kernel
 
 WIDTH = 768
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         **measure(args.rows, args.calls, args.rounds, args.device, args.sweep),
     }
-    out = args.out or default_result("rms_norm", gpu_name(args.device))
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out, "rms_norm", args.device)
     print(json.dumps(result["shapes"], indent=1))
     return 0
 

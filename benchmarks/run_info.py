@@ -25,6 +25,7 @@ Nothing here imports torch or another heavy library until a function asks for it
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import platform
 import shlex
@@ -100,6 +101,14 @@ def default_result(stem: str, gpu: str | None) -> Path:
     """A benchmark's default record for the device named ``gpu`` (`gpu_name`'s; None: the CPU):
     ``results/<stem>_<gpu_tag>.json``."""
     return RESULTS / f"{stem}_{gpu_tag(gpu)}.json"
+
+
+def write_result(result: dict[str, Any], out: Path | None, stem: str, device: str | None = "cuda") -> Path:
+    """Write a benchmark's record, indented JSON, to ``out`` or by default to `default_result` for the
+    device ``device`` names (`gpu_name`'s); returns the path written."""
+    path = out or default_result(stem, gpu_name(device))
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
 
 
 def _version(name: str) -> str | None:

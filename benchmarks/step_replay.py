@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from benchmarks.latency import DEFAULT_DATA
-from benchmarks.run_info import default_result, gpu_name, record
+from benchmarks.run_info import record, write_result
 from benchmarks.workload import build_models
 from qace.config import QACEConfig, speed_defaults
 from qace.engine.scheduler import batch_shapes
@@ -201,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "first_replays": replayed_first,
         "shapes": [measure(decoder, model.config.d_model, r, n, args.replays) for r, n in shapes],
     }
-    out = args.out or default_result("step_replay", gpu_name("cuda"))
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_result(result, args.out, "step_replay")
     for shape in result["shapes"]:
         print(json.dumps(shape))
     print("wrote", out)
