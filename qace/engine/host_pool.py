@@ -34,8 +34,14 @@ from qace.errors import HostWorkerError
 
 log = logging.getLogger(__name__)
 
-HIDDEN = {"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
-"""The environment of every host process: no GPU, no tokenizer threads of its own."""
+HIDDEN = {
+    "CUDA_VISIBLE_DEVICES": "",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+"""The environment of every host process: no GPU, no tokenizer or BLAS threads of its own (the
+processes share the host's cores; spaCy's products run through numpy's BLAS, `load_spacy`)."""
 
 
 @dataclass

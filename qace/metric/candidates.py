@@ -2,8 +2,9 @@
 
 spaCy is the slowest CPU stage, so the extractor (1) parses each distinct caption once and remembers it
 (benchmarks and data sets repeat captions a lot), (2) skips the lemmatizer, which candidates never use,
-and (3) can spread parsing over worker processes once started (`CandidateExtractor.start`), returning a
-future so that the next chunk is parsed while the GPU works on the current one.
+(3) runs the pipeline's matrix products through numpy's BLAS instead of BLIS (`load_spacy`), and (4) can
+spread parsing over worker processes once started (`CandidateExtractor.start`), returning a future so
+that the next chunk is parsed while the GPU works on the current one.
 """
 
 from __future__ import annotations
@@ -30,11 +31,19 @@ UNUSED_PIPES = ("lemmatizer",)
 
 @lru_cache(maxsize=4)
 def load_spacy(name: str = DEFAULT_SPACY_MODEL) -> Any:
-    """Load a spaCy pipeline by package name or path, with a clear error when it is not installed."""
+    """Load a spaCy pipeline by package name or path, with a clear error when it is not installed.
+
+    Its layers' matrix products run through numpy's BLAS rather than the BLIS thinc bundles, which
+    gave 2.5x slower products and a 1.45x slower parse of short captions on x86-64 hosts; every
+    annotation candidates read (tags, dependencies, heads, entities) was the same on 53,702 distinct
+    captions (`benchmarks.spacy_parse`, docs/performance.md). Host processes run numpy's BLAS on one
+    thread (`qace.engine.host_pool.HIDDEN`)."""
     import spacy
+    from thinc.api import use_ops
 
     try:
-        return spacy.load(name, exclude=list(UNUSED_PIPES))
+        with use_ops("numpy", use_blis=False):
+            return spacy.load(name, exclude=list(UNUSED_PIPES))
     except OSError as exc:
         raise ConfigError(
             f"spaCy pipeline {name!r} is not installed; install it with "

@@ -58,6 +58,23 @@ def test_tasks_run_in_the_pool_processes_without_a_gpu() -> None:
     assert all(not w.process.is_alive() for w in pool._workers)
 
 
+def environment(names: list[str], _core: Any) -> Any:
+    return lambda _task: {name: os.environ.get(name) for name in names}
+
+
+def test_host_processes_run_without_a_gpu_and_on_one_blas_thread() -> None:
+    pool = HostPool(
+        1, "tests.engine.test_host_pool:environment", ["CUDA_VISIBLE_DEVICES", "OPENBLAS_NUM_THREADS"]
+    )
+    try:
+        assert pool.submit("env").result(timeout=120) == {
+            "CUDA_VISIBLE_DEVICES": "",
+            "OPENBLAS_NUM_THREADS": "1",
+        }
+    finally:
+        pool.close()
+
+
 def test_a_child_that_dies_before_reading_its_argument_does_not_block_the_parent(tmp_path: Path) -> None:
     """An argument far larger than a pipe holds, for a child that dies before it reads anything: the
     start returns and the child's exit is seen (multiprocessing's spawn blocked here for good)."""

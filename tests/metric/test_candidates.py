@@ -1,4 +1,5 @@
-"""Answer candidates: the release's rules; the fast paths (cache, workers, no lemmatizer) change nothing."""
+"""Answer candidates: the release's rules; the fast paths (cache, workers, no lemmatizer, numpy's BLAS) change
+nothing."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ def test_fast_paths_equal_the_plain_full_pipeline():
         assert pooled.submit(captions).result() == expected
     finally:
         pooled.close()
+
+
+def test_the_pipeline_multiplies_through_numpys_blas_not_blis():
+    nlp = load_spacy()
+    layers = [layer for _, pipe in nlp.pipeline if hasattr(pipe, "model") for layer in pipe.model.walk()]
+    assert not nlp.get_pipe("tok2vec").model.ops.use_blis
+    assert sum(not layer.ops.use_blis for layer in layers) > len(layers) // 2
 
 
 def test_parsing_processes_end_with_the_process_that_started_them(tmp_path):

@@ -1,0 +1,200 @@
+"""spaCy's parse with its matrix products through BLIS (thinc's default) or through numpy's BLAS
+(`qace.metric.candidates.load_spacy`'s choice): how fast a parsing process is, and whether the
+annotations candidates read are the same.
+
+    python -m benchmarks.spacy_parse                      # -> benchmarks/results/spacy_parse_cpu.json
+    python -m benchmarks.spacy_parse --captions 64 --speed-captions 64 --rounds 1 --out /tmp/s.json  # smoke
+
+The captions: every distinct caption of PASCAL-50S (48,715) and of Flickr8k-Expert (its candidates and
+references), sorted; ``--captions`` keeps the first N.
+
+- ``speed``: one parsing process per BLAS, each a `HostPool` process as qace's parsing processes are
+  (the same environment: one BLAS thread), the default model without its lemmatizer. Each parses the
+  first ``--speed-captions`` captions in tasks of ``--task`` captions, one task at a time, the two
+  processes taking turns over ``--rounds``. Per BLAS: milliseconds per caption (median over rounds) from
+  submitting a task to its result, as the extractor waits, and inside the process; and the ratio.
+- ``gemm``: in each process, a product of a tok2vec layer's shape (2,500 x 288 by 288 x 288, fp32),
+  GFLOP/s (median of 20).
+- ``agreement``: in this process, both pipelines over every caption: how many captions differ in their
+  fine tags, dependency labels, heads, entities or candidates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.latency import DEFAULT_DATA
+from benchmarks.run_info import record, write_result
+from benchmarks.workload import PASCAL_DISTINCT, flickr_workload, pascal_workload
+
+BLAS = {"blis": True, "numpy": False}
+"""thinc's ``use_blis`` for each BLAS compared."""
+
+
+def captions(data_dir: Path) -> list[str]:
+    """The module docstring's captions: every distinct PASCAL-50S and Flickr8k-Expert caption, sorted."""
+    flickr = flickr_workload(data_dir)
+    return sorted(
+        {r.caption for r in pascal_workload(data_dir, PASCAL_DISTINCT)}
+        | {r.caption for r in flickr}
+        | {ref for r in flickr for ref in r.references}
+    )
+
+
+def load(model: str, use_blis: bool) -> Any:
+    """The default pipeline without its lemmatizer (as `load_spacy` loads it), its layers built on thinc's
+    numpy ops with or without BLIS."""
+    import spacy
+    from thinc.api import use_ops
+
+    from qace.metric.candidates import UNUSED_PIPES
+
+    with use_ops("numpy", use_blis=use_blis):
+        return spacy.load(model, exclude=list(UNUSED_PIPES))
+
+
+def _worker(argument: tuple[str, bool], _core: object = None) -> Callable[[Any], Any]:
+    """A parsing process (`HostPool` setup): ``("parse", captions)`` -> seconds the parse took here;
+    ``("gemm", repeats)`` -> GFLOP/s of a tok2vec-shaped product through this pipeline's ops."""
+    import numpy as np
+
+    model, use_blis = argument
+    nlp = load(model, use_blis)
+    ops = nlp.get_pipe("tok2vec").model.ops
+
+    def run(task: tuple[str, Any]) -> float:
+        kind, payload = task
+        if kind == "parse":
+            start = time.perf_counter()
+            list(nlp.pipe(payload, batch_size=len(payload)))
+            return time.perf_counter() - start
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2500, 288), dtype=np.float32)
+        w = rng.standard_normal((288, 288), dtype=np.float32)
+        ops.gemm(x, w)
+        seconds = []
+        for _ in range(payload):
+            start = time.perf_counter()
+            ops.gemm(x, w)
+            seconds.append(time.perf_counter() - start)
+        return 2 * 2500 * 288 * 288 / statistics.median(seconds) / 1e9
+
+    return run
+
+
+def speed(texts: Sequence[str], model: str, task: int, rounds: int) -> dict[str, Any]:
+    """The module docstring's ``speed`` and ``gemm``."""
+    from qace.engine.host_pool import HostPool
+
+    pools = {
+        name: HostPool(1, "benchmarks.spacy_parse:_worker", (model, use), label=f"spaCy-{name}")
+        for name, use in BLAS.items()
+    }
+    try:
+        for pool in pools.values():
+            pool.wait_ready()
+            pool.submit(("parse", list(texts[:task]))).result()  # first-call costs, untimed
+        tasks = [list(texts[i : i + task]) for i in range(0, len(texts), task)]
+        waited: dict[str, list[float]] = {name: [] for name in pools}
+        inside: dict[str, list[float]] = {name: [] for name in pools}
+        for r in range(rounds):
+            for name in list(pools) if r % 2 == 0 else list(pools)[::-1]:
+                start, parsing = time.perf_counter(), 0.0
+                for part in tasks:
+                    parsing += pools[name].submit(("parse", part)).result()
+                waited[name].append(1000 * (time.perf_counter() - start) / len(texts))
+                inside[name].append(1000 * parsing / len(texts))
+        result: dict[str, Any] = {
+            name: {
+                "ms_per_caption": statistics.median(waited[name]),
+                "ms_per_caption_inside": statistics.median(inside[name]),
+                "rounds_ms_per_caption": waited[name],
+                "gemm_gflops": pools[name].submit(("gemm", 20)).result(),
+            }
+            for name in pools
+        }
+        result["blis_over_numpy"] = result["blis"]["ms_per_caption"] / result["numpy"]["ms_per_caption"]
+        return result
+    finally:
+        for pool in pools.values():
+            pool.close()
+
+
+def annotations(nlp: Any, texts: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Per caption: fine tags, dependency labels, heads, entities and candidates."""
+    from qace.metric.candidates import candidates_from_doc
+
+    return [
+        (
+            tuple(t.tag_ for t in doc),
+            tuple(t.dep_ for t in doc),
+            tuple(t.head.i for t in doc),
+            tuple((e.start, e.end, e.label_) for e in doc.ents),
+            tuple(candidates_from_doc(doc)),
+        )
+        for doc in nlp.pipe(texts, batch_size=256)
+    ]
+
+
+def agreement(texts: Sequence[str], model: str) -> dict[str, Any]:
+    """The module docstring's ``agreement``, with up to five differing captions per field."""
+    blis, numpy = (annotations(load(model, use), texts) for use in BLAS.values())
+    fields = ("tags", "dependency_labels", "heads", "entities", "candidates")
+    differing = {
+        field: [texts[k] for k in range(len(texts)) if blis[k][i] != numpy[k][i]]
+        for i, field in enumerate(fields)
+    }
+    return {
+        "captions": len(texts),
+        "differing": {field: len(found) for field, found in differing.items()},
+        "examples": {field: found[:5] for field, found in differing.items() if found},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from qace.metric.candidates import DEFAULT_SPACY_MODEL
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=None, help="default: results/spacy_parse_cpu.json")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--model", default=DEFAULT_SPACY_MODEL)
+    parser.add_argument("--captions", type=int, default=None, help="default: every caption")
+    parser.add_argument("--speed-captions", type=int, default=4096)
+    parser.add_argument("--task", type=int, default=256, help="captions a parsing task")
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args(argv)
+    texts = captions(args.data_dir)[: args.captions]
+    result = {
+        **record("benchmarks.spacy_parse", argv, packages=("spacy", "thinc", "blis", "numpy")),
+        "cpu_model": _cpu_model(),
+        "model": args.model,
+        "task": args.task,
+        "rounds": args.rounds,
+        "speed_captions": min(args.speed_captions, len(texts)),
+        "speed": speed(texts[: args.speed_captions], args.model, args.task, args.rounds),
+        "agreement": agreement(texts, args.model),
+    }
+    write_result(result, args.out, "spacy_parse", None)
+    print(json.dumps({"speed": result["speed"], "agreement": result["agreement"]}, indent=1))
+    return 0
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux's /proc/cpuinfo), or None."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
