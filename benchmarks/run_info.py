@@ -16,8 +16,9 @@ Contract:
   ``device`` names no CUDA device or CUDA is not available.
 - ``versions(*names)`` gives ``{name: version}`` for the names asked, in that order: ``python``,
   ``cuda`` (the CUDA torch was built with), ``providers`` (onnxruntime's available execution providers,
-  comma-joined), or any importable package (its ``__version__``, e.g. ``torch``, ``transformers``,
-  ``qace``). A package that is absent or fails to import reads None.
+  comma-joined), or any importable package (its ``__version__``, else its installed distribution's
+  version: ``torch``, ``transformers``, ``qace``, ``blis``). A package that is absent or fails to import
+  reads None.
 
 Nothing here imports torch or another heavy library until a function asks for it.
 """
@@ -25,6 +26,7 @@ Nothing here imports torch or another heavy library until a function asks for it
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -112,7 +114,7 @@ def write_result(result: dict[str, Any], out: Path | None, stem: str, device: st
 
 
 def _version(name: str) -> str | None:
-    """One entry of `versions`: ``python``, ``cuda``, ``providers`` or a package's ``__version__``."""
+    """One entry of `versions`: ``python``, ``cuda``, ``providers`` or a package's version."""
     if name == "python":
         return platform.python_version()
     try:
@@ -124,7 +126,9 @@ def _version(name: str) -> str | None:
             import onnxruntime
 
             return ",".join(onnxruntime.get_available_providers())
-        return str(importlib.import_module(name).__version__)
+        module = importlib.import_module(name)
+        found = getattr(module, "__version__", None)
+        return str(found) if found is not None else importlib.metadata.version(name)
     except Exception:  # noqa: BLE001 (absent, or built for another torch: recorded as unknown)
         return None
 

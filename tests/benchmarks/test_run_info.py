@@ -40,6 +40,15 @@ def test_versions_gives_the_names_asked_in_order() -> None:
     assert versions() == {}
 
 
+def test_a_package_without_a_version_attribute_reads_its_distributions() -> None:
+    import importlib.metadata
+
+    import blis
+
+    assert not hasattr(blis, "__version__")
+    assert versions("blis") == {"blis": importlib.metadata.version("blis")}
+
+
 def test_gpu_name_is_none_off_cuda() -> None:
     assert gpu_name("cpu") is None
     if not torch.cuda.is_available():
