@@ -34,7 +34,7 @@ def load_spacy(name: str = DEFAULT_SPACY_MODEL) -> Any:
     """Load a spaCy pipeline by package name or path, with a clear error when it is not installed.
 
     Its layers' matrix products run through numpy's BLAS rather than the BLIS thinc bundles, which
-    gave 2.5x slower products and a 1.45x slower parse of short captions on x86-64 hosts; every
+    gave about 3x slower products and a 1.5x slower parse of short captions on an x86-64 host; every
     annotation candidates read (tags, dependencies, heads, entities) was the same on 53,702 distinct
     captions (`benchmarks.spacy_parse`, docs/performance.md). Host processes run numpy's BLAS on one
     thread (`qace.engine.host_pool.HIDDEN`)."""
