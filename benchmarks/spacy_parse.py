@@ -9,9 +9,9 @@ The captions: every distinct caption of PASCAL-50S (48,715) and of Flickr8k-Expe
 references), sorted; ``--captions`` keeps the first N.
 
 - ``speed``: one parsing process per BLAS, each a `HostPool` process as qace's parsing processes are
-  (the same environment: one BLAS thread), the default model without its lemmatizer. Each parses the
-  first ``--speed-captions`` captions in tasks of ``--task`` captions, one task at a time, the two
-  processes taking turns over ``--rounds``. Per BLAS: milliseconds per caption (median over rounds) from
+  (the same environment: one BLAS thread), with the pipeline `load_spacy` loads on that BLAS. Each
+  parses the first ``--speed-captions`` captions in tasks of ``--task`` captions, one task at a time,
+  the two processes taking turns over ``--rounds``. Per BLAS: milliseconds per caption (median over rounds) from
   submitting a task to its result, as the extractor waits, and inside the process; and the ratio.
 - ``gemm``: in each process, a product of a tok2vec layer's shape (2,500 x 288 by 288 x 288, fp32),
   GFLOP/s (median of 20).
@@ -32,6 +32,7 @@ from typing import Any
 from benchmarks.latency import DEFAULT_DATA
 from benchmarks.run_info import record, write_result
 from benchmarks.workload import PASCAL_DISTINCT, flickr_workload, pascal_workload
+from qace.metric.candidates import DEFAULT_SPACY_MODEL, candidates_from_doc, load_spacy
 
 BLAS = {"blis": True, "numpy": False}
 """thinc's ``use_blis`` for each BLAS compared."""
@@ -47,25 +48,13 @@ def captions(data_dir: Path) -> list[str]:
     )
 
 
-def load(model: str, use_blis: bool) -> Any:
-    """The default pipeline without its lemmatizer (as `load_spacy` loads it), its layers built on thinc's
-    numpy ops with or without BLIS."""
-    import spacy
-    from thinc.api import use_ops
-
-    from qace.metric.candidates import UNUSED_PIPES
-
-    with use_ops("numpy", use_blis=use_blis):
-        return spacy.load(model, exclude=list(UNUSED_PIPES))
-
-
 def _worker(argument: tuple[str, bool], _core: object = None) -> Callable[[Any], Any]:
     """A parsing process (`HostPool` setup): ``("parse", captions)`` -> seconds the parse took here;
     ``("gemm", repeats)`` -> GFLOP/s of a tok2vec-shaped product through this pipeline's ops."""
     import numpy as np
 
     model, use_blis = argument
-    nlp = load(model, use_blis)
+    nlp = load_spacy(model, blis=use_blis)
     ops = nlp.get_pipe("tok2vec").model.ops
 
     def run(task: tuple[str, Any]) -> float:
@@ -128,8 +117,6 @@ def speed(texts: Sequence[str], model: str, task: int, rounds: int) -> dict[str,
 
 def annotations(nlp: Any, texts: Sequence[str]) -> list[tuple[Any, ...]]:
     """Per caption: fine tags, dependency labels, heads, entities and candidates."""
-    from qace.metric.candidates import candidates_from_doc
-
     return [
         (
             tuple(t.tag_ for t in doc),
@@ -144,7 +131,7 @@ def annotations(nlp: Any, texts: Sequence[str]) -> list[tuple[Any, ...]]:
 
 def agreement(texts: Sequence[str], model: str) -> dict[str, Any]:
     """The module docstring's ``agreement``, with up to five differing captions per field."""
-    blis, numpy = (annotations(load(model, use), texts) for use in BLAS.values())
+    blis, numpy = (annotations(load_spacy(model, blis=use), texts) for use in BLAS.values())
     fields = ("tags", "dependency_labels", "heads", "entities", "candidates")
     differing = {
         field: [texts[k] for k in range(len(texts)) if blis[k][i] != numpy[k][i]]
@@ -158,8 +145,6 @@ def agreement(texts: Sequence[str], model: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from qace.metric.candidates import DEFAULT_SPACY_MODEL
-
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

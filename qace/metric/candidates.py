@@ -30,19 +30,19 @@ UNUSED_PIPES = ("lemmatizer",)
 
 
 @lru_cache(maxsize=4)
-def load_spacy(name: str = DEFAULT_SPACY_MODEL) -> Any:
+def load_spacy(name: str = DEFAULT_SPACY_MODEL, *, blis: bool = False) -> Any:
     """Load a spaCy pipeline by package name or path, with a clear error when it is not installed.
 
-    Its layers' matrix products run through numpy's BLAS rather than the BLIS thinc bundles, which
-    gave about 3x slower products and a 1.5x slower parse of short captions on an x86-64 host; every
-    annotation candidates read (tags, dependencies, heads, entities) was the same on 53,702 distinct
-    captions (`benchmarks.spacy_parse`, docs/performance.md). Host processes run numpy's BLAS on one
-    thread (`qace.engine.host_pool.HIDDEN`)."""
+    Its layers' matrix products run through numpy's BLAS rather than the BLIS thinc bundles (``blis``:
+    BLIS, spaCy's default, which `benchmarks.spacy_parse` compares), which gave about 3x slower products
+    and a 1.5x slower parse of short captions on an x86-64 host; every annotation candidates read (tags,
+    dependencies, heads, entities) was the same on 53,702 distinct captions (docs/performance.md). Host
+    processes run numpy's BLAS on one thread (`qace.engine.host_pool.HIDDEN`)."""
     import spacy
     from thinc.api import use_ops
 
     try:
-        with use_ops("numpy", use_blis=False):
+        with use_ops("numpy", use_blis=blis):
             return spacy.load(name, exclude=list(UNUSED_PIPES))
     except OSError as exc:
         raise ConfigError(
