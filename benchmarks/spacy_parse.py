@@ -11,8 +11,9 @@ references), sorted; ``--captions`` keeps the first N.
 - ``speed``: one parsing process per BLAS, each a `HostPool` process as qace's parsing processes are
   (the same environment: one BLAS thread), with the pipeline `load_spacy` loads on that BLAS. Each
   parses the first ``--speed-captions`` captions in tasks of ``--task`` captions, one task at a time,
-  the two processes taking turns over ``--rounds``. Per BLAS: milliseconds per caption (median over rounds) from
-  submitting a task to its result, as the extractor waits, and inside the process; and the ratio.
+  the two processes taking turns over ``--rounds``. Per BLAS: milliseconds per caption (median over
+  rounds) from submitting a task to its result, as the extractor waits, and inside the process; and the
+  ratio.
 - ``gemm``: in each process, a product of a tok2vec layer's shape (2,500 x 288 by 288 x 288, fp32),
   GFLOP/s (median of 20).
 - ``agreement``: in this process, both pipelines over every caption: how many captions differ in their

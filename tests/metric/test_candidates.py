@@ -47,6 +47,28 @@ def test_the_pipeline_multiplies_through_numpys_blas_not_blis():
     assert sum(not layer.ops.use_blis for layer in layers) > len(layers) // 2
 
 
+def test_the_parse_runs_blas_on_one_thread_and_gives_the_threads_back():
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads() -> list[int]:
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    seen: list[list[int]] = []
+    nlp = load_spacy()
+
+    class Recording:
+        def pipe(self, captions, batch_size):
+            for caption in captions:
+                seen.append(blas_threads())
+                yield nlp(caption)
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert blas_threads() and set(blas_threads()) == {2}
+        assert extract_candidates(["a dog", "a cat"], Recording()) == [["dog"], ["cat"]]
+        assert blas_threads() and set(blas_threads()) == {2}
+    assert seen == [[1] * len(blas_threads())] * 2
+
+
 def test_parsing_processes_end_with_the_process_that_started_them(tmp_path):
     """#37.6: kill -9 of a scorer's process (a `--gpus` shard worker, say) leaves no spaCy process."""
     import os
