@@ -1,23 +1,26 @@
-"""spaCy's parse with its matrix products through BLIS (thinc's default) or through numpy's BLAS
-(`qace.metric.candidates.load_spacy`'s choice): how fast a parsing process is, and whether the
-annotations candidates read are the same.
+"""spaCy's parse as spaCy loads it and as qace loads it (`qace.metric.candidates.load_spacy`): the
+layers' matrix products through BLIS (thinc's default) or numpy's BLAS, the attribute ruler as spaCy's
+`Matcher` or as table lookups (`qace.metric.pos_rules`). How fast a parsing process is with each, and
+whether the annotations candidates read are the same.
 
     python -m benchmarks.spacy_parse                      # -> benchmarks/results/spacy_parse_cpu.json
     python -m benchmarks.spacy_parse --captions 64 --speed-captions 64 --rounds 1 --out /tmp/s.json  # smoke
 
-The captions: every distinct caption of PASCAL-50S (48,715) and of Flickr8k-Expert (its candidates and
-references), sorted; ``--captions`` keeps the first N.
+The pipelines (`PIPELINES`): ``spacy`` (BLIS, spaCy's ruler), ``numpy_blas`` (numpy's BLAS, spaCy's
+ruler), ``qace`` (numpy's BLAS, the ruler as lookups). The captions: every distinct caption of
+PASCAL-50S (48,715) and of Flickr8k-Expert (its candidates and references), sorted; ``--captions``
+keeps the first N.
 
-- ``speed``: one parsing process per BLAS, each a `HostPool` process as qace's parsing processes are
-  (the same environment: one BLAS thread), with the pipeline `load_spacy` loads on that BLAS. Each
-  parses the first ``--speed-captions`` captions in tasks of ``--task`` captions, one task at a time,
-  the two processes taking turns over ``--rounds``. Per BLAS: milliseconds per caption (median over
-  rounds) from submitting a task to its result, as the extractor waits, and inside the process; and the
-  ratio.
-- ``gemm``: in each process, a product of a tok2vec layer's shape (2,500 x 288 by 288 x 288, fp32),
-  GFLOP/s (median of 20).
-- ``agreement``: in this process, both pipelines over every caption: how many captions differ in their
-  fine tags, dependency labels, heads, entities or candidates.
+- ``speed``: one parsing process per pipeline, each a `HostPool` process as qace's parsing processes are
+  (the same environment: one BLAS thread). Each parses the first ``--speed-captions`` captions in tasks
+  of ``--task`` captions, one task at a time, the processes taking turns (in reversed order every other
+  round) over ``--rounds``. Per pipeline: milliseconds per caption (median over rounds) from submitting
+  a task to its result, as the extractor waits, and inside the process; spaCy's over each other's.
+- ``gemm``: in each process, a product of a tok2vec layer's shape (2,500 x 288 by 288 x 288, fp32)
+  through the pipeline's ops, GFLOP/s (median of 20).
+- ``agreement``: in this process, every pipeline over every caption: per pipeline, how many captions
+  differ from ``spacy``'s in their coarse tags, fine tags, dependency labels, heads, entities or
+  candidates.
 """
 
 from __future__ import annotations
@@ -35,8 +38,12 @@ from benchmarks.run_info import record, write_result
 from benchmarks.workload import PASCAL_DISTINCT, flickr_workload, pascal_workload
 from qace.metric.candidates import DEFAULT_SPACY_MODEL, candidates_from_doc, load_spacy
 
-BLAS = {"blis": True, "numpy": False}
-"""thinc's ``use_blis`` for each BLAS compared."""
+PIPELINES: dict[str, dict[str, bool]] = {
+    "spacy": {"blis": True, "pos_rules": False},
+    "numpy_blas": {"blis": False, "pos_rules": False},
+    "qace": {"blis": False, "pos_rules": True},
+}
+"""`load_spacy`'s arguments for each pipeline compared; ``spacy`` is spaCy's own load."""
 
 
 def captions(data_dir: Path) -> list[str]:
@@ -49,13 +56,13 @@ def captions(data_dir: Path) -> list[str]:
     )
 
 
-def _worker(argument: tuple[str, bool], _core: object = None) -> Callable[[Any], Any]:
+def _worker(argument: tuple[str, str], _core: object = None) -> Callable[[Any], Any]:
     """A parsing process (`HostPool` setup): ``("parse", captions)`` -> seconds the parse took here;
     ``("gemm", repeats)`` -> GFLOP/s of a tok2vec-shaped product through this pipeline's ops."""
     import numpy as np
 
-    model, use_blis = argument
-    nlp = load_spacy(model, blis=use_blis)
+    model, pipeline = argument
+    nlp = load_spacy(model, **PIPELINES[pipeline])
     ops = nlp.get_pipe("tok2vec").model.ops
 
     def run(task: tuple[str, Any]) -> float:
@@ -83,8 +90,8 @@ def speed(texts: Sequence[str], model: str, task: int, rounds: int) -> dict[str,
     from qace.engine.host_pool import HostPool
 
     pools = {
-        name: HostPool(1, "benchmarks.spacy_parse:_worker", (model, use), label=f"spaCy-{name}")
-        for name, use in BLAS.items()
+        name: HostPool(1, "benchmarks.spacy_parse:_worker", (model, name), label=f"spaCy-{name}")
+        for name in PIPELINES
     }
     try:
         for pool in pools.values():
@@ -109,7 +116,8 @@ def speed(texts: Sequence[str], model: str, task: int, rounds: int) -> dict[str,
             }
             for name in pools
         }
-        result["blis_over_numpy"] = result["blis"]["ms_per_caption"] / result["numpy"]["ms_per_caption"]
+        for name in list(PIPELINES)[1:]:
+            result[f"spacy_over_{name}"] = result["spacy"]["ms_per_caption"] / result[name]["ms_per_caption"]
         return result
     finally:
         for pool in pools.values():
@@ -117,9 +125,10 @@ def speed(texts: Sequence[str], model: str, task: int, rounds: int) -> dict[str,
 
 
 def annotations(nlp: Any, texts: Sequence[str]) -> list[tuple[Any, ...]]:
-    """Per caption: fine tags, dependency labels, heads, entities and candidates."""
+    """Per caption: coarse tags, fine tags, dependency labels, heads, entities and candidates."""
     return [
         (
+            tuple(t.pos_ for t in doc),
             tuple(t.tag_ for t in doc),
             tuple(t.dep_ for t in doc),
             tuple(t.head.i for t in doc),
@@ -131,17 +140,26 @@ def annotations(nlp: Any, texts: Sequence[str]) -> list[tuple[Any, ...]]:
 
 
 def agreement(texts: Sequence[str], model: str) -> dict[str, Any]:
-    """The module docstring's ``agreement``, with up to five differing captions per field."""
-    blis, numpy = (annotations(load_spacy(model, blis=use), texts) for use in BLAS.values())
-    fields = ("tags", "dependency_labels", "heads", "entities", "candidates")
+    """The module docstring's ``agreement``, with up to five differing captions per pipeline and field."""
+    parsed = {name: annotations(load_spacy(model, **kwargs), texts) for name, kwargs in PIPELINES.items()}
+    fields = ("coarse_tags", "tags", "dependency_labels", "heads", "entities", "candidates")
     differing = {
-        field: [texts[k] for k in range(len(texts)) if blis[k][i] != numpy[k][i]]
-        for i, field in enumerate(fields)
+        name: {
+            field: [texts[k] for k in range(len(texts)) if parsed["spacy"][k][i] != parsed[name][k][i]]
+            for i, field in enumerate(fields)
+        }
+        for name in list(PIPELINES)[1:]
     }
     return {
         "captions": len(texts),
-        "differing": {field: len(found) for field, found in differing.items()},
-        "examples": {field: found[:5] for field, found in differing.items() if found},
+        "differing_from_spacy": {
+            name: {field: len(found) for field, found in fields_found.items()}
+            for name, fields_found in differing.items()
+        },
+        "examples": {
+            name: {field: found[:5] for field, found in by_field.items() if found}
+            for name, by_field in differing.items()
+        },
     }
 
 

