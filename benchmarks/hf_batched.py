@@ -8,7 +8,8 @@ next batch in one scatter, builds its forced outputs vectorised exactly as the e
 (`benchmarks.workload.padded_target_tokens`) and copies it to the device from pinned memory while the
 current batch generates; outputs are decoded through the Rust backend after the last batch
 (`qace.engine.tokenize.decode`). The models run in bf16 (or the precision they
-were loaded in); region features go to the GPU once per run; spaCy parses through
+were loaded in); region features go to the GPU once per run; spaCy, loaded as spaCy loads it (its
+BLIS products, single-threaded in each process, and its attribute ruler), parses through
 ``nlp.pipe(n_process=...)``; token F1 and BERTScore are the same batched kernels the engine uses
 (BERTScore on the GPU); the cyclic garbage collector is paused while scoring, as the engine pauses it
 (`qace.engine.gc_pause`). No loop in the hot path runs Python per caption: the loops run per batch.

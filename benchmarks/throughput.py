@@ -85,6 +85,12 @@ PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, ven
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+BASELINE_SPACY = {"blis": True, "pos_rules": False}
+"""The baseline's spaCy (`load_spacy`'s arguments): spaCy's own load, as its engineer would write it. With
+numpy's BLAS, each of ``nlp.pipe(n_process=...)``'s processes would thread its products over every core
+(docs/performance.md)."""
+
+
 def _linear_params(module: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
@@ -385,7 +391,7 @@ def baseline_section(
     }
     baseline = hf_batched.Baseline(
         models,
-        load_spacy(),
+        load_spacy(**BASELINE_SPACY),
         scorer.matcher,
         scorer.features,
         batch_size=args.hf_batch,
@@ -408,6 +414,7 @@ def baseline_section(
         "warm_up_captions": min(len(warm), args.baseline_warmup),
         "batch_size": args.hf_batch,
         "spacy_processes": args.baseline_spacy_processes,
+        "spacy_load": BASELINE_SPACY,
         "stage_seconds": dict(baseline.seconds),
         "rows_per_stage_after_dedup": {name: run.rows for name, run in baseline.stages.items()},
         "generate_bound_fraction": bound["all"]["fraction"],

@@ -47,6 +47,7 @@ def test_sections_and_merge(report: dict[str, Any]) -> None:
     # both systems ran the same distinct rows per model
     assert baseline["rows_per_stage_after_dedup"] == engine["rows_per_stage_after_dedup"]
     assert baseline["warm_up_captions"] == 4  # --warmup's 4 other captions (the default asks for 256)
+    assert baseline["spacy_load"] == {"blis": True, "pos_rules": False}  # spaCy's own load, not qace's
     assert 0 < baseline["generate_bound_fraction"] and set(baseline["generate_bound"]) >= {"qg", "tqa", "vqa"}
     for stage in ("qg", "tqa", "vqa"):  # where each baseline stage's wall went
         parts = baseline["generate_bound"][stage]["stage_parts_seconds"]
