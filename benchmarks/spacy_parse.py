@@ -153,8 +153,8 @@ def agreement(texts: Sequence[str], model: str) -> dict[str, Any]:
     return {
         "captions": len(texts),
         "differing_from_spacy": {
-            name: {field: len(found) for field, found in fields_found.items()}
-            for name, fields_found in differing.items()
+            name: {field: len(found) for field, found in by_field.items()}
+            for name, by_field in differing.items()
         },
         "examples": {
             name: {field: found[:5] for field, found in by_field.items() if found}

@@ -3,9 +3,9 @@
 spaCy is the slowest CPU stage, so the extractor (1) parses each distinct caption once and remembers it
 (benchmarks and data sets repeat captions a lot), (2) skips the lemmatizer, which candidates never use,
 (3) runs the pipeline's matrix products through numpy's BLAS instead of BLIS and its attribute ruler as
-table lookups (`load_spacy`), and (4) can
-spread parsing over worker processes once started (`CandidateExtractor.start`), returning a future so
-that the next chunk is parsed while the GPU works on the current one.
+table lookups (`load_spacy`), and (4) can spread parsing over worker processes once started
+(`CandidateExtractor.start`), returning a future so that the next chunk is parsed while the GPU works
+on the current one.
 """
 
 from __future__ import annotations

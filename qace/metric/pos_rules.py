@@ -1,12 +1,11 @@
 """The attribute ruler's coarse tags as table lookups: a spaCy pipe that sets what an `AttributeRuler`
-would set for the attributes candidates read, about 15x faster on short captions.
+would set for the attributes candidates read.
 
 spaCy's English pipelines take their coarse tags (``POS``, which noun chunks read) from an attribute
-ruler: 179 token patterns in ``en_core_web_sm`` 3.8.0, run through spaCy's `Matcher`, which cost about
-as much as the parser itself on a caption. `PosRules` evaluates the same patterns, for the attributes
-``POS``, ``TAG`` and ``DEP`` only, as dictionary lookups: a single-token pattern's outcome depends only
-on the token's values of the fields the patterns test, so each distinct combination is resolved once
-and remembered.
+ruler: 179 token patterns in ``en_core_web_sm`` 3.8.0, run through spaCy's `Matcher`. `PosRules`
+evaluates the same patterns, for the attributes ``POS``, ``TAG`` and ``DEP`` only, as dictionary
+lookups: a single-token pattern's outcome depends only on the token's values of the fields the patterns
+test, so each distinct combination is resolved once and remembered (docs/performance.md: what it saves).
 
 Contract: on any parsed doc, ``POS``, ``TAG`` and ``DEP`` of every token equal what the ruler's patterns
 would give, with the ruler's precedence (all matches found on the doc as it comes, then applied in
