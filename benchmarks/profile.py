@@ -19,7 +19,9 @@ distorts another:
 - ``threads``: what every Python thread was doing while the calls ran (`ThreadSampler`: each thread's
   innermost Python frame every ``--sample-ms``), so a thread that runs Python beside the model thread,
   and takes the interpreter lock the model thread waits to get back after each released call (a graph
-  replay, a wait for the device), shows as ``running``.
+  replay, a wait for the device), shows as ``running``;
+- ``parse_split``: the candidates stage's parse through the scorer's parsing processes against the
+  largest share one process parses and the whole call, parsed in this process (`parse_split`).
 
 ``floor``: what one call cannot go under while it stays one batch, from the profiler's stages: the
 candidates stage's wall (spaCy parses; no model can start before its captions' candidates are known)
@@ -60,6 +62,7 @@ from benchmarks.workload import (
 )
 from qace.engine import instrument
 from qace.engine.instrument import CollectorPauses, StageTimer, cuda_sync
+from qace.metric.candidates import extract_candidates, load_spacy
 from qace.reward import QACEReward
 
 
@@ -267,6 +270,44 @@ def python_profile(call: Callable[[int], None], calls: int, out_dir: Path) -> di
     return {"top_own_ms_per_call": {f"{k[0]}:{k[1]}({k[2]})": 1000 * t / calls for t, k in own}}
 
 
+def parse_split(scorer: Any, records: list, batch: int, calls: int, seed: int) -> dict[str, Any]:
+    """How the candidates stage's wall splits: the call's captions through the scorer's extractor (its
+    parsing processes when started, as a call's are) against the largest share one process parses
+    (``ceil(captions / workers)``) and the whole call parsed here, both timed in this process on
+    the same captions, with the extractor's cache off. ``pool_ms - largest_share_ms`` is what
+    handing the parse to the processes costs beyond the parse itself (dispatch, pickling, waking the
+    processes, collecting), if a process parses as fast as this one."""
+    extractor = scorer.candidates
+    nlp = load_spacy(extractor.model)
+    kept, extractor.cache_size = extractor.cache_size, 0
+    pool, share, whole = [], [], []
+    try:
+        for i in range(calls):
+            captions = list(dict.fromkeys(r.caption for r in draw(records, batch, seed, -100 - i)))
+            size = -(-len(captions) // max(extractor.processes, 1))
+            start = time.perf_counter()
+            extractor.submit(captions).result()
+            pool.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            extract_candidates(captions[:size], nlp)
+            share.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            extract_candidates(captions, nlp)
+            whole.append(time.perf_counter() - start)
+    finally:
+        extractor.cache_size = kept
+    median = lambda xs: 1000 * float(np.median(xs))  # noqa: E731
+    return {
+        "parsing_processes": extractor.processes,
+        "distinct_captions": len(captions),
+        "pool_ms": median(pool),
+        "largest_share_captions": size,
+        "largest_share_ms": median(share),
+        "whole_in_process_ms": median(whole),
+        "pool_overhead_ms": median(pool) - median(share),
+    }
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -320,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_profiler": kernel_tables(reward, call, args.calls, out_dir),
         "python": python_profile(call, args.calls, out_dir),
         "threads": thread_activity(call, args.calls, args.sample_ms / 1000),
+        "parse_split": parse_split(scorer, records, args.batch, args.calls, args.seed),
     }
     report["graph_captures_in_profiled_calls"] = graph_captures(scorer) - captured
     report["floor"] = chain_floor(report["torch_profiler"]["gpu_busy_by_stage"])

@@ -132,6 +132,12 @@ class CandidateExtractor:
         if wait and pool is not None:
             pool.wait_ready()
 
+    @property
+    def processes(self) -> int:
+        """How many parsing processes `submit` hands captions to now (0: it parses in this process)."""
+        pool = self._pool
+        return pool.size if pool is not None and pool.ready() else 0
+
     def __call__(self, captions: Sequence[str]) -> list[list[str]]:
         return self.submit(captions).result()
 

@@ -38,6 +38,10 @@ def test_tiny_profile_writes_its_report_and_tables(tiny_models: Path, tmp_path: 
     assert report["python"]["top_own_ms_per_call"]
     threads = report["threads"]["by_thread"]
     assert threads["MainThread"]["samples"] > 0 and threads["MainThread"]["running_share"] > 0
+    split = report["parse_split"]  # no parsing processes on the CPU: one share is the whole call
+    assert split["parsing_processes"] == 0 and 0 < split["distinct_captions"] <= 4
+    assert split["largest_share_captions"] == split["distinct_captions"]
+    assert min(split["pool_ms"], split["largest_share_ms"], split["whole_in_process_ms"]) > 0
 
 
 def test_stage_busy_counts_overlapping_device_work_once() -> None:

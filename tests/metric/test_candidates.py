@@ -35,9 +35,13 @@ def test_fast_paths_equal_the_plain_full_pipeline():
     assert in_process(captions[:10]) == expected[:10]  # from the cache
     pooled = CandidateExtractor(workers=2, cache_size=50)
     try:
-        assert pooled.submit(captions).result() == expected
+        assert pooled.processes == 0  # not started: parsed in this process
+        pooled.start(wait=True)
+        assert pooled.processes == 2
+        assert pooled.submit(captions).result() == expected  # split between the two processes
     finally:
         pooled.close()
+    assert pooled.processes == 0
 
 
 def test_the_pipeline_multiplies_through_numpys_blas_not_blis():
