@@ -121,13 +121,16 @@ executor worker, tqdm's monitor between its checks. Any other frame counts as ru
 class ThreadSampler:
     """Samples, every ``interval`` seconds from a thread of its own, every other Python thread's innermost
     frame (`sys._current_frames`): per thread name (executor workers' numbers dropped), how many samples,
-    how many were in a `WAITING` frame, and the most frequent frames. The sampler needs the interpreter
+    how many were in a `WAITING` frame, the most frequent frames, and the most frequent innermost frames
+    of qace's own code with the frame inside it (``qace_top``: which of the engine's functions the samples
+    fall in, a library's call included). The sampler needs the interpreter
     lock to sample, so a thread that holds it for long is seen at the moments it lets go (the switch
     interval): the counts rank threads, they do not time them."""
 
     def __init__(self, interval: float = 0.0005) -> None:
         self.interval = interval
         self.samples: dict[str, dict[str, int]] = {}
+        self.owners: dict[str, dict[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="qace-thread-sampler", daemon=True)
 
@@ -150,16 +153,39 @@ class ThreadSampler:
                 where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
                 counts = self.samples.setdefault(name, {})
                 counts[where] = counts.get(where, 0) + 1
+                owner = _qace_frame(frame)
+                owned = self.owners.setdefault(name, {})
+                key = f"{owner} > {where}" if owner else where
+                owned[key] = owned.get(key, 0) + 1
 
     def report(self) -> dict[str, Any]:
-        """Per thread: samples, the share in a running frame, and the eight most frequent frames."""
+        """Per thread: samples, the share in a running frame, the eight most frequent frames and the
+        twenty most frequent qace frames (with the innermost frame)."""
         out = {}
         for name, counts in sorted(self.samples.items(), key=lambda kv: -sum(kv[1].values())):
             total = sum(counts.values())
             waiting = sum(n for where, n in counts.items() if tuple(where.split(":", 1)) in WAITING)
             top = sorted(counts.items(), key=lambda kv: -kv[1])[:8]
-            out[name] = {"samples": total, "running_share": (total - waiting) / total, "top": dict(top)}
+            owned = sorted(self.owners.get(name, {}).items(), key=lambda kv: -kv[1])[:20]
+            out[name] = {
+                "samples": total,
+                "running_share": (total - waiting) / total,
+                "top": dict(top),
+                "qace_top": dict(owned),
+            }
         return out
+
+
+_QACE_DIR = str(Path(__file__).resolve().parents[1] / "qace")
+
+
+def _qace_frame(frame: Any) -> str | None:
+    """``file:function`` of the innermost frame in the qace package at or above ``frame``."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_QACE_DIR):
+            return f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return None
 
 
 def thread_activity(call: Callable[[int], None], calls: int, interval: float) -> dict[str, Any]:

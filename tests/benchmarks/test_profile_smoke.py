@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import profile
+from qace.metric.text import filter_stopwords
 from tests.helpers import SHARED_DATA
 
 
@@ -85,6 +86,7 @@ def test_the_thread_sampler_tells_running_threads_from_waiting_ones() -> None:
     def spin() -> None:
         while not stop.is_set():
             sum(range(100))
+            filter_stopwords("a dog on the grass " * 20)
 
     busy = threading.Thread(target=spin, name="busy")
     idle = threading.Thread(target=stop.wait, name="idle")
@@ -105,3 +107,7 @@ def test_the_thread_sampler_tells_running_threads_from_waiting_ones() -> None:
     assert threads["idle"]["running_share"] == 0 and "threading.py:wait" in threads["idle"]["top"]
     assert threads["pool"]["running_share"] == 0  # the worker's number dropped from its name
     assert "qace-thread-sampler" not in threads
+    # samples inside qace's code name its innermost function; the test's own frames have no qace owner
+    owned = threads["busy"]["qace_top"]
+    assert any(key.startswith("text.py:filter_stopwords > ") for key in owned)
+    assert all(" > " in key or not key.startswith("text.py:") for key in owned)
