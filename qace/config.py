@@ -130,7 +130,9 @@ def speed_defaults(device: str, backend: str = "torch", variant: str = "ref") ->
     """Speed settings for an engine on ``device`` where none are given: the dataclass's on the CPU; on
     a CUDA device the benchmarks' batches and chunks, the batches scaled to the card's memory (by
     `GPU_BATCH_ROWS`, divided by `ONNX_IMG_ROWS_DIVISOR` for ``backend`` onnx with ``variant`` img), and
-    spaCy parsing in `auto_spacy_workers` processes.
+    spaCy parsing in `auto_spacy_workers` processes, not reduced by the host processes: those start only
+    for long input (`qace.api.HOST_MIN_CHUNKS`), while a reward call's parse is the first link of its
+    chain and has the cores to itself (docs/performance.md, "Measurements behind design choices").
     """
     if not device.startswith("cuda"):
         return {}
@@ -148,7 +150,7 @@ def speed_defaults(device: str, backend: str = "torch", variant: str = "ref") ->
     return {
         **batches,
         "chunk_size": 2048,
-        "spacy_workers": auto_spacy_workers(hosts=hosts),
+        "spacy_workers": auto_spacy_workers(),
         "host_workers": hosts,
     }
 
