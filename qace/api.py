@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qace.config import QACEConfig, build_signature, speed_defaults
+from qace.config import QACEConfig, build_signature, parsing_beside_hosts, speed_defaults
 from qace.data.records import Record, RecordError, caption_problem, require, surrogate_problem
 from qace.engine import instrument
 from qace.engine.gc_pause import collector_paused, freeze_heap
@@ -149,6 +149,7 @@ class QACE(FileScorer):
         from qace.engine.host_pool import HostPool
         from qace.metric.host import BERTSCORE, HostSetup
 
+        self.candidates.limit(parsing_beside_hosts(self.config.spacy_workers, self.config.host_workers))
         self.candidates.start()
         m = self.models
         runners = {"qg": m.qg, "tqa": m.tqa, **({"vqa": m.vqa} if m.vqa is not None else {})}

@@ -16,6 +16,7 @@ from qace.config import (
     auto_host_workers,
     auto_spacy_workers,
     given_speed_settings,
+    parsing_beside_hosts,
     speed_defaults,
 )
 from qace.scale.shards import shard_settings
@@ -84,6 +85,16 @@ def test_a_device_that_cannot_be_asked_gets_no_gpu_defaults(monkeypatch) -> None
 def test_spacy_workers_share_the_cores(n: int, engines: int, workers: int, cores) -> None:
     cores(n)
     assert auto_spacy_workers(engines) == workers
+
+
+@pytest.mark.parametrize(
+    ("n", "spacy", "hosts", "parsing"), [(16, 14, 4, 10), (16, 14, 0, 14), (16, 6, 4, 6), (2, 2, 2, 1)]
+)
+def test_beside_host_processes_the_parse_takes_the_cores_they_leave(
+    n: int, spacy: int, hosts: int, parsing: int, cores
+) -> None:
+    cores(n)
+    assert parsing_beside_hosts(spacy, hosts) == parsing
 
 
 @pytest.mark.parametrize(

@@ -102,8 +102,9 @@ class HostPool:
     to ``attach``. ``label`` names the processes in messages and process lists (``"host"``: host
     processes, memory advice ``--host-workers``; others name their own setting in ``setting``).
 
-    `submit` returns a future of the task's result; tasks queue while every process is busy. Start-up
-    (imports, the setup call) runs in the background from construction; `wait_ready` waits for it.
+    `submit` returns a future of the task's result; tasks queue while every process is busy, or while
+    as many are busy as `limit` allows. Start-up (imports, the setup call) runs in the background from
+    construction; `wait_ready` waits for it.
     """
 
     def __init__(
@@ -124,6 +125,7 @@ class HostPool:
         self._workers: list[_Worker] = []
         self._broken: HostWorkerError | None = None
         self._closed = False
+        self._limit: int | None = None
         self._all_ready = threading.Event()
         self._finalizer = weakref.finalize(self, HostPool._stop_processes, self._workers)
         for index in range(n):
@@ -174,6 +176,15 @@ class HostPool:
             self._dispatch()
         return future
 
+    def limit(self, processes: int | None) -> None:
+        """Hand tasks to at most ``processes`` processes at once (``None``: to every one); tasks already
+        running finish, and queued ones wait for a free place."""
+        if processes is not None and processes < 1:
+            raise ValueError(f"a host pool's limit must be at least 1 process, got {processes}")
+        with self._lock:
+            self._limit = processes
+            self._dispatch()
+
     def run_everywhere(self, task: Any) -> list[Any]:
         """Run ``task`` once in every process, each once it is idle (benchmarks empty the processes'
         caches between passes this way); their results, in process order."""
@@ -194,11 +205,13 @@ class HostPool:
         return results
 
     def _dispatch(self) -> None:
-        """Hand queued tasks to idle, ready processes (holding the lock)."""
+        """Hand queued tasks to idle, ready processes, within the limit (holding the lock)."""
+        busy = sum(1 for w in self._workers if w.busy is not None)
         for worker in self._workers:
-            if not self._queue:
+            if not self._queue or (self._limit is not None and busy >= self._limit):
                 return
             if worker.ready and worker.busy is None:
+                busy += 1
                 task, future = self._queue.popleft()
                 worker.busy = future
                 try:

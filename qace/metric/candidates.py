@@ -116,6 +116,7 @@ class CandidateExtractor:
         self._nlp = load_spacy(model)
         self._pool: HostPool | None = None
         self._closed = False
+        self._limit: int | None = None
 
     def start(self, wait: bool = False) -> None:
         """Start the parsing processes in the background (idempotent; nothing without ``workers``);
@@ -128,15 +129,28 @@ class CandidateExtractor:
                     self.workers, "qace.metric.candidates:parser", self.model, label="spaCy",
                     setting="--spacy-workers",
                 )  # fmt: skip
+                self._pool.limit(self._limit)
             pool = self._pool
         if wait and pool is not None:
             pool.wait_ready()
 
+    def limit(self, processes: int | None) -> None:
+        """Parse on at most ``processes`` of the processes at once (``None``: on all), each call cut into
+        that many parts: a scorer whose host processes run leaves them their cores (`qace.api`)."""
+        with self._lock:
+            self._limit = processes
+            pool = self._pool
+        if pool is not None:
+            pool.limit(processes)
+
     @property
     def processes(self) -> int:
-        """How many parsing processes `submit` hands captions to now (0: it parses in this process)."""
+        """How many parsing processes `submit` hands captions to at once now (0: it parses in this
+        process)."""
         pool = self._pool
-        return pool.size if pool is not None and pool.ready() else 0
+        if pool is None or not pool.ready():
+            return 0
+        return pool.size if self._limit is None else min(pool.size, self._limit)
 
     def __call__(self, captions: Sequence[str]) -> list[list[str]]:
         return self.submit(captions).result()
@@ -157,7 +171,7 @@ class CandidateExtractor:
         if pool is None or not todo or not pool.ready():
             finish(extract_candidates(todo, self._nlp) if todo else [])
             return result
-        size = -(-len(todo) // self.workers)
+        size = -(-len(todo) // max(1, self.processes))
         parts = [pool.submit(todo[i : i + size]) for i in range(0, len(todo), size)]
         remaining = [len(parts)]
 

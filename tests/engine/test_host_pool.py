@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,34 @@ def test_a_setup_that_raises_names_its_error() -> None:
     try:
         with pytest.raises(HostWorkerError, match=r"(?s)spaCy process 0 .* failed to start.*no parser here"):
             pool.wait_ready(timeout=120)
+    finally:
+        pool.close()
+
+
+def spans(_argument: Any, _core: Any) -> Any:
+    """A task function that holds its process a while and says when it ran (the host's clock)."""
+
+    def run(task: Any) -> tuple[float, float]:
+        start = time.time()
+        time.sleep(0.2)
+        return start, time.time()
+
+    return run
+
+
+def test_a_limited_pool_runs_no_more_tasks_at_once_than_its_limit() -> None:
+    pool = HostPool(3, "tests.engine.test_host_pool:spans", None)
+    try:
+        pool.wait_ready(timeout=120)
+        pool.limit(1)
+        ran = sorted(f.result(timeout=120) for f in [pool.submit(i) for i in range(3)])
+        assert all(ran[i][0] >= ran[i - 1][1] for i in range(1, 3))  # one after another
+        pool.limit(2)
+        ran = sorted(f.result(timeout=120) for f in [pool.submit(i) for i in range(4)])
+        # never three at once: each task starts after all but one of those before it ended
+        assert all(ran[i][0] >= min(ran[i - 2][1], ran[i - 1][1]) for i in range(2, 4))
+        with pytest.raises(ValueError, match="at least 1"):
+            pool.limit(0)
     finally:
         pool.close()
 

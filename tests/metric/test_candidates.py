@@ -39,6 +39,11 @@ def test_fast_paths_equal_the_plain_full_pipeline():
         pooled.start(wait=True)
         assert pooled.processes == 2
         assert pooled.submit(captions).result() == expected  # split between the two processes
+        pooled.limit(1)  # as beside running host processes: one part on one process at a time
+        assert pooled.processes == 1
+        assert pooled.submit(captions[::-1]).result() == expected[::-1]
+        pooled.limit(None)
+        assert pooled.processes == 2
     finally:
         pooled.close()
     assert pooled.processes == 0

@@ -49,12 +49,14 @@ def _records(n: int) -> list[dict]:
 
 @pytest.mark.parametrize("variant", ["ref", "img"])
 def test_rows_equal_the_single_process_design(
-    test_models_dir: Path, variant: str, caplog: pytest.LogCaptureFixture
+    test_models_dir: Path, variant: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Lists are cut alike by both designs (`qace.api._Tapered`), so their rows are equal, also while
     host processes start (the first chunks run in this process) and once they are ready; input of at
     most `HOST_MIN_CHUNKS` chunks starts no process, longer input starts them and says so, and input of
-    one chunk is scored in this process even once they are ready."""
+    one chunk is scored in this process even once they are ready. Beside the host processes the parse
+    takes only the cores they leave (`parsing_beside_hosts`: on 4 cores, 2 host processes leave one)."""
+    monkeypatch.setattr("qace.config._cores", lambda: 4)
     features = RandomFeatureStore() if variant == "img" else None
     kw = dict(models=test_models_dir, variant=variant, features=features, progress=False, explain=True)
     captions = [r["caption"] for r in _records(30)] + ["", "  "]  # two bad records among them
@@ -64,7 +66,7 @@ def test_rows_equal_the_single_process_design(
     head = {k: v[: HOST_MIN_CHUNKS * 4] for k, v in inputs.items()}
     single = QACE(host_workers=0, chunk_size=4, **kw)
     alone = single.score(captions, **inputs)
-    split = QACE(host_workers=2, spacy_workers=1, chunk_size=4, **kw)
+    split = QACE(host_workers=2, spacy_workers=2, chunk_size=4, **kw)
     try:
         with caplog.at_level(logging.INFO, logger="qace.api"):
             short = captions[: HOST_MIN_CHUNKS * 4]
@@ -76,9 +78,10 @@ def test_rows_equal_the_single_process_design(
         assert starting == alone
         assert sum("error" in r for r in starting) == 2
         split.start_host_processes(wait=True)
+        assert split.candidates.processes == 1  # of 2 spaCy processes
         with caplog.at_level(logging.DEBUG, logger="qace.api"):
             assert split.score(captions, **inputs) == alone
-        assert "scored by 2 host processes and 1 spaCy processes" in caplog.text
+        assert "scored by 2 host processes and 2 spaCy processes" in caplog.text
         # one chunk (a reward call) is scored here even with the host processes ready
         one = {k: v[:4] for k, v in inputs.items()}
         dispatch, split._dispatch = split._dispatch, None  # calling it would raise
