@@ -177,9 +177,9 @@ def auto_spacy_workers(engines: int = 1, hosts: int = 0) -> int:
 
 def parsing_beside_hosts(spacy_workers: int, host_workers: int) -> int:
     """How many of ``spacy_workers`` spaCy processes parse at once while ``host_workers`` host processes
-    run: the cores those leave (`auto_spacy_workers` with ``hosts``), at least one. Parsing on all 14
-    beside the host processes took QACE-Img's steady rate on an H200 from 3,621 to 3,474 captions/s
-    (docs/performance.md, "Measurements behind design choices")."""
+    run: the cores those leave (`auto_spacy_workers` with ``hosts``), at least one. Parsing on all of
+    them beside the host processes cost the steady rate (docs/performance.md, "Measurements behind
+    design choices")."""
     return max(1, min(spacy_workers, auto_spacy_workers(hosts=host_workers)))
 
 
