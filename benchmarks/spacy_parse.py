@@ -21,6 +21,16 @@ keeps the first N.
 - ``agreement``: in this process, every pipeline over every caption: per pipeline, how many captions
   differ from ``spacy``'s in their coarse tags, fine tags, dependency labels, heads, entities or
   candidates.
+- ``parallel``: where a reward call's parse goes. For each ``--parallel-processes`` count, that many
+  parsing processes of qace's (qace's load, candidates of every caption); each call of
+  ``--parallel-calls`` distinct captions is cut into one part per process, as the scorer's extractor cuts
+  it (`qace.metric.candidates.CandidateExtractor.submit`), and every part's process notes when it began
+  and ended its parse on the host's monotonic clock (system-wide on Linux). Per call size, medians over
+  ``--parallel-repeats`` calls (after one untimed): the call's wall (the first part submitted to the last
+  result back), when the first and the last part came back, the shortest and the longest parse inside a
+  process, the longest wait of a part before its process began it and of a result before it was back,
+  and the largest part parsed alone (submitted by itself to the same processes): the parse of a part
+  beside the others against the same parse with the host otherwise idle.
 """
 
 from __future__ import annotations
@@ -83,6 +93,80 @@ def _worker(argument: tuple[str, str], _core: object = None) -> Callable[[Any], 
         return 2 * 2500 * 288 * 288 / statistics.median(seconds) / 1e9
 
     return run
+
+
+def _timed_parser(model: str, _core: object = None) -> Callable[[list[str]], tuple[float, float]]:
+    """A parsing process as qace's (`qace.metric.candidates.parser`) that returns when it began and ended
+    each task (``time.monotonic``) instead of the candidates."""
+    from qace.metric.candidates import extract_candidates
+
+    nlp = load_spacy(model)
+
+    def run(captions: list[str]) -> tuple[float, float]:
+        start = time.monotonic()
+        extract_candidates(captions, nlp)
+        return start, time.monotonic()
+
+    return run
+
+
+def _parallel_call(pool: Any, call: list[str], processes: int) -> dict[str, float]:
+    """One call's timings in milliseconds (the module docstring's ``parallel``)."""
+    size = -(-len(call) // processes)
+    parts = [call[i : i + size] for i in range(0, len(call), size)]
+    sent, back = [0.0] * len(parts), [0.0] * len(parts)
+    futures = []
+    start = time.monotonic()
+    for k, part in enumerate(parts):
+        sent[k] = time.monotonic()
+        future = pool.submit(part)
+        future.add_done_callback(lambda _, k=k: back.__setitem__(k, time.monotonic()))
+        futures.append(future)
+    spans = [future.result() for future in futures]
+    while not all(back):  # a future's waiter may wake before its callbacks ran
+        time.sleep(0)
+    parses = [end - begin for begin, end in spans]
+    largest = max(range(len(parts)), key=lambda k: len(parts[k]))
+    begin, end = pool.submit(parts[largest]).result()
+    return {
+        "wall_ms": 1000 * (max(back) - start),
+        "first_back_ms": 1000 * (min(back) - start),
+        "shortest_parse_ms": 1000 * min(parses),
+        "longest_parse_ms": 1000 * max(parses),
+        "longest_wait_to_begin_ms": 1000 * max(b - s for (b, _), s in zip(spans, sent, strict=True)),
+        "longest_wait_for_result_ms": 1000 * max(r - e for (_, e), r in zip(spans, back, strict=True)),
+        "largest_part_alone_ms": 1000 * (end - begin),
+        "largest_part_captions": len(parts[largest]),
+    }
+
+
+def parallel(
+    texts: Sequence[str], model: str, processes: Sequence[int], sizes: Sequence[int], repeats: int
+) -> dict[str, Any]:
+    """The module docstring's ``parallel``: per process count and call size, the medians of
+    `_parallel_call` and the calls' walls."""
+    from qace.engine.host_pool import HostPool
+
+    result: dict[str, Any] = {}
+    for n in processes:
+        pool = HostPool(n, "benchmarks.spacy_parse:_timed_parser", model, label="spaCy")
+        try:
+            pool.wait_ready()
+            for size in sizes:
+                windows = max(1, len(texts) // size)
+                calls = [
+                    _parallel_call(pool, list(texts[(r % windows) * size :][:size]), n)
+                    for r in range(repeats + 1)
+                ][1:]
+                result[f"{n}_processes_{size}_captions"] = {
+                    "processes": n,
+                    "captions": size,
+                    **{key: statistics.median(c[key] for c in calls) for key in calls[0]},
+                    "calls_wall_ms": [c["wall_ms"] for c in calls],
+                }
+        finally:
+            pool.close()
+    return result
 
 
 def speed(texts: Sequence[str], model: str, task: int, rounds: int) -> dict[str, Any]:
@@ -174,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed-captions", type=int, default=4096)
     parser.add_argument("--task", type=int, default=256, help="captions a parsing task")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--parallel-processes", type=int, nargs="*", default=[14, 10, 8])
+    parser.add_argument("--parallel-calls", type=int, nargs="*", default=[64, 256], help="captions a call")
+    parser.add_argument("--parallel-repeats", type=int, default=10)
     args = parser.parse_args(argv)
     texts = captions(args.data_dir)[: args.captions]
     result = {
@@ -185,9 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         "speed_captions": min(args.speed_captions, len(texts)),
         "speed": speed(texts[: args.speed_captions], args.model, args.task, args.rounds),
         "agreement": agreement(texts, args.model),
+        "parallel": parallel(
+            texts, args.model, args.parallel_processes, args.parallel_calls, args.parallel_repeats
+        ),
     }
     write_result(result, args.out, "spacy_parse", None)
-    print(json.dumps({"speed": result["speed"], "agreement": result["agreement"]}, indent=1))
+    shown = ("speed", "agreement", "parallel")
+    print(json.dumps({key: result[key] for key in shown}, indent=1))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from benchmarks import spacy_parse
@@ -11,6 +12,7 @@ from benchmarks import spacy_parse
 def test_a_small_run_times_each_pipeline_and_compares_their_parses(tmp_path: Path) -> None:
     out = tmp_path / "spacy.json"
     argv = ["--captions", "40", "--speed-captions", "32", "--task", "16", "--rounds", "2", "--out", str(out)]
+    argv += ["--parallel-processes", "2", "--parallel-calls", "7", "--parallel-repeats", "2"]
     assert spacy_parse.main(argv) == 0
     record = json.loads(out.read_text())
     assert record["command"].startswith("python -m benchmarks.spacy_parse") and record["commit"]
@@ -28,3 +30,11 @@ def test_a_small_run_times_each_pipeline_and_compares_their_parses(tmp_path: Pat
     assert record["agreement"]["differing_from_spacy"] == {
         name: dict.fromkeys(fields, 0) for name in ("numpy_blas", "qace")
     }
+    # a call of 7 captions cut in two parts (4 and 3), each timed inside its process on the host's clock
+    cell = record["parallel"]["2_processes_7_captions"]
+    assert (cell["processes"], cell["captions"], cell["largest_part_captions"]) == (2, 7, 4)
+    assert len(cell["calls_wall_ms"]) == 2 and cell["wall_ms"] == statistics.median(cell["calls_wall_ms"])
+    assert 0 < cell["first_back_ms"] <= cell["wall_ms"]
+    assert 0 < cell["shortest_parse_ms"] <= cell["longest_parse_ms"] <= cell["wall_ms"]
+    assert cell["longest_wait_to_begin_ms"] >= 0 and cell["longest_wait_for_result_ms"] >= 0
+    assert cell["largest_part_alone_ms"] > 0
