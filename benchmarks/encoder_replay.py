@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,8 @@ import torch
 
 from benchmarks.latency import DEFAULT_DATA
 from benchmarks.run_info import record, write_result
-from benchmarks.workload import build_models
+from benchmarks.workload import half_qg
 from qace.families.t5.encoder import T5Encoder
-from qace.models.loading import load_seq2seq
-
-
-def _p50(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 @torch.inference_mode()
@@ -87,11 +82,14 @@ def measure(encoder: T5Encoder, vocab: int, rows: int, length: int, calls: int) 
     return {
         "rows": rows,
         "length": length,
-        "eager": {"host_ms": 1000 * _p50(host), "device_ms": 1000 * _p50(device)},
+        "eager": {
+            "host_ms": 1000 * statistics.median_high(host),
+            "device_ms": 1000 * statistics.median_high(device),
+        },
         "graph": {
             "first_replay_host_ms": 1000 * replays[0],
-            "replay_host_ms": 1000 * _p50(replays[1:]),
-            "device_ms": 1000 * _p50(replay_device[1:]),
+            "replay_host_ms": 1000 * statistics.median_high(replays[1:]),
+            "device_ms": 1000 * statistics.median_high(replay_device[1:]),
         },
         "equal": bool(torch.equal(graph_out, eager_out)),
     }
@@ -117,17 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.encoder_replay needs a CUDA GPU")
-    models = args.models_dir or Path(tempfile.mkdtemp(prefix="qace-encoder-replay-"))
-    if not (models / "qg").is_dir():  # any directory with a QG model will do (the GPU smoke test's)
-        build_models(models, args.data_dir)
-    model, _ = load_seq2seq(str(models / "qg"), role="qg", device="cuda", dtype=torch.bfloat16)
+    model, qg = half_qg(args.models_dir, args.data_dir, "qace-encoder-replay-")
     encoder = T5Encoder(model)
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes]
     vocab = int(model.config.vocab_size)
     result = {
         **record("benchmarks.encoder_replay", argv, device="cuda"),
         "precision": "bf16",
-        "model": str(models / "qg"),
+        "model": str(qg),
         "calls": args.calls,
         "shapes": [measure(encoder, vocab, rows, length, args.calls) for rows, length in shapes],
     }

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,11 @@ import torch
 
 from benchmarks.latency import DEFAULT_DATA
 from benchmarks.run_info import record, write_result
-from benchmarks.workload import build_models
+from benchmarks.workload import half_qg
 from qace.config import QACEConfig, speed_defaults
 from qace.engine.scheduler import batch_shapes
 from qace.families.t5.decode_graphs import bucket_length, bucket_rows, windows
 from qace.families.t5.decoder import StaticT5Decoder
-from qace.models.loading import load_seq2seq
 
 STEPS = 31
 """Decoding steps the graphs are built for (the engine's question length)."""
@@ -177,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.step_replay needs a CUDA GPU")
-    models = args.models_dir or Path(tempfile.mkdtemp(prefix="qace-step-replay-"))
-    if not (models / "qg").is_dir():  # any directory with a QG model will do (the GPU smoke test's)
-        build_models(models, args.data_dir)
-    model, _ = load_seq2seq(str(models / "qg"), role="qg", device="cuda", dtype=torch.bfloat16)
+    model, qg = half_qg(args.models_dir, args.data_dir, "qace-step-replay-")
     decoder = StaticT5Decoder(model)
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes]
     prepared = 0
@@ -195,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **record("benchmarks.step_replay", argv, device="cuda"),
         "precision": "bf16",
-        "model": str(models / "qg"),
+        "model": str(qg),
         "steps": STEPS,
         "buckets_prepared_first": prepared,
         "first_replays": replayed_first,

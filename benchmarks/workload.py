@@ -281,6 +281,19 @@ def model_corpus(data_dir: Path) -> list[str]:
     return sorted({r.caption for r in records} | {ref for r in records for ref in (r.references or ())})
 
 
+def half_qg(models_dir: Path | None, data_dir: Path, prefix: str) -> tuple[Any, Path]:
+    """The question generator of ``models_dir`` (built there by `build_models` if it holds none; a new
+    temporary directory named ``prefix...`` without one) on CUDA in bf16, and its directory: the model the
+    single-kernel benchmarks time. Any directory with a QG model will do (the GPU smoke tests')."""
+    from qace.models.loading import load_seq2seq
+
+    models = models_dir or Path(tempfile.mkdtemp(prefix=prefix))
+    if not (models / "qg").is_dir():
+        build_models(models, data_dir)
+    model, _ = load_seq2seq(str(models / "qg"), role="qg", device="cuda", dtype=torch.bfloat16)
+    return model, models / "qg"
+
+
 MODELS_STAMP = "benchmark_models.json"
 """Written into a `build_models` directory: the corpus, its size and the seed the models were made from."""
 
