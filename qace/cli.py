@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from qace import __version__, scorers
+from qace import scorers
+from qace._version import __version__
 from qace.checks import check_device, check_exists, check_output_file
 from qace.data.output import chunk_size_mismatch, errors_path, partial_chunk_size, partial_path
 from qace.errors import BackendUnavailableError, QACEError, ResumeError

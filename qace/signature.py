@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qace import __version__
+from qace._version import __version__
 from qace.errors import ConfigError
 
 MODEL_KEYS = frozenset({"qg", "qa", "vqa", "feat", "bs", "vlm", "gen", "enc", "clip"})

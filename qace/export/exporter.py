@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qace import __version__
 from qace import onnx_format as fmt
+from qace._version import __version__
 from qace.engine.onnx_runner import import_ort
 from qace.errors import ConfigError
 from qace.export import graphs

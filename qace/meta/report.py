@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from qace import __version__
+from qace._version import __version__
 from qace.errors import ConfigError, QACEError
 from qace.meta.agreement import agreement_report, goodman_kruskal_gamma
 from qace.meta.baselines import COCO_METRICS, SPICE_SKIP_MESSAGE, compute_baselines

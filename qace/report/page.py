@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from qace import __version__
+from qace._version import __version__
 from qace.errors import InputError
 from qace.report.load import System, load_system, number, read_inputs, shown_row
 from qace.report.stats import histogram, paired_difference
