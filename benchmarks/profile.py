@@ -62,7 +62,7 @@ from benchmarks.workload import (
 )
 from qace.engine import instrument
 from qace.engine.instrument import CollectorPauses, StageTimer, cuda_sync
-from qace.metric.candidates import extract_candidates, load_spacy
+from qace.metric.candidates import balanced_parts, extract_candidates, load_spacy
 from qace.reward import QACEReward
 
 
@@ -299,7 +299,8 @@ def python_profile(call: Callable[[int], None], calls: int, out_dir: Path) -> di
 def parse_split(scorer: Any, records: list, batch: int, calls: int, seed: int) -> dict[str, Any]:
     """How the candidates stage's wall splits: the call's captions through the scorer's extractor (its
     parsing processes when started, as a call's are) against the largest share one process parses
-    (``ceil(captions / workers)``) and the whole call parsed here, both timed in this process on
+    (the part of the most characters, as the extractor cuts a call: `balanced_parts`) and the whole
+    call parsed here, both timed in this process on
     the same captions, with the extractor's cache off. ``pool_ms - largest_share_ms`` is what
     handing the parse to the processes costs beyond the parse itself (dispatch, pickling, waking the
     processes, collecting), if a process parses as fast as this one."""
@@ -310,12 +311,13 @@ def parse_split(scorer: Any, records: list, batch: int, calls: int, seed: int) -
     try:
         for i in range(calls):
             captions = list(dict.fromkeys(r.caption for r in draw(records, batch, seed, -100 - i)))
-            size = -(-len(captions) // max(extractor.processes, 1))
+            parts = balanced_parts(captions, max(extractor.processes, 1))
+            largest = [captions[i] for i in max(parts, key=lambda part: sum(len(captions[i]) for i in part))]
             start = time.perf_counter()
             extractor.submit(captions).result()
             pool.append(time.perf_counter() - start)
             start = time.perf_counter()
-            extract_candidates(captions[:size], nlp)
+            extract_candidates(largest, nlp)
             share.append(time.perf_counter() - start)
             start = time.perf_counter()
             extract_candidates(captions, nlp)
@@ -327,7 +329,8 @@ def parse_split(scorer: Any, records: list, batch: int, calls: int, seed: int) -
         "parsing_processes": extractor.processes,
         "distinct_captions": len(captions),
         "pool_ms": median(pool),
-        "largest_share_captions": size,
+        "largest_share_captions": len(largest),
+        "largest_share_characters": sum(map(len, largest)),
         "largest_share_ms": median(share),
         "whole_in_process_ms": median(whole),
         "pool_overhead_ms": median(pool) - median(share),

@@ -23,14 +23,16 @@ keeps the first N.
   candidates.
 - ``parallel``: where a reward call's parse goes. For each ``--parallel-processes`` count, that many
   parsing processes of qace's (qace's load, candidates of every caption); each call of
-  ``--parallel-calls`` distinct captions is cut into one part per process, as the scorer's extractor cuts
-  it (`qace.metric.candidates.CandidateExtractor.submit`), and every part's process notes when it began
-  and ended its parse on the host's monotonic clock (system-wide on Linux). Per call size, medians over
-  ``--parallel-repeats`` calls (after one untimed): the call's wall (the first part submitted to the last
-  result back), when the first and the last part came back, the shortest and the longest parse inside a
-  process, the longest wait of a part before its process began it and of a result before it was back,
-  and the largest part parsed alone (submitted by itself to the same processes): the parse of a part
-  beside the others against the same parse with the host otherwise idle.
+  ``--parallel-calls`` distinct captions is cut into one part per process two ways (`SPLITS`): as the
+  scorer's extractor cuts it (``balanced``: about equal characters a part, `balanced_parts`) and into
+  parts of equal count in the call's order (``by_count``), the two taking turns going first. Every
+  part's process notes when it began and ended its parse on the host's monotonic clock (system-wide on
+  Linux). Per call size and split, medians over ``--parallel-repeats`` calls (after one untimed): the
+  call's wall (the first part submitted to the last result back), when the first and the last part came
+  back, the shortest and the longest parse inside a process, the longest wait of a part before its
+  process began it and of a result before it was back, and the part whose parse took longest parsed
+  again alone (submitted by itself to the same processes): the parse of a part beside the others
+  against the same parse with the host otherwise idle; that part's captions and characters.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import Any
 from benchmarks.latency import DEFAULT_DATA
 from benchmarks.run_info import record, write_result
 from benchmarks.workload import PASCAL_DISTINCT, flickr_workload, pascal_workload
-from qace.metric.candidates import DEFAULT_SPACY_MODEL, candidates_from_doc, load_spacy
+from qace.metric.candidates import DEFAULT_SPACY_MODEL, balanced_parts, candidates_from_doc, load_spacy
 
 PIPELINES: dict[str, dict[str, bool]] = {
     "spacy": {"blis": True, "pos_rules": False},
@@ -110,10 +112,22 @@ def _timed_parser(model: str, _core: object = None) -> Callable[[list[str]], tup
     return run
 
 
-def _parallel_call(pool: Any, call: list[str], processes: int) -> dict[str, float]:
-    """One call's timings in milliseconds (the module docstring's ``parallel``)."""
-    size = -(-len(call) // processes)
-    parts = [call[i : i + size] for i in range(0, len(call), size)]
+def _by_count(call: list[str], n: int) -> list[list[str]]:
+    size = -(-len(call) // n)
+    return [call[i : i + size] for i in range(0, len(call), size)]
+
+
+SPLITS: dict[str, Callable[[list[str], int], list[list[str]]]] = {
+    "balanced": lambda call, n: [[call[i] for i in part] for part in balanced_parts(call, n)],
+    "by_count": _by_count,
+}
+"""How a call is cut into parts: as the extractor cuts it (`balanced_parts`: about equal characters a
+part), and into parts of equal count in the call's order (how it cut calls before)."""
+
+
+def _parallel_call(pool: Any, parts: list[list[str]]) -> dict[str, float]:
+    """One call's timings in milliseconds, its captions cut into ``parts`` (the module docstring's
+    ``parallel``)."""
     sent, back = [0.0] * len(parts), [0.0] * len(parts)
     futures = []
     start = time.monotonic()
@@ -126,7 +140,7 @@ def _parallel_call(pool: Any, call: list[str], processes: int) -> dict[str, floa
     while not all(back):  # a future's waiter may wake before its callbacks ran
         time.sleep(0)
     parses = [end - begin for begin, end in spans]
-    largest = max(range(len(parts)), key=lambda k: len(parts[k]))
+    largest = max(range(len(parts)), key=lambda k: parses[k])
     begin, end = pool.submit(parts[largest]).result()
     return {
         "wall_ms": 1000 * (max(back) - start),
@@ -135,8 +149,10 @@ def _parallel_call(pool: Any, call: list[str], processes: int) -> dict[str, floa
         "longest_parse_ms": 1000 * max(parses),
         "longest_wait_to_begin_ms": 1000 * max(b - s for (b, _), s in zip(spans, sent, strict=True)),
         "longest_wait_for_result_ms": 1000 * max(r - e for (_, e), r in zip(spans, back, strict=True)),
-        "largest_part_alone_ms": 1000 * (end - begin),
-        "largest_part_captions": len(parts[largest]),
+        "longest_part_alone_ms": 1000 * (end - begin),
+        "longest_part_captions": len(parts[largest]),
+        "longest_part_characters": sum(map(len, parts[largest])),
+        "parts": len(parts),
     }
 
 
@@ -154,15 +170,23 @@ def parallel(
             pool.wait_ready()
             for size in sizes:
                 windows = max(1, len(texts) // size)
-                calls = [
-                    _parallel_call(pool, list(texts[(r % windows) * size :][:size]), n)
-                    for r in range(repeats + 1)
-                ][1:]
+                calls: dict[str, list[dict[str, float]]] = {split: [] for split in SPLITS}
+                for r in range(repeats + 1):
+                    call = list(texts[(r % windows) * size :][:size])
+                    for split in list(SPLITS)[:: 1 if r % 2 else -1]:  # the splits take turns going first
+                        timed = _parallel_call(pool, SPLITS[split](call, n))
+                        if r:  # the first call of each split is untimed
+                            calls[split].append(timed)
                 result[f"{n}_processes_{size}_captions"] = {
                     "processes": n,
                     "captions": size,
-                    **{key: statistics.median(c[key] for c in calls) for key in calls[0]},
-                    "calls_wall_ms": [c["wall_ms"] for c in calls],
+                    **{
+                        split: {
+                            **{key: statistics.median(c[key] for c in timed) for key in timed[0]},
+                            "calls_wall_ms": [c["wall_ms"] for c in timed],
+                        }
+                        for split, timed in calls.items()
+                    },
                 }
         finally:
             pool.close()

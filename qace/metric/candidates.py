@@ -10,6 +10,7 @@ on the current one.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -94,6 +95,21 @@ def extract_candidates(
         return [candidates_from_doc(doc) for doc in nlp.pipe(captions, batch_size=batch_size)]
 
 
+def balanced_parts(captions: Sequence[str], n: int) -> list[list[int]]:
+    """``captions``' indices cut into ``min(n, len(captions))`` parts of about equal length in characters,
+    for ``n`` processes that parse them at once (a part's parse grows with its captions' tokens, and a
+    call waits for its longest part): longest caption first, each to the part with the fewest characters
+    so far (on a tie, the lower part); each part's indices in increasing order."""
+    k = min(n, len(captions))
+    parts: list[list[int]] = [[] for _ in range(k)]
+    loads = [(0, p) for p in range(k)]
+    for i in sorted(range(len(captions)), key=lambda i: -len(captions[i])) if k else ():
+        load, p = heapq.heappop(loads)
+        parts[p].append(i)
+        heapq.heappush(loads, (load + len(captions[i]), p))
+    return [sorted(part) for part in parts]
+
+
 def parser(model: str, _core: object = None) -> Callable[[list[str]], list[list[str]]]:
     """A parsing process's task function (`HostPool` setup): candidates of a list of captions."""
     nlp = load_spacy(model)
@@ -156,7 +172,9 @@ class CandidateExtractor:
         return self.submit(captions).result()
 
     def submit(self, captions: Sequence[str]) -> Future[list[list[str]]]:
-        """Start extracting; the future's result is aligned with ``captions``."""
+        """Start extracting; the future's result is aligned with ``captions``. Captions not in the cache
+        go to the parsing processes (once started and ready) in one part per process at once, balanced
+        by length (`balanced_parts`), else are parsed in this process."""
         with self._lock:
             known: dict[str, Sequence[str]] = {c: self._cache[c] for c in captions if c in self._cache}
         todo = list(dict.fromkeys(c for c in captions if c not in known))
@@ -171,9 +189,9 @@ class CandidateExtractor:
         if pool is None or not todo or not pool.ready():
             finish(extract_candidates(todo, self._nlp) if todo else [])
             return result
-        size = -(-len(todo) // max(1, self.processes))
-        parts = [pool.submit(todo[i : i + size]) for i in range(0, len(todo), size)]
-        remaining = [len(parts)]
+        parts = balanced_parts(todo, max(1, self.processes))
+        futures = [pool.submit([todo[i] for i in part]) for part in parts]
+        remaining = [len(futures)]
 
         def collect(_: Future[list[list[str]]]) -> None:
             with self._lock:
@@ -181,12 +199,16 @@ class CandidateExtractor:
                 if remaining[0]:
                     return
             try:
-                finish([c for p in parts for c in p.result()])
+                candidates: list[list[str]] = [[] for _ in todo]
+                for part, future in zip(parts, futures, strict=True):
+                    for i, found in zip(part, future.result(), strict=True):
+                        candidates[i] = found
+                finish(candidates)
             except Exception as exc:  # noqa: BLE001 - handed to whoever waits on the result
                 result.set_exception(exc)
 
-        for part in parts:
-            part.add_done_callback(collect)
+        for future in futures:
+            future.add_done_callback(collect)
         return result
 
     def _store(self, captions: list[str], candidates: list[list[str]]) -> None:

@@ -42,6 +42,7 @@ def test_tiny_profile_writes_its_report_and_tables(tiny_models: Path, tmp_path: 
     split = report["parse_split"]  # no parsing processes on the CPU: one share is the whole call
     assert split["parsing_processes"] == 0 and 0 < split["distinct_captions"] <= 4
     assert split["largest_share_captions"] == split["distinct_captions"]
+    assert split["largest_share_characters"] > split["distinct_captions"]
     assert min(split["pool_ms"], split["largest_share_ms"], split["whole_in_process_ms"]) > 0
 
 

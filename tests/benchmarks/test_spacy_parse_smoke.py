@@ -30,11 +30,23 @@ def test_a_small_run_times_each_pipeline_and_compares_their_parses(tmp_path: Pat
     assert record["agreement"]["differing_from_spacy"] == {
         name: dict.fromkeys(fields, 0) for name in ("numpy_blas", "qace")
     }
-    # a call of 7 captions cut in two parts (4 and 3), each timed inside its process on the host's clock
+    # a call of 7 captions cut in two parts each way, each part timed inside its process on the host's clock
     cell = record["parallel"]["2_processes_7_captions"]
-    assert (cell["processes"], cell["captions"], cell["largest_part_captions"]) == (2, 7, 4)
-    assert len(cell["calls_wall_ms"]) == 2 and cell["wall_ms"] == statistics.median(cell["calls_wall_ms"])
-    assert 0 < cell["first_back_ms"] <= cell["wall_ms"]
-    assert 0 < cell["shortest_parse_ms"] <= cell["longest_parse_ms"] <= cell["wall_ms"]
-    assert cell["longest_wait_to_begin_ms"] >= 0 and cell["longest_wait_for_result_ms"] >= 0
-    assert cell["largest_part_alone_ms"] > 0
+    assert (cell["processes"], cell["captions"]) == (2, 7)
+    assert 3 <= cell["by_count"]["longest_part_captions"] <= 4  # parts of 4 and 3 captions (a median)
+    for split in ("balanced", "by_count"):
+        timed = cell[split]
+        assert timed["parts"] == 2 and len(timed["calls_wall_ms"]) == 2
+        assert timed["wall_ms"] == statistics.median(timed["calls_wall_ms"])
+        assert 0 < timed["first_back_ms"] <= timed["wall_ms"]
+        assert 0 < timed["shortest_parse_ms"] <= timed["longest_parse_ms"] <= timed["wall_ms"]
+        assert timed["longest_wait_to_begin_ms"] >= 0 and timed["longest_wait_for_result_ms"] >= 0
+        assert timed["longest_part_alone_ms"] > 0 and timed["longest_part_characters"] > 0
+
+
+def test_the_splits_cut_a_call_as_the_extractor_does_and_as_it_did() -> None:
+    call = ["a" * 40, "b" * 40, "c" * 40, "d", "e", "f"]
+    assert spacy_parse.SPLITS["by_count"](call, 2) == [call[:3], call[3:]]
+    assert spacy_parse.SPLITS["balanced"](call, 2) == [["a" * 40, "c" * 40], ["b" * 40, "d", "e", "f"]]
+    for split in spacy_parse.SPLITS.values():
+        assert sorted(c for part in split(call, 4) for c in part) == sorted(call)

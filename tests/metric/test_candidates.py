@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import spacy
 
-from qace.metric.candidates import DEFAULT_SPACY_MODEL, CandidateExtractor, extract_candidates, load_spacy
+from qace.metric.candidates import (
+    DEFAULT_SPACY_MODEL,
+    CandidateExtractor,
+    balanced_parts,
+    extract_candidates,
+    load_spacy,
+)
 from qace.metric.text import filter_stopwords, stopwords
 from tests.helpers import flickr_records
 
@@ -47,6 +53,17 @@ def test_fast_paths_equal_the_plain_full_pipeline():
     finally:
         pooled.close()
     assert pooled.processes == 0
+
+
+def test_a_call_is_cut_into_parts_of_about_equal_length_not_of_equal_count():
+    captions = ["x" * 50] * 3 + ["y"] * 3  # cut by count: 150 characters against 3
+    parts = balanced_parts(captions, 2)
+    assert sorted(i for part in parts for i in part) == list(range(6))  # every caption once
+    assert all(part == sorted(part) for part in parts)  # in the call's order within a part
+    assert max(sum(len(captions[i]) for i in part) for part in parts) == 100
+    assert parts == [[0, 2], [1, 3, 4, 5]]  # longest first, each to the lightest part, ties to the lower
+    assert balanced_parts(captions, 14) == [[i] for i in range(6)]  # never an empty part
+    assert balanced_parts([], 4) == [] and balanced_parts(["a", "b"], 1) == [[0, 1]]
 
 
 def test_the_pipeline_multiplies_through_numpys_blas_not_blis():
