@@ -300,10 +300,10 @@ def parse_split(scorer: Any, records: list, batch: int, calls: int, seed: int) -
     """How the candidates stage's wall splits: the call's captions through the scorer's extractor (its
     parsing processes when started, as a call's are) against the largest share one process parses
     (the part of the most characters, as the extractor cuts a call: `balanced_parts`) and the whole
-    call parsed here, both timed in this process on
-    the same captions, with the extractor's cache off. ``pool_ms - largest_share_ms`` is what
-    handing the parse to the processes costs beyond the parse itself (dispatch, pickling, waking the
-    processes, collecting), if a process parses as fast as this one."""
+    call parsed here, both timed in this process on the same captions, with the extractor's cache off.
+    ``pool_ms - largest_share_ms`` is what handing the parse to the processes costs beyond the parse
+    itself (dispatch, pickling, waking the processes, collecting), if a process parses as fast as this
+    one."""
     extractor = scorer.candidates
     nlp = load_spacy(extractor.model)
     kept, extractor.cache_size = extractor.cache_size, 0
@@ -311,8 +311,10 @@ def parse_split(scorer: Any, records: list, batch: int, calls: int, seed: int) -
     try:
         for i in range(calls):
             captions = list(dict.fromkeys(r.caption for r in draw(records, batch, seed, -100 - i)))
-            parts = balanced_parts(captions, max(extractor.processes, 1))
-            largest = [captions[i] for i in max(parts, key=lambda part: sum(len(captions[i]) for i in part))]
+            parts = [
+                [captions[k] for k in part] for part in balanced_parts(captions, max(extractor.processes, 1))
+            ]
+            largest = max(parts, key=lambda part: sum(map(len, part)))
             start = time.perf_counter()
             extractor.submit(captions).result()
             pool.append(time.perf_counter() - start)

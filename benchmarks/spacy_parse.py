@@ -140,8 +140,8 @@ def _parallel_call(pool: Any, parts: list[list[str]]) -> dict[str, float]:
     while not all(back):  # a future's waiter may wake before its callbacks ran
         time.sleep(0)
     parses = [end - begin for begin, end in spans]
-    largest = max(range(len(parts)), key=lambda k: parses[k])
-    begin, end = pool.submit(parts[largest]).result()
+    longest = max(range(len(parts)), key=lambda k: parses[k])
+    begin, end = pool.submit(parts[longest]).result()
     return {
         "wall_ms": 1000 * (max(back) - start),
         "first_back_ms": 1000 * (min(back) - start),
@@ -150,8 +150,8 @@ def _parallel_call(pool: Any, parts: list[list[str]]) -> dict[str, float]:
         "longest_wait_to_begin_ms": 1000 * max(b - s for (b, _), s in zip(spans, sent, strict=True)),
         "longest_wait_for_result_ms": 1000 * max(r - e for (_, e), r in zip(spans, back, strict=True)),
         "longest_part_alone_ms": 1000 * (end - begin),
-        "longest_part_captions": len(parts[largest]),
-        "longest_part_characters": sum(map(len, parts[largest])),
+        "longest_part_captions": len(parts[longest]),
+        "longest_part_characters": sum(map(len, parts[longest])),
         "parts": len(parts),
     }
 
