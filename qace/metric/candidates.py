@@ -99,11 +99,13 @@ def balanced_parts(captions: Sequence[str], n: int) -> list[list[int]]:
     """``captions``' indices cut into ``min(n, len(captions))`` parts of about equal length in characters,
     for ``n`` processes that parse them at once (a part's parse grows with its captions' tokens, and a
     call waits for its longest part): longest caption first, each to the part with the fewest characters
-    so far (on a tie, the lower part); each part's indices in increasing order."""
+    so far (on a tie, the lower part); each part's indices in increasing order. ``n`` must be at least 1."""
+    if n < 1:
+        raise ValueError(f"balanced_parts: n={n} parts; at least 1")
     k = min(n, len(captions))
     parts: list[list[int]] = [[] for _ in range(k)]
     loads = [(0, p) for p in range(k)]
-    for i in sorted(range(len(captions)), key=lambda i: -len(captions[i])) if k else ():
+    for i in sorted(range(len(captions)), key=lambda i: -len(captions[i])):
         load, p = heapq.heappop(loads)
         parts[p].append(i)
         heapq.heappush(loads, (load + len(captions[i]), p))

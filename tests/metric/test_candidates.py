@@ -3,6 +3,7 @@ attribute ruler as lookups) change nothing."""
 
 from __future__ import annotations
 
+import pytest
 import spacy
 
 from qace.metric.candidates import (
@@ -64,6 +65,8 @@ def test_a_call_is_cut_into_parts_of_about_equal_length_not_of_equal_count():
     assert parts == [[0, 2], [1, 3, 4, 5]]  # longest first, each to the lightest part, ties to the lower
     assert balanced_parts(captions, 14) == [[i] for i in range(6)]  # never an empty part
     assert balanced_parts([], 4) == [] and balanced_parts(["a", "b"], 1) == [[0, 1]]
+    with pytest.raises(ValueError, match="at least 1"):
+        balanced_parts(captions, 0)
 
 
 def test_the_pipeline_multiplies_through_numpys_blas_not_blis():
