@@ -81,7 +81,7 @@ def test_graph_replay_equals_eager_on_gpu(test_models_dir, dtype) -> None:
 
 
 @pytest.mark.gpu
-def test_prepared_buckets_are_replayed_not_captured(test_models_dir) -> None:
+def test_prepared_buckets_are_replayed_not_captured(test_models_dir, monkeypatch) -> None:
     model, tokenizer = load_seq2seq(
         str(test_models_dir / "tqa"), role="TQA", device="cuda", dtype=torch.float32
     )
@@ -90,8 +90,13 @@ def test_prepared_buckets_are_replayed_not_captured(test_models_dir) -> None:
     decoder = StaticT5Decoder(model)
     like = torch.empty(0, device="cuda", dtype=torch.float32)
     shapes = [(64, n) for n in range(1, 33)]  # up to 64 rows of up to 32 positions
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(graph) or replay(graph))
     new = decoder.graphed().prepare(shapes, steps=31, like=like, unanswerable_id=5)
     assert new == 6 * 2  # rows 8, 16, 24, 32, 48, 64 x lengths 16, 32
+    # each new graph replayed once (windows 8, 16 and 31, and the first step), so no call pays for it
+    assert len(replays) == len(set(map(id, replays))) == new * 4
     assert decoder.graphed().prepare(shapes, steps=31, like=like, unanswerable_id=5) == 0
     warm, an_warm, _ = _decode(model, tokenizer, prompts, "cuda", graphs=True, decoder=decoder)
     _decode(model, tokenizer, prompts[:3], "cuda", graphs=True, decoder=decoder)
