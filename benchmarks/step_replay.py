@@ -21,7 +21,8 @@ first self-attention window is replayed ``--replays`` times:
 ``--prepare 2048x96`` first captures every bucket a warm-up captures for one model (hundreds of graphs in
 one memory pool), to tell whether a replay's host call costs more among many captured graphs; and
 ``first_replays`` times the host's call of up to `FIRST_REPLAYS` of those graphs replayed for the first
-time, then again (a graph's first launch may upload it to the device), every row flagged ended.
+time after the preparation, then again, every row flagged ended (a graph's first launch uploads it to the
+device; `GraphedDecoding.prepare` launches each new graph once, so both should cost as much).
 """
 
 from __future__ import annotations
@@ -130,8 +131,8 @@ def measure(decoder: StaticT5Decoder, width: int, rows: int, length: int, replay
 
 @torch.inference_mode()
 def first_replays(decoder: StaticT5Decoder) -> dict[str, Any]:
-    """Host time of the first and the second ``replay()`` of up to `FIRST_REPLAYS` captured graphs (one
-    window of each prepared bucket, never replayed before), each followed by a wait for the device."""
+    """Host time of the first and the second ``replay()`` after the preparation of up to `FIRST_REPLAYS`
+    captured graphs (one window of each prepared bucket), each followed by a wait for the device."""
     views = list(decoder.graphed()._views.values())[:FIRST_REPLAYS]
     for view in views:
         view.finished.fill_(True)  # the attention reads nothing; the products still run
