@@ -78,7 +78,7 @@ def summarize(names: Sequence[str], runs: Sequence[tuple[str, dict[str, Any]]]) 
     p50s: dict[str, dict[str, list[float]]] = {}
     for name, report in runs:
         for cell in report["cells"]:
-            if cell["path"] == "in-process":
+            if cell["path"] == "in-process" and "p50_ms" in cell:  # not a cell the run skipped
                 key = f"{cell['variant']}_{cell['batch']}"
                 p50s.setdefault(key, {n: [] for n in names})[name].append(round(cell["p50_ms"], 1))
     summary: dict[str, Any] = {}

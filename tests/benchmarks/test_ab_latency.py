@@ -29,8 +29,14 @@ def test_a_tree_names_its_folder_and_maybe_its_commit() -> None:
         parse_tree(f"x={REPO / 'docs'}")
 
 
-def _report(p50: dict[tuple[str, int], float]) -> dict[str, Any]:
-    cells = [{"variant": v, "batch": n, "path": "in-process", "p50_ms": ms} for (v, n), ms in p50.items()]
+def _report(p50: dict[tuple[str, int], float | None]) -> dict[str, Any]:
+    """A latency record's cells; a None p50 is a cell the run skipped, written as `benchmarks.latency`
+    writes one (no timings)."""
+    cells = [
+        {"variant": v, "batch": n, "path": "in-process"}
+        | ({"skipped": "time budget of 80 s spent"} if ms is None else {"p50_ms": ms})
+        for (v, n), ms in p50.items()
+    ]
     service = {"variant": "img", "batch": 64, "path": "service", "p50_ms": 1.0}
     return {"commit": "x", "cells": [*cells, service]}
 
@@ -44,9 +50,10 @@ def test_each_cell_gets_every_trees_rounds_median_and_ratio(tmp_path: Path) -> N
     def fake(tree: Tree, latency_args: list[str], out: Path) -> dict[str, Any]:
         r = sum(name == tree.name for name, _ in seen)
         seen.append((tree.name, latency_args))
-        cells = {("img", 64): times[tree.name, r]}
-        if not (tree.name == "b" and r == 1):
-            cells["ref", 256] = 300.0
+        skipped = tree.name == "b" and r == 1
+        cells = {("img", 64): times[tree.name, r], ("ref", 256): None if skipped else 300.0}
+        if tree.name == "a" and r == 1:
+            cells["ref", 1024] = None  # every run of a skipped it or had no such cell
         return _report(cells)
 
     out = tmp_path / "ab.json"
