@@ -52,8 +52,8 @@ from qace.metric.candidates import DEFAULT_SPACY_MODEL, balanced_parts, candidat
 
 PIPELINES: dict[str, dict[str, bool]] = {
     "spacy": {"blis": True, "pos_rules": False},
-    "numpy_blas": {"blis": False, "pos_rules": False, "transposed_weights": False},
-    "qace": {"blis": False, "pos_rules": True, "transposed_weights": True},
+    "numpy_blas": {"blis": False, "pos_rules": False},
+    "qace": {"blis": False, "pos_rules": True},
 }
 """`load_spacy`'s arguments for each pipeline compared; ``spacy`` is spaCy's own load."""
 

@@ -2,10 +2,10 @@
 
 spaCy is the slowest CPU stage, so the extractor (1) parses each distinct caption once and remembers it
 (benchmarks and data sets repeat captions a lot), (2) skips the lemmatizer, which candidates never use,
-(3) runs the pipeline's matrix products through numpy's BLAS instead of BLIS, on contiguous transposed
-weights, and its attribute ruler as table lookups (`load_spacy`), and (4) can spread parsing over
-worker processes once started (`CandidateExtractor.start`), returning a future so that the next chunk
-is parsed while the GPU works on the current one.
+(3) runs the pipeline's matrix products through numpy's BLAS instead of BLIS and its attribute ruler as
+table lookups (`load_spacy`), and (4) can spread parsing over worker processes once started
+(`CandidateExtractor.start`), returning a future so that the next chunk is parsed while the GPU works
+on the current one.
 """
 
 from __future__ import annotations
@@ -32,23 +32,15 @@ UNUSED_PIPES = ("lemmatizer",)
 
 
 @lru_cache(maxsize=4)
-def load_spacy(
-    name: str = DEFAULT_SPACY_MODEL,
-    *,
-    blis: bool = False,
-    pos_rules: bool = True,
-    transposed_weights: bool = True,
-) -> Any:
+def load_spacy(name: str = DEFAULT_SPACY_MODEL, *, blis: bool = False, pos_rules: bool = True) -> Any:
     """Load a spaCy pipeline by package name or path, with a clear error when it is not installed.
 
-    Three changes to spaCy's own load, each giving the same tags, dependencies, heads, entities and
+    Two changes to spaCy's own load, each giving the same tags, dependencies, heads, entities and
     candidates on the 53,702 distinct captions of PASCAL-50S and Flickr8k-Expert (`benchmarks.spacy_parse`
-    compares them with spaCy's default, ``blis=True, pos_rules=False, transposed_weights=False``):
+    compares them with spaCy's default, ``blis=True, pos_rules=False``):
 
     - the layers' matrix products run through numpy's BLAS rather than the BLIS thinc bundles (``blis``),
       and the parse runs BLAS on one thread (`extract_candidates`);
-    - with numpy's BLAS, each product reads a contiguous copy of its weight's transpose
-      (``transposed_weights``: `qace.metric.spacy_ops`);
     - the attribute ruler is evaluated as table lookups (``pos_rules``: `qace.metric.pos_rules`), for the
       coarse tags, fine tags and dependencies only, when its patterns allow it (else spaCy's ruler stays).
     """
@@ -71,10 +63,6 @@ def load_spacy(
         ruler = nlp.get_pipe("attribute_ruler")
         if isinstance(ruler, AttributeRuler) and rules.unsupported(ruler.patterns) is None:
             nlp.replace_pipe("attribute_ruler", rules.FACTORY, config={"patterns": ruler.patterns})
-    if transposed_weights and not blis:
-        from qace.metric.spacy_ops import transpose_weights
-
-        transpose_weights(nlp)
     return nlp
 
 
