@@ -248,9 +248,9 @@ class GraphedDecoding:
             assert self._store is not None
             self.dec.warm_products(self._store.cross_kv)  # each batch's keys and values overwrite it
             for r, n in buckets:
-                new = (r, n, forcing, unanswerable_id) not in self._views
+                captured = self.captures
                 view = self._bucket(r, n, steps, like, forcing, unanswerable_id)
-                if new:
+                if self.captures > captured:  # a new bucket
                     _first_replays(view)
                 if progress is not None:
                     progress(1)
