@@ -21,7 +21,13 @@ distorts another:
   and takes the interpreter lock the model thread waits to get back after each released call (a graph
   replay, a wait for the device), shows as ``running``;
 - ``parse_split``: the candidates stage's parse through the scorer's parsing processes against the
-  largest share one process parses and the whole call, parsed in this process (`parse_split`).
+  largest share one process parses and the whole call, parsed in this process (`parse_split`);
+- ``gpu_idle`` (``--idle-calls``, on a GPU): where the GPU waits for the host. The calls run under
+  ``torch.profiler`` with Python stacks (which slows the host, so the milliseconds are of those calls,
+  their shares are what counts); every stretch of at least 50 µs inside a call in which the GPU runs
+  nothing is charged to the innermost Python function of qace's own code that the model thread was in
+  at its middle, to the innermost frame of any code, and to the stage (`gpu_idle`). A stretch the
+  model thread spends waiting (for the candidates, a tokenized slice) is charged to the wait.
 
 ``floor``: what one call cannot go under while it stays one batch, from the profiler's stages: the
 candidates stage's wall (spaCy parses; no model can start before its captions' candidates are known)
@@ -281,6 +287,116 @@ def _covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> floa
     return total
 
 
+def idle_profile(reward: QACEReward, call: Callable[[int], None], calls: int) -> dict[str, Any]:
+    """The module docstring's ``gpu_idle``, over ``calls`` calls of their own."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with (
+        instrument.attached(reward.scorer, timer=_labelled),
+        profile(activities=activities, with_stack=True) as prof,
+    ):
+        for i in range(calls):
+            with torch.profiler.record_function(_CALL):
+                call(4 * calls + i)
+    with tempfile.TemporaryDirectory(prefix="qace-idle-") as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    return gpu_idle(events, calls)
+
+
+IDLE_MIN_US = 50.0
+"""The shortest GPU idle stretch `gpu_idle` counts (shorter ones are a kernel's own launch gap)."""
+
+
+def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[str, Any]:
+    """From a chrome trace with ``qace:call`` / ``qace:stage:`` labels and Python stacks: the GPU's idle
+    stretches of at least `IDLE_MIN_US` inside the calls, in milliseconds per call, charged to the
+    innermost qace function (``by_qace_function``, ``"file(line): function"``), the innermost frame
+    (``by_frame``) and the stage (``by_stage``) open on the model thread (the one that opened the calls)
+    at each stretch's middle; the ``top`` largest of each."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    call_spans = [e for e in spans if e.get("cat") == "user_annotation" and e.get("name") == _CALL]
+    if not call_spans:
+        return {"min_gap_us": IDLE_MIN_US, "idle_ms_per_call": 0.0, "stretches_per_call": 0.0}
+    thread = call_spans[0]["tid"]
+    device = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in spans
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    gaps: list[tuple[float, float]] = []  # (middle, length), us
+    for c in call_spans:
+        lo, hi = float(c["ts"]), float(c["ts"]) + float(c["dur"])
+        reach = lo
+        for start, end in device:
+            if end <= lo:
+                continue
+            if start >= hi:
+                break
+            if start - reach >= IDLE_MIN_US:
+                gaps.append(((start + reach) / 2, start - reach))
+            reach = max(reach, min(end, hi))
+        if hi - reach >= IDLE_MIN_US:
+            gaps.append(((hi + reach) / 2, hi - reach))
+    gaps.sort()
+    frames = sorted(
+        (
+            (float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"]))
+            for e in spans
+            if e.get("tid") == thread and e.get("cat") in ("python_function", "user_annotation")
+        ),
+        key=lambda f: (f[0], -f[1]),
+    )
+    by_qace: dict[str, float] = {}
+    by_frame: dict[str, float] = {}
+    by_stage: dict[str, float] = {}
+    stack: list[tuple[float, float, str]] = []  # frames open at the last start, outermost first
+    at = 0
+    for middle, length in gaps:
+        while at < len(frames) and frames[at][0] <= middle:
+            while stack and stack[-1][1] <= frames[at][0]:
+                stack.pop()
+            stack.append(frames[at])
+            at += 1
+        while stack and stack[-1][1] < middle:
+            stack.pop()
+        # a label opens inside a Python frame and outlives it, so an ended frame can sit under an open
+        # one: only the frames open at the middle count
+        names = [name for _, end, name in stack if end >= middle]
+        python = [n for n in names if not n.startswith("qace:")]
+        own = [n for n in python if _is_qace(n)]
+        stages = [n[len(_STAGE) :] for n in names if n.startswith(_STAGE)]
+        for table, key in (
+            (by_qace, own[-1] if own else "(no qace frame)"),
+            (by_frame, python[-1] if python else "(no frame)"),
+            (by_stage, stages[-1] if stages else "(between stages)"),
+        ):
+            table[key] = table.get(key, 0.0) + length
+
+    def per_call(table: dict[str, float]) -> dict[str, float]:
+        ranked = sorted(table.items(), key=lambda kv: -kv[1])[:top]
+        return {k: round(v / 1000 / calls, 3) for k, v in ranked}
+
+    return {
+        "min_gap_us": IDLE_MIN_US,
+        "idle_ms_per_call": sum(length for _, length in gaps) / 1000 / calls,
+        "stretches_per_call": len(gaps) / calls,
+        "by_stage": per_call(by_stage),
+        "by_qace_function": per_call(by_qace),
+        "by_frame": per_call(by_frame),
+    }
+
+
+def _is_qace(frame: str) -> bool:
+    """Whether a trace's Python frame (``"qace/engine/engine.py(183): batches"``) is qace's own code."""
+    path = frame.split("(", 1)[0]
+    return path.startswith("qace/") or "/qace/" in path
+
+
 def python_profile(call: Callable[[int], None], calls: int, out_dir: Path) -> dict[str, Any]:
     profiler = cProfile.Profile()
     profiler.enable()
@@ -351,6 +467,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--candidate-cache", action="store_true", help="keep spaCy candidates across calls")
     parser.add_argument("--sample-ms", type=float, default=0.5, help="the thread sampler's interval")
+    parser.add_argument(
+        "--idle-calls", type=int, default=3, help="calls for ``gpu_idle`` (on a GPU; 0: skip it)"
+    )
     add_engine_arguments(parser)
     args = parser.parse_args(argv)
     engine_defaults(args)
@@ -394,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads": thread_activity(call, args.calls, args.sample_ms / 1000),
         "parse_split": parse_split(scorer, records, args.batch, args.calls, args.seed),
     }
+    if args.idle_calls and torch.cuda.is_available():
+        report["gpu_idle"] = idle_profile(reward, call, args.idle_calls)
     report["graph_captures_in_profiled_calls"] = graph_captures(scorer) - captured
     report["floor"] = chain_floor(report["torch_profiler"]["gpu_busy_by_stage"])
     scorer.candidates.close()

@@ -66,6 +66,36 @@ def test_stage_busy_counts_overlapping_device_work_once() -> None:
     }
 
 
+def test_gpu_idle_charges_each_idle_stretch_to_the_model_threads_innermost_frames() -> None:
+    def span(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    events = [
+        span("user_annotation", "qace:call", 0, 10_000),
+        span("python_function", "qace/metric/pipeline.py(56): score_chunk", 0, 10_000),
+        span("python_function", "contextlib.py(132): __enter__", 900, 150),
+        span("user_annotation", "qace:stage:questions", 1_000, 5_000),  # opened inside __enter__
+        span("python_function", "qace/engine/engine.py(183): batches", 1_500, 1_000),
+        span("python_function", "numpy/pad.py(9): pad", 1_600, 900),
+        span("python_function", "qace/engine/tokenize.py(74): decode", 7_000, 2_000),
+        span("python_function", "qace/engine/helper.py(1): spin", 0, 10_000, tid=2),  # another thread
+        span("kernel", "k1", 0, 1_000),
+        span("kernel", "k2", 1_020, 480),  # 20 us after k1: too short to count
+        span("gpu_memcpy", "c", 3_000, 4_000),  # idle 1,500-3,000: its middle (2,250) in pad
+        span("kernel", "k3", 9_500, 500),  # idle 7,000-9,500: middle (8,250) in decode, no stage
+        span("kernel", "outside", 20_000, 100),  # after the call: not its idle time
+    ]
+    idle = profile.gpu_idle(events, calls=2)
+    assert idle["stretches_per_call"] == 1.0
+    assert idle["idle_ms_per_call"] == 2.0  # (1,500 + 2,500) us over 2 calls
+    assert idle["by_qace_function"] == {
+        "qace/engine/tokenize.py(74): decode": 1.25,
+        "qace/engine/engine.py(183): batches": 0.75,
+    }
+    assert idle["by_frame"] == {"qace/engine/tokenize.py(74): decode": 1.25, "numpy/pad.py(9): pad": 0.75}
+    assert idle["by_stage"] == {"(between stages)": 1.25, "questions": 0.75}
+
+
 def test_the_chain_floor_is_parsing_then_the_device_work_of_every_later_stage() -> None:
     busy = {
         "call": {"wall_ms": 200.0, "gpu_busy_ms": 90.0},
