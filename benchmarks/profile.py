@@ -345,7 +345,7 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
     gaps.sort()
     frames = sorted(
         (
-            (float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"]))
+            (float(e["ts"]), float(e["ts"]) + float(e["dur"]), _ADDRESS.sub("", str(e["name"])))
             for e in spans
             if e.get("tid") == thread and e.get("cat") in ("python_function", "user_annotation")
         ),
@@ -389,6 +389,11 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
         "by_qace_function": per_call(by_qace),
         "by_frame": per_call(by_frame),
     }
+
+
+_ADDRESS = re.compile(r" (of [^ ]+ )?object at 0x[0-9a-f]+")
+"""A bound built-in's receiver in a trace's frame name (``<built-in method contiguous of Tensor object at
+0x7f...>``): dropped, so one method is one row."""
 
 
 def _is_qace(frame: str) -> bool:

@@ -76,12 +76,13 @@ def test_gpu_idle_charges_each_idle_stretch_to_the_model_threads_innermost_frame
         span("python_function", "contextlib.py(132): __enter__", 900, 150),
         span("user_annotation", "qace:stage:questions", 1_000, 5_000),  # opened inside __enter__
         span("python_function", "qace/engine/engine.py(183): batches", 1_500, 1_000),
-        span("python_function", "numpy/pad.py(9): pad", 1_600, 900),
+        span("python_function", "numpy/pad.py(9): pad", 1_600, 700),
+        span("python_function", "<built-in method fill_ of Tensor object at 0x7f01>", 2_200, 100),
         span("python_function", "qace/engine/tokenize.py(74): decode", 7_000, 2_000),
         span("python_function", "qace/engine/helper.py(1): spin", 0, 10_000, tid=2),  # another thread
         span("kernel", "k1", 0, 1_000),
         span("kernel", "k2", 1_020, 480),  # 20 us after k1: too short to count
-        span("gpu_memcpy", "c", 3_000, 4_000),  # idle 1,500-3,000: its middle (2,250) in pad
+        span("gpu_memcpy", "c", 3_000, 4_000),  # idle 1,500-3,000: its middle (2,250) in fill_, in pad
         span("kernel", "k3", 9_500, 500),  # idle 7,000-9,500: middle (8,250) in decode, no stage
         span("kernel", "outside", 20_000, 100),  # after the call: not its idle time
     ]
@@ -92,7 +93,7 @@ def test_gpu_idle_charges_each_idle_stretch_to_the_model_threads_innermost_frame
         "qace/engine/tokenize.py(74): decode": 1.25,
         "qace/engine/engine.py(183): batches": 0.75,
     }
-    assert idle["by_frame"] == {"qace/engine/tokenize.py(74): decode": 1.25, "numpy/pad.py(9): pad": 0.75}
+    assert idle["by_frame"] == {"qace/engine/tokenize.py(74): decode": 1.25, "<built-in method fill_>": 0.75}
     assert idle["by_stage"] == {"(between stages)": 1.25, "questions": 0.75}
 
 
