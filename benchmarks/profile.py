@@ -256,11 +256,7 @@ def stage_busy(events: list[dict[str, Any]], calls: int) -> dict[str, dict[str, 
     calls and stages are labelled ``qace:call`` and ``qace:stage:<name>``. A stage's host-only time is
     the difference: the GPU idles while the host prepares, waits for spaCy or reads results."""
     spans = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
-    device = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-        for e in events
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
-    )
+    device = _device_work(events)
     out: dict[str, dict[str, float]] = {}
     for e in spans:
         name = str(e["name"])
@@ -272,6 +268,16 @@ def stage_busy(events: list[dict[str, Any]], calls: int) -> dict[str, dict[str, 
         entry["wall_ms"] += (hi - lo) / 1000 / calls
         entry["gpu_busy_ms"] += _covered(device, lo, hi) / 1000 / calls
     return out
+
+
+def _device_work(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """The (start, end) of everything a chrome trace shows the GPU running (kernels, copies, fills),
+    sorted by start, in µs."""
+    return sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
 
 
 def _covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -323,11 +329,7 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
     if not call_spans:
         return {"min_gap_us": IDLE_MIN_US, "idle_ms_per_call": 0.0, "stretches_per_call": 0.0}
     thread = call_spans[0]["tid"]
-    device = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-        for e in spans
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
-    )
+    device = _device_work(events)
     gaps: list[tuple[float, float]] = []  # (middle, length), us
     for c in call_spans:
         lo, hi = float(c["ts"]), float(c["ts"]) + float(c["dur"])
