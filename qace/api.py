@@ -26,7 +26,7 @@ from qace.data.records import Record, RecordError, caption_problem, require, sur
 from qace.engine import instrument
 from qace.engine.gc_pause import collector_paused, freeze_heap
 from qace.errors import ConfigError, FeatureError, HostWorkerError
-from qace.metric.pipeline import score_chunk
+from qace.metric.pipeline import CandidateParts, score_chunk
 from qace.scoring import FileScorer, list_ids
 
 if TYPE_CHECKING:
@@ -43,13 +43,22 @@ input is scored in this process: starting the processes (each imports torch, tra
 costs more than they save on it (docs/performance.md, start-up)."""
 
 
+PARTS_MIN_CAPTIONS = 512
+"""A chunk of at least this many distinct captions, parsed by two or more processes, is parsed in two
+parts, the first half of its captions first, so that its questions start while the second half parses
+(`qace.metric.pipeline.CandidateParts`); below it a question run of half the captions would be a
+batch smaller than one of all of them, which costs the device more than the wait it hides."""
+
+
 @dataclass(frozen=True)
 class _Prepared:
-    """A chunk whose records are validated and whose candidates are being extracted."""
+    """A chunk whose records are validated and whose candidates are being extracted, whole or in parts
+    (``parts``; then ``candidates`` is done once every part is)."""
 
     results: list[dict[str, Any] | RecordError | None]
     valid: list[Record]
     candidates: Future[list[list[str]]]
+    parts: CandidateParts | None = None
 
 
 class QACE(FileScorer):
@@ -434,12 +443,29 @@ class QACE(FileScorer):
                 valid.append(item)  # type: ignore[arg-type]
             else:
                 results[pos] = problem
-        return _Prepared(results, valid, self.candidates.submit([r.caption for r in valid]))
+        captions = [r.caption for r in valid]
+        distinct = list(dict.fromkeys(captions))
+        if self.candidates.processes < 2 or len(distinct) < PARTS_MIN_CAPTIONS:
+            return _Prepared(results, valid, self.candidates.submit(captions))
+        first = set(distinct[: len(distinct) // 2])  # every record of a caption in one part
+        positions = (
+            [i for i, c in enumerate(captions) if c in first],
+            [i for i, c in enumerate(captions) if c not in first],
+        )
+        parts = CandidateParts([(at, self.candidates.submit([captions[i] for i in at])) for at in positions])
+        log.debug("parsing a chunk of %d distinct captions in two parts", len(distinct))
+        return _Prepared(results, valid, _joined(parts, len(valid)), parts)
 
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
         timer = instrument.of(self).timer  # benchmarks time the stages (`qace.engine.instrument`)
-        with timer("candidates"):  # only the wait: extraction started in the prefetch thread
-            candidates = prepared.candidates.result()
+        with timer(
+            "candidates"
+        ):  # only the wait (for the first part): extraction started in the prefetch thread
+            if prepared.parts is None:
+                candidates: list[list[str]] | CandidateParts = prepared.candidates.result()
+            else:
+                prepared.parts.parts[0][1].result()
+                candidates = prepared.parts
         with collector_paused():
             rows = score_chunk(
                 prepared.valid,
@@ -501,6 +527,33 @@ def _shut_down(core: DeviceCore, host: HostPool) -> None:
     processes."""
     core.stop()
     host.close()
+
+
+def _joined(parts: CandidateParts, n: int) -> Future[list[list[str]]]:
+    """One future of every record's candidates, done once every part is (or failed with the first
+    part's error to fail)."""
+    joined: Future[list[list[str]]] = Future()
+    left = [len(parts.parts)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[list[list[str]]]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            out: list[list[str]] = [[] for _ in range(n)]
+            for positions, future in parts.parts:
+                for at, found in zip(positions, future.result(), strict=True):
+                    out[at] = found
+        except BaseException as exc:  # noqa: BLE001 - raised where the candidates are read
+            joined.set_exception(exc)
+            return
+        joined.set_result(out)
+
+    for _, future in parts.parts:
+        future.add_done_callback(one_done)
+    return joined
 
 
 def _merge(

@@ -505,3 +505,56 @@ def test_the_list_api_gives_an_integer_image_id_back_as_an_integer(test_models_d
     scorer = QACE(models=test_models_dir, variant="img", features=RandomFeatureStore(), progress=False)
     rows = scorer.score(["a dog runs", "a cat sleeps"], image_ids=[184613, "184613"])
     assert [r["image_id"] for r in rows] == [184613, "184613"]
+
+
+def test_a_large_chunk_parsed_in_two_parts_scores_as_one_part(ref_scorer, monkeypatch):
+    """With parsing processes and at least `PARTS_MIN_CAPTIONS` distinct captions, a chunk's candidates
+    come in two parts, every record of a caption in one of them, and the rows are those of one part."""
+    from qace.metric import candidates as candidates_module
+    from qace.metric import pipeline
+
+    captions = [json.loads(line) for line in example_path().open()]
+    captions = [c for c in captions if c["caption"].strip()]
+    captions.append(captions[0])  # a caption twice: both records in the same part
+    args = ([c["caption"] for c in captions], [c["references"] for c in captions])
+    whole = ref_scorer.score(*args)
+
+    seen = []
+    real = pipeline.score_chunk
+
+    def spy(records, candidates, *rest, **kw):
+        seen.append(([r.caption for r in records], candidates))
+        return real(records, candidates, *rest, **kw)
+
+    monkeypatch.setattr(api, "score_chunk", spy)
+    monkeypatch.setattr(api, "PARTS_MIN_CAPTIONS", 4)
+    monkeypatch.setattr(candidates_module.CandidateExtractor, "processes", property(lambda self: 2))
+    parted = ref_scorer.score(*args)
+
+    ((texts, parts),) = seen
+    assert isinstance(parts, pipeline.CandidateParts) and len(parts.parts) == 2
+    first, second = (set(texts[i] for i in positions) for positions, _ in parts.parts)
+    assert first and second and not first & second
+    assert sorted(i for positions, _ in parts.parts for i in positions) == list(range(len(texts)))
+    assert [r["explanation"] for r in parted] == [r["explanation"] for r in whole]
+    assert [r["qace"] for r in parted] == pytest.approx([r["qace"] for r in whole], abs=2e-6)
+
+
+def test_the_parts_joined_put_each_records_candidates_back_in_place():
+    """What host processes get for a chunk parsed in parts: one list, once every part is done."""
+    from concurrent.futures import Future
+
+    from qace.metric.pipeline import CandidateParts
+
+    a, b = Future(), Future()
+    joined = api._joined(CandidateParts([([0, 2], a), ([1, 3], b)]), 4)
+    a.set_result([["x"], ["z"]])
+    assert not joined.done()
+    b.set_result([["y"], []])
+    assert joined.result(timeout=5) == [["x"], ["y"], ["z"], []]
+    c, d = Future(), Future()
+    failed = api._joined(CandidateParts([([0], c), ([1], d)]), 2)
+    c.set_exception(RuntimeError("the parser died"))
+    d.set_result([["w"]])
+    with pytest.raises(RuntimeError, match="the parser died"):
+        failed.result(timeout=5)

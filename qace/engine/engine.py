@@ -86,11 +86,8 @@ def run_stages(
     """
     with ExitStack() as stack:
         opened = [stack.enter_context(stage) for stage in stages]
-        tokens: list[list[list[int]]] = [[[] for _ in range(st.n_items)] for st in opened]
-        answerability = [
-            np.zeros(st.n_items, dtype=np.float64) if st.unanswerable_id is not None else None
-            for st in opened
-        ]
+        # a stage's size is read once its batches are done (a deferred stage learns it at its first batch)
+        done: list[list[tuple[np.ndarray, Generated]]] = [[] for _ in opened]
         jobs = (
             (st.runner, (k, index), batch, st.unanswerable_id)
             for k, st in enumerate(opened)
@@ -107,13 +104,47 @@ def run_stages(
                     for runner, key, batch, uid in jobs
                 )
             for (k, index), out in results:
-                for item, row in zip(index.tolist(), out.tokens, strict=True):
-                    tokens[k][item] = row
-                an = answerability[k]
-                if an is not None and out.answerability is not None:
-                    an[index] = out.answerability
+                done[k].append((index, out))
                 opened[k].bar.update(len(index))
-        return [st.finish(t, an) for st, t, an in zip(opened, tokens, answerability, strict=True)]
+        return [_finish(st, outs) for st, outs in zip(opened, done, strict=True)]
+
+
+def _finish(stage: Stage, outs: list[tuple[np.ndarray, Generated]]) -> StageOutput:
+    """A stage's output from its batches' generated rows, each put back at its item's place."""
+    tokens: list[list[int]] = [[] for _ in range(stage.n_items)]
+    answerability = np.zeros(stage.n_items, dtype=np.float64) if stage.unanswerable_id is not None else None
+    for index, out in outs:
+        for item, row in zip(index.tolist(), out.tokens, strict=True):
+            tokens[item] = row
+        if answerability is not None and out.answerability is not None:
+            answerability[index] = out.answerability
+    return stage.finish(tokens, answerability)
+
+
+@contextmanager
+def deferred_stage(
+    runner: Runner, unanswerable_id: int | None, make: Callable[[], AbstractContextManager[Stage]]
+) -> Iterator[Stage]:
+    """A stage for `run_stages` whose inputs are not known yet when the run starts (a part of a call
+    whose captions are still being parsed): ``make()`` builds it when the run reaches its first batch,
+    so the wait for its inputs overlaps the device's work on the stages before it. ``runner`` and
+    ``unanswerable_id`` must be the ones the built stage has."""
+    with ExitStack() as stack:
+        stage = Stage(runner, 0, iter(()), unanswerable_id, None, _not_built)
+
+        def batches() -> Iterator[tuple[np.ndarray, TextBatch | VisualBatch]]:
+            built = stack.enter_context(make())
+            if built.runner is not runner or built.unanswerable_id != unanswerable_id:
+                raise ValueError("deferred_stage: the built stage has another runner or unanswerable id")
+            stage.n_items, stage.bar, stage.finish = built.n_items, built.bar, built.finish
+            yield from built.batches
+
+        stage.batches = batches()
+        yield stage
+
+
+def _not_built(tokens: list[list[int]], answerability: np.ndarray | None) -> StageOutput:
+    raise RuntimeError("a deferred stage finished before its first batch was asked for")
 
 
 def _text_batches(

@@ -6,8 +6,9 @@ can batch and de-duplicate across captions. Nothing reaches back to an earlier s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -16,7 +17,15 @@ import numpy as np
 
 from qace.config import VARIANT_NAMES, QACEConfig
 from qace.data.records import Record
-from qace.engine.engine import NO_LOCK, BatchLimits, run_stages, text_stage, visual_stage
+from qace.engine.engine import (
+    NO_LOCK,
+    BatchLimits,
+    Stage,
+    deferred_stage,
+    run_stages,
+    text_stage,
+    visual_stage,
+)
 from qace.engine.instrument import NO_TIMER
 from qace.metric.aggregate import COMPONENTS, caption_scores
 from qace.metric.prompts import MAX_NEW_TOKENS, QG_TEMPLATE, TQA_TEMPLATE, clean_question
@@ -53,9 +62,20 @@ class CaptionWork:
     flags: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class CandidateParts:
+    """A chunk's answer candidates in parts whose parsing ends one after another: part ``k`` is the
+    positions of its records in the chunk and a future of their candidates, in that order. The
+    questions of a part are generated as soon as its candidates are known, while later parts still
+    parse (`score_chunk`); a caption's records all belong to one part, so identical captions of a
+    chunk are asked identical questions."""
+
+    parts: list[tuple[list[int], Future[list[list[str]]]]]
+
+
 def score_chunk(
     records: Sequence[Record],
-    candidates: Sequence[list[str]],
+    candidates: Sequence[list[str]] | CandidateParts,
     models: ModelRunners,
     config: QACEConfig,
     matcher: Any,
@@ -63,7 +83,8 @@ def score_chunk(
     signature: str = "",
     timer: Any = NO_TIMER,
 ) -> list[dict[str, Any]]:
-    """Score validated records given their answer candidates; one result row per record, in order."""
+    """Score validated records given their answer candidates (all known, or `CandidateParts`); one
+    result row per record, in order."""
     limits = BatchLimits(config.max_batch_tokens, config.max_batch_rows)
     progress = config.progress and len(records) > 64
     text_run: dict[str, Any] = {
@@ -76,33 +97,46 @@ def score_chunk(
         for r in records
     ]
 
-    for item, cands in zip(work, candidates, strict=True):
-        item.candidates = cands
+    if isinstance(candidates, CandidateParts):
+        parts = candidates.parts
+    else:
+        known: Future[list[list[str]]] = Future()
+        known.set_result(list(candidates))
+        parts = [(list(range(len(work))), known)]
 
-    # questions (first (question, answer) pair of each question wins)
-    owners = [(item, a) for item in work for a in item.candidates]
+    # questions (first (question, answer) pair of each question wins); a part's run starts once its
+    # candidates are known, and a later part's parse overlaps the device's work on the earlier ones
+    owners: list[list[tuple[CaptionWork, str]]] = [[] for _ in parts]
+
+    @contextmanager
+    def questions_of(k: int) -> Iterator[Stage]:
+        positions, found = parts[k]
+        for at, cands in zip(positions, found.result(), strict=True):
+            work[at].candidates = cands
+        owners[k] = [(work[at], a) for at in positions for a in work[at].candidates]
+        rows = [(a, item.record.caption) for item, a in owners[k]]
+        with text_stage(
+            models.qg, models.qg_tokenizer, QG_TEMPLATE, rows, desc="questions", **text_run
+        ) as st:
+            yield st
+
     with timer("questions"):
-        (qg,) = run_stages(
+        outputs = run_stages(
             [
-                text_stage(
-                    models.qg,
-                    models.qg_tokenizer,
-                    QG_TEMPLATE,
-                    [(a, item.record.caption) for item, a in owners],
-                    desc="questions",
-                    **text_run,
-                )
+                questions_of(0),
+                *(deferred_stage(models.qg, None, partial(questions_of, k)) for k in range(1, len(parts))),
             ],
             models.device_lock,
             max_new_tokens=MAX_NEW_TOKENS,
         )
-    for (item, answer), text, cut in zip(owners, qg.texts, qg.truncated, strict=True):
-        question = clean_question(text)
-        if cut:
-            item.flags.add("truncated_input")
-        if question not in item.questions:
-            item.questions.append(question)
-            item.sources.append(answer)
+    for part, qg in zip(owners, outputs, strict=True):
+        for (item, answer), text, cut in zip(part, qg.texts, qg.truncated, strict=True):
+            question = clean_question(text)
+            if cut:
+                item.flags.add("truncated_input")
+            if question not in item.questions:
+                item.questions.append(question)
+                item.sources.append(answer)
 
     # answers on the caption and on every context: one text-QA pass (and, for QACE-Img, the visual
     # pass, streamed after it as one run, so their batches overlap on the device)

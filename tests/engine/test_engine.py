@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qace.engine.batches import Generated, TextBatch
-from qace.engine.engine import BatchLimits, run_stages, text_stage
+from qace.engine.engine import BatchLimits, deferred_stage, run_stages, text_stage
 from qace.metric.prompts import MAX_NEW_TOKENS
 from qace.models.loading import load_seq2seq
 
@@ -128,3 +128,39 @@ def test_text_stage_keeps_unknown_tokens_and_drops_pad_and_eos() -> None:
     )
     (out,) = run_stages([stage], max_new_tokens=MAX_NEW_TOKENS)
     assert out.texts == ["dog<unk>", "dog<unk>"]
+
+
+def test_a_deferred_stage_is_built_when_the_run_reaches_it_and_gives_what_a_plain_one_gives(tokenizer):
+    prompts = _prompts()
+    first, second = prompts[:20], prompts[20:]
+    limits = BatchLimits(max_batch_tokens=64, max_batch_rows=4)
+    runner = EchoRunner()
+
+    def stage(rows: list[str]):
+        return text_stage(runner, tokenizer, "{}", [(p,) for p in rows], max_input_tokens=512, limits=limits,
+                          unanswerable_id=5)  # fmt: skip
+
+    plain = run_stages([stage(first), stage(second)], max_new_tokens=MAX_NEW_TOKENS)
+    batches_before_built = []
+
+    def build():
+        batches_before_built.append(len(runner.batches))
+        return stage(second)
+
+    runner.batches.clear()
+    deferred = run_stages([stage(first), deferred_stage(runner, 5, build)], max_new_tokens=MAX_NEW_TOKENS)
+    for got, want in zip(deferred, plain, strict=True):
+        assert got.texts == want.texts and got.truncated == want.truncated
+        np.testing.assert_array_equal(got.answerability, want.answerability)
+    # built when the run asked for its first batch: after every batch of the first stage was generated
+    # (EchoRunner has no `generate_jobs`: a batch is generated before the next one is asked for)
+    runner.batches.clear()
+    run_stages([stage(first)], max_new_tokens=MAX_NEW_TOKENS)
+    assert batches_before_built == [len(runner.batches)] and batches_before_built[0] > 1
+
+
+def test_a_deferred_stage_must_be_built_with_its_runner(tokenizer) -> None:
+    limits = BatchLimits(max_batch_tokens=64, max_batch_rows=4)
+    built = text_stage(EchoRunner(), tokenizer, "{}", [("a dog",)], max_input_tokens=512, limits=limits)
+    with pytest.raises(ValueError, match="another runner"):
+        run_stages([deferred_stage(EchoRunner(), None, lambda: built)], max_new_tokens=MAX_NEW_TOKENS)
