@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qace.config import QACEConfig, build_signature, parsing_beside_hosts, speed_defaults
-from qace.data.records import Record, RecordError, caption_problem, require, surrogate_problem
+from qace.data.records import Record, RecordError, caption_problem, list_record, require
 from qace.engine import instrument
 from qace.engine.gc_pause import collector_paused, freeze_heap
 from qace.errors import ConfigError, FeatureError, HostWorkerError
-from qace.metric.pipeline import CandidateParts, score_chunk
+from qace.metric.candidates import CandidateParts
+from qace.metric.pipeline import score_chunk
 from qace.scoring import FileScorer, list_ids
 
 if TYPE_CHECKING:
@@ -43,17 +44,9 @@ input is scored in this process: starting the processes (each imports torch, tra
 costs more than they save on it (docs/performance.md, start-up)."""
 
 
-PARTS_MIN_CAPTIONS = 512
-"""A chunk of at least this many distinct captions, parsed by two or more processes, is parsed in two
-parts, the first half of its captions first, so that its questions start while the second half parses
-(`qace.metric.pipeline.CandidateParts`); below it a question run of half the captions would be a
-batch smaller than one of all of them, which costs the device more than the wait it hides."""
-
-
 @dataclass(frozen=True)
 class _Prepared:
-    """A chunk whose records are validated and whose candidates are being extracted, whole or in parts
-    (``parts``; then ``candidates`` is done once every part is)."""
+    """A chunk whose records are validated and whose candidates are being extracted (also in ``parts``)."""
 
     results: list[dict[str, Any] | RecordError | None]
     valid: list[Record]
@@ -294,7 +287,7 @@ class QACE(FileScorer):
         """
         ids = list_ids(captions, ids, references=references, image_ids=image_ids)
         records = [
-            _record(
+            list_record(
                 ids[i],
                 captions[i],
                 references[i] if references is not None else None,
@@ -351,7 +344,7 @@ class QACE(FileScorer):
         else:  # whole chunks (files, and input that fits one chunk: a reward call)
             chunks = functools.partial(_take, iterator, itertools.repeat(size))
         with ThreadPoolExecutor(1, thread_name_prefix="qace-prefetch") as prefetch:
-            upcoming = prefetch.submit(self._prepare_next, chunks)
+            upcoming = prefetch.submit(self._prepare_next, chunks, not hosted)
             # with host processes ready: chunks in flight, one more than there are processes, so none
             # waits for its next chunk; else each chunk here, while the next one is prepared
             inflight: deque[Future[list[dict[str, Any] | RecordError]]] = deque()
@@ -363,7 +356,7 @@ class QACE(FileScorer):
                         if prepared is None:
                             exhausted = True
                             break
-                        upcoming = prefetch.submit(self._prepare_next, chunks)
+                        upcoming = prefetch.submit(self._prepare_next, chunks, not hosted)
                         host = self.host if hosted and self.host is not None and self.host.ready() else None
                         if host is None:
                             here: Future[list[dict[str, Any] | RecordError]] = Future()
@@ -428,13 +421,13 @@ class QACE(FileScorer):
         prepared.candidates.add_done_callback(send)
         return rows
 
-    def _prepare_next(self, chunks: Callable[[], list[Record | RecordError]]) -> _Prepared | None:
-        """The next chunk of records, prepared; None once they are exhausted."""
+    def _prepare_next(self, chunks: Callable[[], list[Record | RecordError]], here: bool) -> _Prepared | None:
+        """The next chunk of records, prepared (``here``: to score here, a large one parsed in parts)."""
         with instrument.of(self).timer("prepare"):
             chunk = chunks()
-            return self._prepare(chunk) if chunk else None
+            return self._prepare(chunk, here) if chunk else None
 
-    def _prepare(self, chunk: list[Record | RecordError]) -> _Prepared:
+    def _prepare(self, chunk: list[Record | RecordError], here: bool) -> _Prepared:
         results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)
         valid: list[Record] = []
         for pos, item in enumerate(chunk):
@@ -444,28 +437,17 @@ class QACE(FileScorer):
             else:
                 results[pos] = problem
         captions = [r.caption for r in valid]
-        distinct = list(dict.fromkeys(captions))
-        if self.candidates.processes < 2 or len(distinct) < PARTS_MIN_CAPTIONS:
-            return _Prepared(results, valid, self.candidates.submit(captions))
-        first = set(distinct[: len(distinct) // 2])  # every record of a caption in one part
-        positions = (
-            [i for i, c in enumerate(captions) if c in first],
-            [i for i, c in enumerate(captions) if c not in first],
-        )
-        parts = CandidateParts([(at, self.candidates.submit([captions[i] for i in at])) for at in positions])
-        log.debug("parsing a chunk of %d distinct captions in two parts", len(distinct))
-        return _Prepared(results, valid, _joined(parts, len(valid)), parts)
+        parts = self.candidates.submit_in_parts(captions) if here else None
+        whole = self.candidates.submit(captions) if parts is None else parts.joined(len(captions))
+        return _Prepared(results, valid, whole, parts)
 
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
         timer = instrument.of(self).timer  # benchmarks time the stages (`qace.engine.instrument`)
         with timer(
             "candidates"
-        ):  # only the wait (for the first part): extraction started in the prefetch thread
-            if prepared.parts is None:
-                candidates: list[list[str]] | CandidateParts = prepared.candidates.result()
-            else:
-                prepared.parts.parts[0][1].result()
-                candidates = prepared.parts
+        ):  # only the wait (for a first part): extraction started in the prefetch thread
+            parts = prepared.parts
+            candidates = prepared.candidates.result() if parts is None else parts.first_known()
         with collector_paused():
             rows = score_chunk(
                 prepared.valid,
@@ -527,33 +509,6 @@ def _shut_down(core: DeviceCore, host: HostPool) -> None:
     processes."""
     core.stop()
     host.close()
-
-
-def _joined(parts: CandidateParts, n: int) -> Future[list[list[str]]]:
-    """One future of every record's candidates, done once every part is (or failed with the first
-    part's error to fail)."""
-    joined: Future[list[list[str]]] = Future()
-    left = [len(parts.parts)]
-    lock = threading.Lock()
-
-    def one_done(_: Future[list[list[str]]]) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        try:
-            out: list[list[str]] = [[] for _ in range(n)]
-            for positions, future in parts.parts:
-                for at, found in zip(positions, future.result(), strict=True):
-                    out[at] = found
-        except BaseException as exc:  # noqa: BLE001 - raised where the candidates are read
-            joined.set_exception(exc)
-            return
-        joined.set_result(out)
-
-    for _, future in parts.parts:
-        future.add_done_callback(one_done)
-    return joined
 
 
 def _merge(
@@ -621,26 +576,6 @@ def _with_image_key(record: Record | RecordError) -> Record | RecordError:
 
         return replace(record, image_id=image_key(None, record.image))
     return record
-
-
-def _record(
-    record_id: str, caption: Any, references: Sequence[str] | None, image_id: str | int | None
-) -> Record | RecordError:
-    """Validate list-API inputs into a ``Record`` (or an error naming it); an id or image id holding a
-    lone surrogate is an error as in file input (`qace.data.records`), with ``id=None`` for the id's."""
-    if problem := surrogate_problem("id", record_id):
-        return RecordError(None, problem)
-    if isinstance(image_id, str) and (problem := surrogate_problem("image_id", image_id)):
-        return RecordError(record_id, problem)
-    if not isinstance(caption, str):
-        return RecordError(record_id, f"caption must be a string, got {type(caption).__name__}")
-    if references is not None and (
-        isinstance(references, str) or not all(isinstance(r, str) and r.strip() for r in references)
-    ):
-        return RecordError(record_id, "references must be a list of non-empty strings")
-    refs = tuple(references) if references is not None else None
-    as_int = isinstance(image_id, int) and not isinstance(image_id, bool)  # given back as an integer
-    return Record(record_id, caption, None if image_id is None else str(image_id), refs, image_id_int=as_int)
 
 
 def score(

@@ -527,12 +527,12 @@ def test_a_large_chunk_parsed_in_two_parts_scores_as_one_part(ref_scorer, monkey
         return real(records, candidates, *rest, **kw)
 
     monkeypatch.setattr(api, "score_chunk", spy)
-    monkeypatch.setattr(api, "PARTS_MIN_CAPTIONS", 4)
+    monkeypatch.setattr(candidates_module, "PARTS_MIN_CAPTIONS", 4)
     monkeypatch.setattr(candidates_module.CandidateExtractor, "processes", property(lambda self: 2))
     parted = ref_scorer.score(*args)
 
     ((texts, parts),) = seen
-    assert isinstance(parts, pipeline.CandidateParts) and len(parts.parts) == 2
+    assert isinstance(parts, candidates_module.CandidateParts) and len(parts.parts) == 2
     first, second = (set(texts[i] for i in positions) for positions, _ in parts.parts)
     assert first and second and not first & second
     assert sorted(i for positions, _ in parts.parts for i in positions) == list(range(len(texts)))
@@ -544,16 +544,16 @@ def test_the_parts_joined_put_each_records_candidates_back_in_place():
     """What host processes get for a chunk parsed in parts: one list, once every part is done."""
     from concurrent.futures import Future
 
-    from qace.metric.pipeline import CandidateParts
+    from qace.metric.candidates import CandidateParts
 
     a, b = Future(), Future()
-    joined = api._joined(CandidateParts([([0, 2], a), ([1, 3], b)]), 4)
+    joined = CandidateParts([([0, 2], a), ([1, 3], b)]).joined(4)
     a.set_result([["x"], ["z"]])
     assert not joined.done()
     b.set_result([["y"], []])
     assert joined.result(timeout=5) == [["x"], ["y"], ["z"], []]
     c, d = Future(), Future()
-    failed = api._joined(CandidateParts([([0], c), ([1], d)]), 2)
+    failed = CandidateParts([([0], c), ([1], d)]).joined(2)
     c.set_exception(RuntimeError("the parser died"))
     d.set_result([["w"]])
     with pytest.raises(RuntimeError, match="the parser died"):

@@ -29,7 +29,7 @@ import logging
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import repeat
@@ -118,6 +118,26 @@ def surrogate_problem(name: str, text: str) -> str | None:
 INVISIBLE = frozenset({"Cc", "Cf"})
 """Unicode categories of characters that show nothing: control (``Cc``) and format (``Cf``: zero-width
 spaces and joiners, the byte-order mark, bidirectional marks, the soft hyphen)."""
+
+
+def list_record(
+    record_id: str, caption: Any, references: Sequence[str] | None, image_id: str | int | None
+) -> Record | RecordError:
+    """Validate list-API inputs (`qace.api.QACE.score`) into a ``Record`` (or an error naming it); an id
+    or image id holding a lone surrogate is an error as in file input, with ``id=None`` for the id's."""
+    if problem := surrogate_problem("id", record_id):
+        return RecordError(None, problem)
+    if isinstance(image_id, str) and (problem := surrogate_problem("image_id", image_id)):
+        return RecordError(record_id, problem)
+    if not isinstance(caption, str):
+        return RecordError(record_id, f"caption must be a string, got {type(caption).__name__}")
+    if references is not None and (
+        isinstance(references, str) or not all(isinstance(r, str) and r.strip() for r in references)
+    ):
+        return RecordError(record_id, "references must be a list of non-empty strings")
+    refs = tuple(references) if references is not None else None
+    as_int = isinstance(image_id, int) and not isinstance(image_id, bool)  # given back as an integer
+    return Record(record_id, caption, None if image_id is None else str(image_id), refs, image_id_int=as_int)
 
 
 def require(record: Record, *, references: bool, image: bool) -> str | None:

@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +119,52 @@ def parser(model: str, _core: object = None) -> Callable[[list[str]], list[list[
     return lambda captions: extract_candidates(captions, nlp)
 
 
+PARTS_MIN_CAPTIONS = 512
+"""`CandidateExtractor.submit_in_parts` parts a call of at least this many distinct captions: below it,
+a question run of half the captions would be a batch smaller than one of all of them, which costs the
+device more than the wait it hides."""
+
+
+@dataclass(frozen=True)
+class CandidateParts:
+    """A chunk's answer candidates in parts whose parsing ends one after another: part ``k`` is the
+    positions of its records in the chunk and a future of their candidates, in that order. A caption's
+    records all belong to one part, so identical captions of a chunk are asked identical questions
+    (`qace.metric.pipeline.score_chunk` starts a part's questions once it is parsed)."""
+
+    parts: list[tuple[list[int], Future[list[list[str]]]]]
+
+    def first_known(self) -> CandidateParts:
+        """These parts, once the first is parsed."""
+        self.parts[0][1].result()
+        return self
+
+    def joined(self, n: int) -> Future[list[list[str]]]:
+        """One future of all ``n`` records' candidates, done once every part is (else failed with a
+        part's error): what host processes take."""
+        joined: Future[list[list[str]]] = Future()
+        left, lock = [len(self.parts)], threading.Lock()
+
+        def one_done(_: Future[list[list[str]]]) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            try:
+                out: list[list[str]] = [[] for _ in range(n)]
+                for positions, future in self.parts:
+                    for at, found in zip(positions, future.result(), strict=True):
+                        out[at] = found
+            except BaseException as exc:  # noqa: BLE001 - raised where the candidates are read
+                joined.set_exception(exc)
+                return
+            joined.set_result(out)
+
+        for _, future in self.parts:
+            future.add_done_callback(one_done)
+        return joined
+
+
 class CandidateExtractor:
     """Candidates for many captions: cached by caption text, parsed in this process or, once `start`
     has started them and every one is ready, by ``workers`` parsing processes (`HostPool`). Starting
@@ -212,6 +259,19 @@ class CandidateExtractor:
         for future in futures:
             future.add_done_callback(collect)
         return result
+
+    def submit_in_parts(self, captions: Sequence[str]) -> CandidateParts | None:
+        """`submit` in two parts, the first half of the distinct captions first, where at least two
+        parsing processes take at least `PARTS_MIN_CAPTIONS` distinct captions; else None."""
+        distinct = list(dict.fromkeys(captions))
+        if self.processes < 2 or len(distinct) < PARTS_MIN_CAPTIONS:
+            return None
+        first = set(distinct[: len(distinct) // 2])
+        halves = (
+            [i for i, c in enumerate(captions) if c in first],
+            [i for i, c in enumerate(captions) if c not in first],
+        )
+        return CandidateParts([(at, self.submit([captions[i] for i in at])) for at in halves])
 
     def _store(self, captions: list[str], candidates: list[list[str]]) -> None:
         with self._lock:

@@ -28,6 +28,7 @@ from qace.engine.engine import (
 )
 from qace.engine.instrument import NO_TIMER
 from qace.metric.aggregate import COMPONENTS, caption_scores
+from qace.metric.candidates import CandidateParts
 from qace.metric.prompts import MAX_NEW_TOKENS, QG_TEMPLATE, TQA_TEMPLATE, clean_question
 from qace.metric.text import filter_stopwords_all
 from qace.models.visual_inputs import visual_question_inputs
@@ -60,17 +61,6 @@ class CaptionWork:
     questions: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     flags: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class CandidateParts:
-    """A chunk's answer candidates in parts whose parsing ends one after another: part ``k`` is the
-    positions of its records in the chunk and a future of their candidates, in that order. The
-    questions of a part are generated as soon as its candidates are known, while later parts still
-    parse (`score_chunk`); a caption's records all belong to one part, so identical captions of a
-    chunk are asked identical questions."""
-
-    parts: list[tuple[list[int], Future[list[list[str]]]]]
 
 
 def score_chunk(
