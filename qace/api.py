@@ -443,9 +443,8 @@ class QACE(FileScorer):
 
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
         timer = instrument.of(self).timer  # benchmarks time the stages (`qace.engine.instrument`)
-        with timer(
-            "candidates"
-        ):  # only the wait (for a first part): extraction started in the prefetch thread
+        # only the wait (for the first part, where there are parts): extraction started in the prefetch thread
+        with timer("candidates"):
             parts = prepared.parts
             candidates = prepared.candidates.result() if parts is None else parts.first_known()
         with collector_paused():

@@ -140,29 +140,34 @@ class CandidateParts:
         return self
 
     def joined(self, n: int) -> Future[list[list[str]]]:
-        """One future of all ``n`` records' candidates, done once every part is (else failed with a
-        part's error): what host processes take."""
-        joined: Future[list[list[str]]] = Future()
-        left, lock = [len(self.parts)], threading.Lock()
+        """One future of all ``n`` records' candidates (`gathered`): what host processes take."""
+        return gathered(self.parts, n)
 
-        def one_done(_: Future[list[list[str]]]) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0]:
-                    return
-            try:
-                out: list[list[str]] = [[] for _ in range(n)]
-                for positions, future in self.parts:
-                    for at, found in zip(positions, future.result(), strict=True):
-                        out[at] = found
-            except BaseException as exc:  # noqa: BLE001 - raised where the candidates are read
-                joined.set_exception(exc)
+
+def gathered(pieces: Sequence[tuple[list[int], Future[list[list[str]]]]], n: int) -> Future[list[list[str]]]:
+    """One future of ``n`` items from futures of some of them each (a piece: the positions of its items
+    and a future of them in that order), done once every piece is, or failed with a piece's error."""
+    whole: Future[list[list[str]]] = Future()
+    left, lock = [len(pieces)], threading.Lock()
+
+    def one_done(_: Future[list[list[str]]]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
                 return
-            joined.set_result(out)
+        try:
+            out: list[list[str]] = [[] for _ in range(n)]
+            for positions, future in pieces:
+                for at, found in zip(positions, future.result(), strict=True):
+                    out[at] = found
+        except BaseException as exc:  # noqa: BLE001 - raised where the result is read
+            whole.set_exception(exc)
+            return
+        whole.set_result(out)
 
-        for _, future in self.parts:
-            future.add_done_callback(one_done)
-        return joined
+    for _, future in pieces:
+        future.add_done_callback(one_done)
+    return whole
 
 
 class CandidateExtractor:
@@ -239,25 +244,15 @@ class CandidateExtractor:
             finish(extract_candidates(todo, self._nlp) if todo else [])
             return result
         parts = balanced_parts(todo, max(1, self.processes))
-        futures = [pool.submit([todo[i] for i in part]) for part in parts]
-        remaining = [len(futures)]
+        pieces = [(part, pool.submit([todo[i] for i in part])) for part in parts]
 
-        def collect(_: Future[list[list[str]]]) -> None:
-            with self._lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
+        def collect(whole: Future[list[list[str]]]) -> None:
             try:
-                candidates: list[list[str]] = [[] for _ in todo]
-                for part, future in zip(parts, futures, strict=True):
-                    for i, found in zip(part, future.result(), strict=True):
-                        candidates[i] = found
-                finish(candidates)
-            except Exception as exc:  # noqa: BLE001 - handed to whoever waits on the result
+                finish(whole.result())
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the result
                 result.set_exception(exc)
 
-        for future in futures:
-            future.add_done_callback(collect)
+        gathered(pieces, len(todo)).add_done_callback(collect)
         return result
 
     def submit_in_parts(self, captions: Sequence[str]) -> CandidateParts | None:
