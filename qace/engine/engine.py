@@ -21,7 +21,7 @@ from qace.engine.pinned_upload import to_device
 from qace.engine.prompt_ids import PromptIds, prompt_ids
 from qace.engine.scheduler import Deduped, dedupe, pad_batch, plan_batches
 from qace.engine.tokenize import cut_to, decode
-from qace.progress import bars_shown
+from qace.progress import Tracker, bars_shown
 
 
 class Runner(Protocol):
@@ -162,8 +162,11 @@ def _text_batches(
 def _progress(total: int, desc: str, progress: bool) -> Any:
     """One bar per stage, counting sequences (shown for long chunks only, as the caller decides, and only
     where bars draw: `qace.progress.bars_shown`)."""
-    shown = progress and total >= 2 and bars_shown()
-    return tqdm(total=total, desc=desc, unit="seq", disable=not shown, leave=False)
+    if not (progress and total >= 2 and bars_shown()):
+        # not a disabled tqdm: that takes tqdm's process-wide lock as it opens and closes, on the
+        # thread that feeds the device
+        return Tracker(desc, total, "seq", enabled=False)
+    return tqdm(total=total, desc=desc, unit="seq", leave=False)
 
 
 @contextmanager

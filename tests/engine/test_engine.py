@@ -164,3 +164,21 @@ def test_a_deferred_stage_must_be_built_with_its_runner(tokenizer) -> None:
     built = text_stage(EchoRunner(), tokenizer, "{}", [("a dog",)], max_input_tokens=512, limits=limits)
     with pytest.raises(ValueError, match="another runner"):
         run_stages([deferred_stage(EchoRunner(), None, lambda: built)], max_new_tokens=MAX_NEW_TOKENS)
+
+
+@pytest.mark.parametrize("progress, shown", [(False, True), (True, False), (True, True)])
+def test_a_stage_makes_a_tqdm_only_where_its_bar_draws(tokenizer, monkeypatch, progress, shown) -> None:
+    import qace.engine.engine as engine
+    from qace.progress import Tracker
+
+    made = []
+    monkeypatch.setattr(engine, "bars_shown", lambda: shown)
+    monkeypatch.setattr(engine, "tqdm", lambda **kw: made.append(kw) or Tracker("t", 1, "", False))
+    limits = BatchLimits(max_batch_tokens=64, max_batch_rows=4)
+    rows = [(p,) for p in _prompts()]
+    stage = text_stage(
+        EchoRunner(), tokenizer, "{}", rows, max_input_tokens=512, limits=limits, progress=progress
+    )
+    (out,) = run_stages([stage], max_new_tokens=MAX_NEW_TOKENS)
+    assert len(out.texts) == len(rows)
+    assert len(made) == (progress and shown)
