@@ -25,9 +25,10 @@ distorts another:
 - ``gpu_idle`` (``--idle-calls``, on a GPU): where the GPU waits for the host. The calls run under
   ``torch.profiler`` with Python stacks (which slows the host, so the milliseconds are of those calls,
   their shares are what counts); every stretch of at least 50 µs inside a call in which the GPU runs
-  nothing is charged to the innermost Python function of qace's own code that the model thread was in
-  at its middle, to the innermost frame of any code, and to the stage (`gpu_idle`). A stretch the
-  model thread spends waiting (for the candidates, a tokenized slice) is charged to the wait.
+  nothing is charged, each part of it, to the innermost Python function of qace's own code that the
+  model thread was in during that part, to the innermost frame of any code, and to the stage
+  (`gpu_idle`). A stretch the model thread spends waiting (for the candidates, a tokenized slice) is
+  charged to the wait.
 
 ``floor``: what one call cannot go under while it stays one batch, from the profiler's stages: the
 candidates stage's wall (spaCy parses; no model can start before its captions' candidates are known)
@@ -40,8 +41,10 @@ Writes ``profile.json`` (the summary) and the three tables as text files to ``--
 from __future__ import annotations
 
 import argparse
+import bisect
 import cProfile
 import io
+import itertools
 import json
 import pstats
 import re
@@ -320,17 +323,18 @@ IDLE_MIN_US = 50.0
 
 def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[str, Any]:
     """From a chrome trace with ``qace:call`` / ``qace:stage:`` labels and Python stacks: the GPU's idle
-    stretches of at least `IDLE_MIN_US` inside the calls, in milliseconds per call, charged to the
-    innermost qace function (``by_qace_function``, ``"file(line): function"``), the innermost frame
-    (``by_frame``) and the stage (``by_stage``) open on the model thread (the one that opened the calls)
-    at each stretch's middle; the ``top`` largest of each."""
+    stretches of at least `IDLE_MIN_US` inside the calls, in milliseconds per call, each cut where a
+    frame of the model thread (the one that opened the calls) opens or closes, and each piece charged to
+    the innermost qace function (``by_qace_function``, ``"file(line): function"``), the innermost frame
+    (``by_frame``) and the stage (``by_stage``) open on that thread during it; the ``top`` largest of
+    each."""
     spans = [e for e in events if e.get("ph") == "X"]
     call_spans = [e for e in spans if e.get("cat") == "user_annotation" and e.get("name") == _CALL]
     if not call_spans:
         return {"min_gap_us": IDLE_MIN_US, "idle_ms_per_call": 0.0, "stretches_per_call": 0.0}
     thread = call_spans[0]["tid"]
     device = _device_work(events)
-    gaps: list[tuple[float, float]] = []  # (middle, length), us
+    gaps: list[tuple[float, float]] = []  # (start, end), us
     for c in call_spans:
         lo, hi = float(c["ts"]), float(c["ts"]) + float(c["dur"])
         reach = lo
@@ -340,11 +344,10 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
             if start >= hi:
                 break
             if start - reach >= IDLE_MIN_US:
-                gaps.append(((start + reach) / 2, start - reach))
+                gaps.append((reach, start))
             reach = max(reach, min(end, hi))
         if hi - reach >= IDLE_MIN_US:
-            gaps.append(((hi + reach) / 2, hi - reach))
-    gaps.sort()
+            gaps.append((reach, hi))
     frames = sorted(
         (
             (float(e["ts"]), float(e["ts"]) + float(e["dur"]), _ADDRESS.sub("", str(e["name"])))
@@ -353,12 +356,19 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
         ),
         key=lambda f: (f[0], -f[1]),
     )
+    # the pieces of every stretch in which the thread's open frames stay the same: (middle, length)
+    bounds = sorted({t for start, end, _ in frames for t in (start, end)})
+    pieces: list[tuple[float, float]] = []
+    for lo, hi in gaps:
+        cuts = [lo, *bounds[bisect.bisect_right(bounds, lo) : bisect.bisect_left(bounds, hi)], hi]
+        pieces += [((a + b) / 2, b - a) for a, b in itertools.pairwise(cuts)]
+    pieces.sort()
     by_qace: dict[str, float] = {}
     by_frame: dict[str, float] = {}
     by_stage: dict[str, float] = {}
     stack: list[tuple[float, float, str]] = []  # frames open at the last start, outermost first
     at = 0
-    for middle, length in gaps:
+    for middle, length in pieces:
         while at < len(frames) and frames[at][0] <= middle:
             while stack and stack[-1][1] <= frames[at][0]:
                 stack.pop()
@@ -385,7 +395,7 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
 
     return {
         "min_gap_us": IDLE_MIN_US,
-        "idle_ms_per_call": sum(length for _, length in gaps) / 1000 / calls,
+        "idle_ms_per_call": sum(hi - lo for lo, hi in gaps) / 1000 / calls,
         "stretches_per_call": len(gaps) / calls,
         "by_stage": per_call(by_stage),
         "by_qace_function": per_call(by_qace),

@@ -66,7 +66,7 @@ def test_stage_busy_counts_overlapping_device_work_once() -> None:
     }
 
 
-def test_gpu_idle_charges_each_idle_stretch_to_the_model_threads_innermost_frames() -> None:
+def test_gpu_idle_charges_each_part_of_an_idle_stretch_to_the_model_threads_innermost_frames() -> None:
     def span(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}
 
@@ -82,18 +82,28 @@ def test_gpu_idle_charges_each_idle_stretch_to_the_model_threads_innermost_frame
         span("python_function", "qace/engine/helper.py(1): spin", 0, 10_000, tid=2),  # another thread
         span("kernel", "k1", 0, 1_000),
         span("kernel", "k2", 1_020, 480),  # 20 us after k1: too short to count
-        span("gpu_memcpy", "c", 3_000, 4_000),  # idle 1,500-3,000: its middle (2,250) in fill_, in pad
-        span("kernel", "k3", 9_500, 500),  # idle 7,000-9,500: middle (8,250) in decode, no stage
+        # idle 1,500-3,000: 1,500-1,600 batches, 1,600-2,200 pad (in batches), 2,200-2,300 fill_ (in
+        # pad), 2,300-2,500 batches, 2,500-3,000 score_chunk; all in the questions stage
+        span("gpu_memcpy", "c", 3_000, 4_000),
+        # idle 7,000-9,500: 7,000-9,000 decode, 9,000-9,500 score_chunk; no stage
+        span("kernel", "k3", 9_500, 500),
         span("kernel", "outside", 20_000, 100),  # after the call: not its idle time
     ]
     idle = profile.gpu_idle(events, calls=2)
     assert idle["stretches_per_call"] == 1.0
     assert idle["idle_ms_per_call"] == 2.0  # (1,500 + 2,500) us over 2 calls
     assert idle["by_qace_function"] == {
-        "qace/engine/tokenize.py(74): decode": 1.25,
-        "qace/engine/engine.py(183): batches": 0.75,
+        "qace/engine/tokenize.py(74): decode": 1.0,
+        "qace/engine/engine.py(183): batches": 0.5,
+        "qace/metric/pipeline.py(56): score_chunk": 0.5,
     }
-    assert idle["by_frame"] == {"qace/engine/tokenize.py(74): decode": 1.25, "<built-in method fill_>": 0.75}
+    assert idle["by_frame"] == {
+        "qace/engine/tokenize.py(74): decode": 1.0,
+        "qace/metric/pipeline.py(56): score_chunk": 0.5,
+        "numpy/pad.py(9): pad": 0.3,
+        "qace/engine/engine.py(183): batches": 0.15,
+        "<built-in method fill_>": 0.05,
+    }
     assert idle["by_stage"] == {"(between stages)": 1.25, "questions": 0.75}
 
 
