@@ -15,9 +15,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# pytest-xdist (pyproject's addopts: -n auto --dist loadfile) runs the tests in one worker process per core
-# and one more, each test file in one worker, so its module fixtures are made once. The files of a group
-# below run in one worker too, one after another, and before the other files, since they are long.
+# pytest-xdist (pyproject's addopts: -n auto --dist loadfile) runs the tests in one worker process per core,
+# each test file in one worker, so its module fixtures are made once. The files of a group below run in one
+# worker too, one after another, and before the other files, since they are long.
 SERIAL_GROUPS = {
     # each starts Ray (a local cluster or `ray.init`): two Ray clusters on one host clash
     "ray": (
@@ -39,15 +39,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` runs ``pytest -m gpu`` in this one process: the GPU tests share the device, and
-    `benchmarks.gpu_suite` records each one's seconds alone. Otherwise one worker more than the cores
-    this process may use: the Ray group's worker spends much of its time waiting for Ray's processes, and
-    the extra worker runs other files meanwhile (on the 2-core CI machine the suite took 773 s instead of
-    888 s)."""
+    `benchmarks.gpu_suite` records each one's seconds alone. Otherwise xdist's default (the cores)."""
     words = (config.getoption("markexpr", "") or "").replace("(", " ").replace(")", " ").split()
     selects_gpu = any(w == "gpu" and (i == 0 or words[i - 1] != "not") for i, w in enumerate(words))
-    return 0 if selects_gpu else len(os.sched_getaffinity(0)) + 1
+    return 0 if selects_gpu else None
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own
