@@ -17,6 +17,7 @@ import os
 import subprocess
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,22 @@ def _tokenize(candidates: Sequence[str], references: Sequence[Sequence[str]]) ->
 
 
 def _coco_scores(metric_names: Sequence[str], gts: dict, res: dict) -> dict[str, np.ndarray]:
+    """pycocoevalcap's scores of ``metric_names`` per candidate. METEOR runs in its Java process while
+    this thread computes the Python metrics (its thread mostly waits for the jar's lines), so a call
+    takes about the longer of the two rather than their sum."""
+    out: dict[str, np.ndarray] = {}
+    meteor: Future[np.ndarray] | None = None
+    with ThreadPoolExecutor(1, thread_name_prefix="qace-meteor") as pool:
+        if "meteor" in metric_names:
+            meteor = pool.submit(_meteor, gts, res)
+        out.update(_python_scores(metric_names, gts, res))
+        if meteor is not None:
+            out["meteor"] = meteor.result()
+    return {m: out[m] for m in metric_names}
+
+
+def _python_scores(metric_names: Sequence[str], gts: dict, res: dict) -> dict[str, np.ndarray]:
+    """pycocoevalcap's BLEU, ROUGE-L and CIDEr of ``metric_names``, per candidate."""
     out: dict[str, np.ndarray] = {}
     bleus = [m for m in metric_names if m.startswith("bleu")]
     if bleus:
@@ -123,8 +140,6 @@ def _coco_scores(metric_names: Sequence[str], gts: dict, res: dict) -> dict[str,
         from pycocoevalcap.cider.cider import Cider
 
         out["cider"] = np.asarray(Cider().compute_score(gts, res)[1], dtype=float)
-    if "meteor" in metric_names:
-        out["meteor"] = _meteor(gts, res)
     return out
 
 

@@ -199,3 +199,26 @@ def test_many_candidates_keep_their_order(fake_meteor: list[_FakeMeteor]) -> Non
     res = {i: [" ".join(["w"] * (i % 9 + 1))] for i in range(2000)}
     gts = {i: ["a reference"] for i in res}
     np.testing.assert_array_equal(baselines._meteor(gts, res), [(i % 9 + 1) / 10 for i in res])
+
+
+def test_meteor_runs_while_the_python_metrics_do(
+    fake_meteor: list[_FakeMeteor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Python metrics cannot finish unless METEOR is being scored meanwhile; the scores come back
+    in the order asked for."""
+    asked = threading.Event()
+    real_meteor, real_python = baselines._meteor, baselines._python_scores
+
+    def meteor_spy(gts: dict, res: dict) -> np.ndarray:
+        asked.set()
+        return real_meteor(gts, res)
+
+    def waiting_python(names: list[str], gts: dict, res: dict) -> dict[str, np.ndarray]:
+        assert asked.wait(30), "METEOR did not start before the Python metrics ended"
+        return real_python(names, gts, res)
+
+    monkeypatch.setattr(baselines, "_meteor", meteor_spy)
+    monkeypatch.setattr(baselines, "_python_scores", waiting_python)
+    out = baselines._coco_scores(["meteor", "bleu1", "rouge_l"], GTS, RES)
+    assert list(out) == ["meteor", "bleu1", "rouge_l"]
+    np.testing.assert_array_equal(out["meteor"], [0.3, 0.7])
