@@ -183,9 +183,13 @@ def _design_pass(
     return seconds, rows, peak
 
 
-def _replay(core: Any, requests: list[tuple[str, Any]]) -> None:
+def _replay(
+    core: Any, requests: list[tuple[str, Any]], *, models: bool = True, functions: bool = True
+) -> None:
     """The device work of a pass alone: every recorded request, in the order the core ran them, its
-    runner batches as one overlapping stream, with no host work between them."""
+    runner batches as one overlapping stream, with no host work between them; ``models`` / ``functions``
+    False leave out the runners' batches (the three models, region features gathered) or the core's
+    functions (BERTScore's encoder and matching)."""
     from qace.engine.batches import VisualBatch
     from qace.engine.core import generate_jobs
     from qace.engine.engine import gather_features
@@ -200,33 +204,46 @@ def _replay(core: Any, requests: list[tuple[str, Any]]) -> None:
         while i < len(requests):
             name, payload = requests[i]
             if name in core.functions:
-                core.functions[name](payload)
+                if functions:
+                    core.functions[name](payload)
                 i += 1
                 continue
             j, steps = i, payload[2]
             while j < len(requests) and requests[j][0] in core.runners and requests[j][1][2] == steps:
                 j += 1
-            jobs = ((core.runners[n], k, batch(n, p), p[1]) for k, (n, p) in enumerate(requests[i:j]))
-            for _ in generate_jobs(jobs, steps):
-                pass
+            if models:
+                jobs = ((core.runners[n], k, batch(n, p), p[1]) for k, (n, p) in enumerate(requests[i:j]))
+                for _ in generate_jobs(jobs, steps):
+                    pass
             i = j
 
 
 def models_alone(scorer: QACE, records: list) -> dict[str, Any]:
     """Record every request the engine core runs in a pass, then replay them back to back: the rate of
     the device work alone (the three models and BERTScore's encoder and matching; region features
-    gathered on the device as in the pass), the bound host work cannot beat."""
+    gathered on the device as in the pass), the bound host work cannot beat; then the models' batches
+    alone and BERTScore's alone, each replayed from emptied caches, to split it."""
     requests: list[tuple[str, Any]] = []
     reset_caches(scorer)
     with instrument.attached(scorer.core, requests=requests):
         list(scorer.score_records(records))
-    reset_caches(scorer)  # the replay uploads each image's features again, as the pass did
-    cuda_sync()
-    start = time.perf_counter()
-    _replay(scorer.core, requests)
-    cuda_sync()
-    seconds = time.perf_counter() - start
-    return {"captions_per_s": len(records) / seconds, "seconds": seconds, "requests": len(requests)}
+
+    def replayed(**which: bool) -> float:
+        reset_caches(scorer)  # the replay uploads each image's features again, as the pass did
+        cuda_sync()
+        start = time.perf_counter()
+        _replay(scorer.core, requests, **which)
+        cuda_sync()
+        return time.perf_counter() - start
+
+    seconds = replayed()
+    return {
+        "captions_per_s": len(records) / seconds,
+        "seconds": seconds,
+        "requests": len(requests),
+        "models_only_seconds": replayed(functions=False),
+        "bertscore_only_seconds": replayed(models=False),
+    }
 
 
 def gpu_busy_fraction(scorer: QACE, records: list, *, single: bool = False) -> dict[str, Any]:
