@@ -25,7 +25,7 @@ Against each, three references:
 - ``empty_kernel_us``: one near-empty kernel's time in a graph, measured here: what any kernel costs
   at least, however small its work.
 
-Then per model and row count, the products of one decoding step or encoder layer summed: cuBLAS as
+Then per model and row count, the products of one decoding step or of a whole encoder pass summed: cuBLAS as
 the engine runs it, the faster of cuBLAS and the Triton grid at each product, and the roofline.
 """
 
