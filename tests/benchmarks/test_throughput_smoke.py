@@ -151,4 +151,5 @@ def test_engine_core_against_the_single_process_design(tiny_models: Path, tmp_pa
     alone = engine["models_alone"]
     assert alone["requests"] > 0 and alone["captions_per_s"] > 0
     assert 0 < alone["models_only_seconds"] and 0 < alone["bertscore_only_seconds"]
+    assert alone["whole_chunks_seconds"] > 0 and alone["whole_chunks_requests"] > 0
     assert engine["fraction_of_models_alone"] == engine["captions_per_s"] / alone["captions_per_s"]
