@@ -321,9 +321,11 @@ IDLE_MIN_US = 50.0
 """The shortest GPU idle stretch `gpu_idle` counts (shorter ones are a kernel's own launch gap)."""
 
 
-def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[str, Any]:
+def gpu_idle(
+    events: list[dict[str, Any]], calls: int, top: int = 25, min_gap_us: float = IDLE_MIN_US
+) -> dict[str, Any]:
     """From a chrome trace with ``qace:call`` / ``qace:stage:`` labels and Python stacks: the GPU's idle
-    stretches of at least `IDLE_MIN_US` inside the calls, in milliseconds per call, each cut where a
+    stretches of at least ``min_gap_us`` inside the calls, in milliseconds per call, each cut where a
     frame of the model thread (the one that opened the calls) opens or closes, and each piece charged to
     the innermost qace function (``by_qace_function``, ``"file(line): function"``), the innermost frame
     (``by_frame``) and the stage (``by_stage``) open on that thread during it; the ``top`` largest of
@@ -331,7 +333,7 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
     spans = [e for e in events if e.get("ph") == "X"]
     call_spans = [e for e in spans if e.get("cat") == "user_annotation" and e.get("name") == _CALL]
     if not call_spans:
-        return {"min_gap_us": IDLE_MIN_US, "idle_ms_per_call": 0.0, "stretches_per_call": 0.0}
+        return {"min_gap_us": min_gap_us, "idle_ms_per_call": 0.0, "stretches_per_call": 0.0}
     thread = call_spans[0]["tid"]
     device = _device_work(events)
     gaps: list[tuple[float, float]] = []  # (start, end), us
@@ -343,10 +345,10 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
                 continue
             if start >= hi:
                 break
-            if start - reach >= IDLE_MIN_US:
+            if start - reach >= min_gap_us:
                 gaps.append((reach, start))
             reach = max(reach, min(end, hi))
-        if hi - reach >= IDLE_MIN_US:
+        if hi - reach >= min_gap_us:
             gaps.append((reach, hi))
     frames = sorted(
         (
@@ -394,7 +396,7 @@ def gpu_idle(events: list[dict[str, Any]], calls: int, top: int = 25) -> dict[st
         return {k: round(v / 1000 / calls, 3) for k, v in ranked}
 
     return {
-        "min_gap_us": IDLE_MIN_US,
+        "min_gap_us": min_gap_us,
         "idle_ms_per_call": sum(hi - lo for lo, hi in gaps) / 1000 / calls,
         "stretches_per_call": len(gaps) / calls,
         "by_stage": per_call(by_stage),

@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -184,12 +184,18 @@ def _design_pass(
 
 
 def _replay(
-    core: Any, requests: list[tuple[str, Any]], *, models: bool = True, functions: bool = True
+    core: Any,
+    requests: list[tuple[str, Any]],
+    *,
+    models: bool = True,
+    functions: bool = True,
+    label: Callable[[str], AbstractContextManager[object]] | None = None,
 ) -> None:
     """The device work of a pass alone: every recorded request, in the order the core ran them, its
     runner batches as one overlapping stream, with no host work between them; ``models`` / ``functions``
     False leave out the runners' batches (the three models, region features gathered) or the core's
-    functions (BERTScore's encoder and matching)."""
+    functions (BERTScore's encoder and matching). ``label(name)``, where given, is entered around each
+    function's call and each stream of batches (named by its runners, ``"tqa+vqa"``)."""
     from qace.engine.batches import VisualBatch
     from qace.engine.core import generate_jobs
     from qace.engine.engine import gather_features
@@ -199,23 +205,47 @@ def _replay(
         b = payload[0]
         return gather_features(runner, core.features, b) if isinstance(b, VisualBatch) else b
 
+    mark = label or (lambda _name: nullcontext())
     with core.lock:
         i = 0
         while i < len(requests):
             name, payload = requests[i]
             if name in core.functions:
                 if functions:
-                    core.functions[name](payload)
+                    with mark(name):
+                        core.functions[name](payload)
                 i += 1
                 continue
             j, steps = i, payload[2]
             while j < len(requests) and requests[j][0] in core.runners and requests[j][1][2] == steps:
                 j += 1
             if models:
-                jobs = ((core.runners[n], k, batch(n, p), p[1]) for k, (n, p) in enumerate(requests[i:j]))
-                for _ in generate_jobs(jobs, steps):
-                    pass
+                group = requests[i:j]
+                jobs = ((core.runners[n], k, batch(n, p), p[1]) for k, (n, p) in enumerate(group))
+                with mark("+".join(dict.fromkeys(n for n, _ in group))):
+                    for _ in generate_jobs(jobs, steps):
+                        pass
             i = j
+
+
+def recorded_requests(scorer: QACE, score: Callable[[], object]) -> list[tuple[str, Any]]:
+    """Every request the engine core runs while ``score()`` runs, from emptied caches."""
+    requests: list[tuple[str, Any]] = []
+    reset_caches(scorer)
+    with instrument.attached(scorer.core, requests=requests):
+        score()
+    return requests
+
+
+def replayed_seconds(scorer: QACE, requests: list[tuple[str, Any]], **which: bool) -> float:
+    """Seconds of one synchronised `_replay` of ``requests`` (``which``: its ``models`` / ``functions``),
+    from emptied caches: the replay uploads each image's features again, as the pass did."""
+    reset_caches(scorer)
+    cuda_sync()
+    start = time.perf_counter()
+    _replay(scorer.core, requests, **which)
+    cuda_sync()
+    return time.perf_counter() - start
 
 
 def models_alone(scorer: QACE, records: list) -> dict[str, Any]:
@@ -226,31 +256,16 @@ def models_alone(scorer: QACE, records: list) -> dict[str, Any]:
     records scored in whole chunks from the first (`score_in_full_chunks`, a long run's steady state),
     where the pass tapers its first and last chunks."""
 
-    def recorded(score: Callable[[], object]) -> list[tuple[str, Any]]:
-        requests: list[tuple[str, Any]] = []
-        reset_caches(scorer)
-        with instrument.attached(scorer.core, requests=requests):
-            score()
-        return requests
-
-    def replayed(requests: list[tuple[str, Any]], **which: bool) -> float:
-        reset_caches(scorer)  # the replay uploads each image's features again, as the pass did
-        cuda_sync()
-        start = time.perf_counter()
-        _replay(scorer.core, requests, **which)
-        cuda_sync()
-        return time.perf_counter() - start
-
-    tapered = recorded(lambda: list(scorer.score_records(records)))
-    whole = recorded(lambda: score_in_full_chunks(scorer, records))
-    seconds = replayed(tapered)
+    tapered = recorded_requests(scorer, lambda: list(scorer.score_records(records)))
+    whole = recorded_requests(scorer, lambda: score_in_full_chunks(scorer, records))
+    seconds = replayed_seconds(scorer, tapered)
     return {
         "captions_per_s": len(records) / seconds,
         "seconds": seconds,
         "requests": len(tapered),
-        "models_only_seconds": replayed(tapered, functions=False),
-        "bertscore_only_seconds": replayed(tapered, models=False),
-        "whole_chunks_seconds": replayed(whole),
+        "models_only_seconds": replayed_seconds(scorer, tapered, functions=False),
+        "bertscore_only_seconds": replayed_seconds(scorer, tapered, models=False),
+        "whole_chunks_seconds": replayed_seconds(scorer, whole),
         "whole_chunks_requests": len(whole),
     }
 
