@@ -35,7 +35,13 @@ host processes running or not (`qace.api.QACE._choose_design`), so they are not 
 
 Answer-candidate caching across calls is off by default (``cache_size 0``: an RL policy writes new
 captions every step, while this workload repeats its 977 distinct captions), and the region features of
-the workload's 1,000 images are preloaded (an RL run revisits its images).
+the workload's 1,000 images are preloaded into the host's feature cache. Their uploads to the device's
+feature cache (`qace.engine.device_features`) then fall on the first calls after a cell's caches are
+emptied, and later calls find most images there, as an RL run does whose images fit that cache (8,192
+images). ``--new-images`` gives every call images the device has not seen, as an RL step over a larger
+image set meets them: each call's image ids are renamed for that call (`draw`), and the store answers
+a renamed id with the image's own features from host memory (`NewImageIds`), so each call pays the
+stacking and upload of its images' features and nothing else changes (the same rewards).
 ``--tiny``: tiny random models on the CPU, batches of 4 and 8, 2 iterations: a smoke run, not a number.
 """
 
@@ -51,7 +57,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +76,7 @@ from benchmarks.workload import (
     workload_scorer,
 )
 from qace.api import QACE
+from qace.data.features import RandomFeatureStore
 from qace.data.records import Record
 from qace.engine.instrument import CollectorPauses, cuda_sync
 from qace.reward import QACEReward
@@ -83,9 +90,12 @@ OPENRLHF_PROMPT = "<image> Describe the image in one sentence: "
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Namespace) -> QACE:
-    """The benchmark engine (`workload_scorer`), candidate cache as ``--candidate-cache`` says, without the
-    engine core's host processes, which a call of one chunk never uses."""
+def make_scorer(
+    models_dir: Path, variant: str, device: str, args: argparse.Namespace, features: Any = None
+) -> QACE:
+    """The benchmark engine (`workload_scorer`, ``features`` its store: default random), candidate cache
+    as ``--candidate-cache`` says, without the engine core's host processes, which a call of one chunk
+    never uses."""
     return workload_scorer(
         models_dir,
         variant,
@@ -93,6 +103,7 @@ def make_scorer(models_dir: Path, variant: str, device: str, args: argparse.Name
         precision=args.precision,
         args=args,
         candidate_cache=args.candidate_cache,
+        features=features,
         host_processes=False,
     )
 
@@ -110,10 +121,40 @@ def gpu_reserved_gib() -> float:
     return torch.cuda.memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0
 
 
-def draw(records: Sequence[Record], batch: int, seed: int, iteration: int) -> list[Record]:
-    """Iteration ``iteration``'s batch (negative: warm-up), the same for every path."""
+def draw(
+    records: Sequence[Record], batch: int, seed: int, iteration: int, new_images: bool = False
+) -> list[Record]:
+    """Iteration ``iteration``'s batch (negative: warm-up), the same for every path; with
+    ``new_images`` each record's image id is renamed for the iteration (`NewImageIds`)."""
     rng = np.random.default_rng([seed, batch, iteration + 1_000_000])
-    return [records[i] for i in rng.choice(len(records), size=batch, replace=False)]
+    picked = [records[i] for i in rng.choice(len(records), size=batch, replace=False)]
+    if not new_images:
+        return picked
+    return [replace(r, image_id=f"{r.image_id}{NewImageIds.MARK}{iteration}") for r in picked]
+
+
+class NewImageIds:
+    """A feature store in host memory holding ``store``'s features of ``image_ids``, which also answers
+    ``"<image id>@<anything>"`` with that image's features (the same array): ids that no device cache
+    has seen, for features the host already holds. Its identity is ``store``'s (the same features)."""
+
+    MARK = "@"
+
+    def __init__(self, store: Any, image_ids: Sequence[str]) -> None:
+        self.signature, self.identity = store.signature, store.identity
+        self._features = {image_id: store.get(image_id) for image_id in image_ids}
+
+    def _own(self, image_id: str) -> str:
+        return image_id.rpartition(self.MARK)[0] if self.MARK in image_id else image_id
+
+    def __contains__(self, image_id: object) -> bool:
+        return isinstance(image_id, str) and self._own(image_id) in self._features
+
+    def ids(self) -> list[str]:
+        return list(self._features)
+
+    def get(self, image_id: str) -> np.ndarray:
+        return self._features[self._own(image_id)]
 
 
 @contextmanager
@@ -199,18 +240,22 @@ def measure(
     warmup: range,
     seed: int,
     captures: Callable[[], int] = lambda: 0,
-) -> tuple[list[float], list[list[float]], int, dict[str, Any]]:
+    new_images: bool = False,
+    uploads: Callable[[], int] = lambda: 0,
+) -> tuple[list[float], list[list[float]], int, dict[str, Any], int]:
     """Seconds per timed call, the rewards each returned, the CUDA graphs captured during the timed
-    calls (``captures`` counts them; warm-up calls are made, not timed), and the garbage collector's
-    pauses during them (this process: the caller, and the service's thread on the service paths)."""
+    calls (``captures`` counts them; warm-up calls are made, not timed), the garbage collector's
+    pauses during them (this process: the caller, and the service's thread on the service paths) and
+    the images uploaded to the device's feature cache during them (``uploads`` counts them);
+    ``new_images``: `draw`'s."""
     for i in warmup:
-        call(draw(records, batch, seed, -1 - i))
-    captured = captures()
+        call(draw(records, batch, seed, -1 - i, new_images))
+    captured, uploaded = captures(), uploads()
     seconds, rewards = [], []
     pauses = CollectorPauses()
     try:
         for i in timed:
-            picked = draw(records, batch, seed, i)
+            picked = draw(records, batch, seed, i, new_images)
             start = time.perf_counter()
             values = call(picked)
             seconds.append(time.perf_counter() - start)
@@ -226,7 +271,7 @@ def measure(
         "oldest_generation_collections": int(oldest[0]),
         "oldest_generation_ms": 1000 * oldest[1],
     }
-    return seconds, rewards, captures() - captured, collections
+    return seconds, rewards, captures() - captured, collections, uploads() - uploaded
 
 
 def rounds(iterations: int, count: int, warmup: int) -> list[tuple[range, range]]:
@@ -250,7 +295,10 @@ def run_variant(
 ) -> None:
     """Time every (batch, path) cell of ``variant`` into ``report["cells"]``, writing after each."""
     load = time.perf_counter()
-    scorer = make_scorer(models_dir, variant, args.device, args)
+    features = None
+    if args.new_images and variant == "img":
+        features = NewImageIds(RandomFeatureStore(seed=0), sorted({r.image_id or "" for r in records}))
+    scorer = make_scorer(models_dir, variant, args.device, args, features)
     preload_features(scorer, records)
     reward = QACEReward(scorer)
     info: dict[str, Any] = {"signature": reward.signature, "load_seconds": time.perf_counter() - load}
@@ -285,6 +333,11 @@ def run_variant(
         info["serve_settings"] = asdict(settings)
         server = serving(reward, settings, token)
     captures = functools.partial(graph_captures, scorer)
+
+    def uploads() -> int:
+        cache = getattr(scorer.models.vqa, "features", None)
+        return 0 if cache is None else int(cache.uploads)
+
     with server as url, callers(reward, url, token, args.worker_thread) as paths:
         for batch, iterations in zip(args.batches, args.iterations, strict=True):
             live = {
@@ -298,13 +351,17 @@ def run_variant(
                 for cell in cells.values():
                     cell["skipped"] = f"time budget of {args.max_seconds:g} s spent"
                 continue
-            measured: dict[str, list[tuple[list[float], list[list[float]], int, dict[str, Any]]]] = {
+            measured: dict[str, list[tuple[list[float], list[list[float]], int, dict[str, Any], int]]] = {
                 path: [] for path in live
             }
             for block, warmup in rounds(iterations, args.rounds, args.warmup):
                 for path, call in live.items():
                     reset_caches(scorer)  # no path meets the captions another left parsed or tokenised
-                    measured[path].append(measure(call, records, batch, block, warmup, args.seed, captures))
+                    measured[path].append(
+                        measure(
+                            call, records, batch, block, warmup, args.seed, captures, args.new_images, uploads
+                        )
+                    )
             inproc_rewards: list[list[float]] | None = None
             for path, cell in cells.items():
                 seconds = [x for one in measured[path] for x in one[0]]
@@ -315,6 +372,7 @@ def run_variant(
                 cell["garbage_collections_in_timed_calls"] = {
                     key: sum(one[3][key] for one in measured[path]) for key in measured[path][0][3]
                 }
+                cell["feature_uploads_in_timed_calls"] = sum(one[4] for one in measured[path])
                 cell["iterations"] = iterations
                 cell["warmup"] = args.warmup
                 cell["rounds"] = args.rounds
@@ -398,6 +456,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--candidate-cache", action="store_true", help="keep spaCy candidates across calls (off by default)"
     )
     parser.add_argument(
+        "--new-images",
+        action="store_true",
+        help="QACE-Img: every call's images are new to the device's feature cache (module docstring)",
+    )
+    parser.add_argument(
         "--max-seconds", type=float, default=0, help="skip the remaining cells after this long (0: no limit)"
     )
     add_engine_arguments(parser)
@@ -448,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             "spacy_workers": args.spacy_workers,
             "candidate_cache": args.candidate_cache,
             "features_preloaded": True,
+            "new_images_each_call": args.new_images,
             "graph_warm_up_length": args.graph_warm_up_length,
             "warmup_per_cell_and_round": args.warmup,
             "rounds": args.rounds,

@@ -17,6 +17,8 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("httpx")
 
 from benchmarks import latency  # noqa: E402
+from qace.data.records import Record  # noqa: E402
+from tests.helpers import SHARED_DATA  # noqa: E402
 
 PATHS = ["in-process", "in-process:worker-thread", "service:/v1/reward", "service:/get_reward"]
 
@@ -129,3 +131,38 @@ def test_batches_are_seeded_and_distinct_records() -> None:
 def test_no_host_processes_are_started(report: dict[str, Any]) -> None:
     """A reward call of one chunk is scored in the caller's process, host processes or not."""
     assert report["settings"]["host_workers"].startswith("not started")
+
+
+def test_new_images_upload_every_call_and_change_no_reward(tiny_models: Path, tmp_path: Path) -> None:
+    """``--new-images``: each timed call uploads every image of its batch to the device's feature cache,
+    and the rewards are those of the same batches without it (a renamed id has its image's features)."""
+    argv = ["--tiny", "--no-service", "--variants", "img", "--models-dir", str(tiny_models)]
+    cells = {}
+    for new in (False, True):
+        out = tmp_path / f"new{new}.json"
+        assert latency.main([*argv, "--out", str(out), *(["--new-images"] if new else [])]) == 0
+        report = json.loads(out.read_text())
+        assert report["settings"]["new_images_each_call"] is new
+        cells[new] = {c["batch"]: c for c in report["cells"]}
+    records = latency.flickr_workload(SHARED_DATA)
+    for batch, cell in cells[True].items():
+        assert cell["mean_reward"] == cells[False][batch]["mean_reward"]
+        # two rounds of one timed call each: iterations 0 and 1
+        images = [len({r.image_id for r in latency.draw(records, batch, 0, i)}) for i in range(2)]
+        assert cell["feature_uploads_in_timed_calls"] == sum(images)
+
+
+def test_new_image_ids_answer_with_their_image_features() -> None:
+    from qace.data.features import RandomFeatureStore
+
+    store = RandomFeatureStore(seed=3)
+    new = latency.NewImageIds(store, ["a.jpg", "b@c.jpg"])
+    assert new.identity == store.identity and new.ids() == ["a.jpg", "b@c.jpg"]
+    assert (new.get("a.jpg@7") == store.get("a.jpg")).all() and new.get("a.jpg@-2") is new.get("a.jpg")
+    assert (new.get("b@c.jpg@0") == store.get("b@c.jpg")).all()
+    assert "a.jpg@5" in new and "z.jpg@5" not in new
+    records = [Record(id=str(i), caption=f"caption {i}", image_id=f"{i % 7}.jpg") for i in range(50)]
+    renamed = latency.draw(records, 8, seed=0, iteration=4, new_images=True)
+    plain = latency.draw(records, 8, seed=0, iteration=4)
+    assert [r.image_id for r in renamed] == [f"{r.image_id}@4" for r in plain]
+    assert [r.caption for r in renamed] == [r.caption for r in plain]
