@@ -43,7 +43,7 @@ import torch
 
 from benchmarks.profile import _CALL, _device_work, _labelled, gpu_idle, stage_busy
 from benchmarks.run_info import default_result, gpu_name, record
-from benchmarks.throughput import DATA, _replay, recorded_requests, replayed_seconds
+from benchmarks.throughput import DATA, recorded_requests, replay, replayed_seconds
 from benchmarks.workload import (
     PASCAL_DISTINCT,
     add_engine_arguments,
@@ -113,7 +113,7 @@ def profiled_replay(scorer: Any, requests: list[tuple[str, Any]], *, stacks: boo
     cuda_sync()
     with profile(activities=activities, with_stack=stacks) as prof:
         with torch.profiler.record_function(_CALL):
-            _replay(scorer.core, requests, functions=False, label=_labelled)
+            replay(scorer.core, requests, functions=False, label=_labelled)
         cuda_sync()
     with tempfile.TemporaryDirectory(prefix="qace-replay-gaps-") as tmp:
         trace = Path(tmp) / "trace.json"
@@ -128,9 +128,9 @@ def measure(scorer: Any, records: list[Any], warm: list[Any], args: argparse.Nam
     scorer.warm_up()
     list(scorer.score_records(warm))
     warm_seconds = time.perf_counter() - start
-    requests = recorded_requests(scorer, lambda: score_in_full_chunks(scorer, records))
     if scorer.core is None:
-        raise SystemExit("the engine core did not run: give --host-workers 1 or more")
+        raise SystemExit("the engine core did not start: give --host-workers 1 or more")
+    requests = recorded_requests(scorer, lambda: score_in_full_chunks(scorer, records))
     replayed_seconds(scorer, requests, functions=False)  # untimed: what the recording pass did not meet
     seconds = [replayed_seconds(scorer, requests, functions=False) for _ in range(args.repeats)]
     plain = profiled_replay(scorer, requests, stacks=False)

@@ -183,7 +183,7 @@ def _design_pass(
     return seconds, rows, peak
 
 
-def _replay(
+def replay(
     core: Any,
     requests: list[tuple[str, Any]],
     *,
@@ -238,12 +238,12 @@ def recorded_requests(scorer: QACE, score: Callable[[], object]) -> list[tuple[s
 
 
 def replayed_seconds(scorer: QACE, requests: list[tuple[str, Any]], **which: bool) -> float:
-    """Seconds of one synchronised `_replay` of ``requests`` (``which``: its ``models`` / ``functions``),
+    """Seconds of one synchronised `replay` of ``requests`` (``which``: its ``models`` / ``functions``),
     from emptied caches: the replay uploads each image's features again, as the pass did."""
     reset_caches(scorer)
     cuda_sync()
     start = time.perf_counter()
-    _replay(scorer.core, requests, **which)
+    replay(scorer.core, requests, **which)
     cuda_sync()
     return time.perf_counter() - start
 
