@@ -42,6 +42,11 @@ images). ``--new-images`` gives every call images the device has not seen, as an
 image set meets them: each call's image ids are renamed for that call (`draw`), and the store answers
 a renamed id with the image's own features from host memory (`NewImageIds`), so each call pays the
 stacking and upload of its images' features and nothing else changes (the same rewards).
+``--features-from h5`` reads the features from an HDF5 store packed from the same random features
+(`pack_features`: float16, so the rewards differ from the default's by its rounding); with
+``--new-images`` every renamed id is read from that store when a call asks for it, so each call also
+pays the reads (inflating each image's chunk) of images new to the host, as an RL step whose images are
+not in the host's feature cache (4,096 images) does.
 ``--tiny``: tiny random models on the CPU, batches of 4 and 8, 2 iterations: a smoke run, not a number.
 """
 
@@ -53,6 +58,7 @@ import json
 import logging
 import secrets
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -76,7 +82,7 @@ from benchmarks.workload import (
     workload_scorer,
 )
 from qace.api import QACE
-from qace.data.features import RandomFeatureStore
+from qace.data.features import HDF5Store, RandomFeatureStore, pack_features
 from qace.data.records import Record
 from qace.engine.instrument import CollectorPauses, cuda_sync
 from qace.reward import QACEReward
@@ -134,27 +140,47 @@ def draw(
 
 
 class NewImageIds:
-    """A feature store in host memory holding ``store``'s features of ``image_ids``, which also answers
-    ``"<image id>@<anything>"`` with that image's features (the same array): ids that no device cache
-    has seen, for features the host already holds. Its identity is ``store``'s (the same features)."""
+    """A feature store answering ``"<image id>@<anything>"`` with that image's features from ``store``:
+    ids that no cache has seen, for the features of ``image_ids``. ``held`` (the default): each image
+    read once into host memory, so a renamed id costs a lookup; else every renamed id is read from
+    ``store`` when asked, as an image new to the host is (and several at once where ``store`` reads so,
+    its ``get_many``). Its identity is ``store``'s (the same features)."""
 
     MARK = "@"
 
-    def __init__(self, store: Any, image_ids: Sequence[str]) -> None:
+    def __init__(self, store: Any, image_ids: Sequence[str], held: bool = True) -> None:
         self.signature, self.identity = store.signature, store.identity
-        self._features = {image_id: store.get(image_id) for image_id in image_ids}
+        self._store, self._ids = store, set(image_ids)
+        self._held = {image_id: store.get(image_id) for image_id in image_ids} if held else None
+        if not held and hasattr(store, "get_many"):
+            self.get_many = lambda ids, pool: store.get_many([self._own(i) for i in ids], pool)
 
     def _own(self, image_id: str) -> str:
         return image_id.rpartition(self.MARK)[0] if self.MARK in image_id else image_id
 
     def __contains__(self, image_id: object) -> bool:
-        return isinstance(image_id, str) and self._own(image_id) in self._features
+        return isinstance(image_id, str) and self._own(image_id) in self._ids
 
     def ids(self) -> list[str]:
-        return list(self._features)
+        return sorted(self._ids)
 
     def get(self, image_id: str) -> np.ndarray:
-        return self._features[self._own(image_id)]
+        own = self._own(image_id)
+        return self._held[own] if self._held is not None else self._store.get(own)
+
+
+def feature_store(args: argparse.Namespace, records: Sequence[Record]) -> Any:
+    """QACE-Img's features for ``--features-from`` and ``--new-images`` (module docstring; an HDF5 store
+    is packed in a new temporary directory); None: the default random store."""
+    if args.features_from == "memory" and not args.new_images:
+        return None
+    images = sorted({r.image_id or "" for r in records})
+    store: Any = RandomFeatureStore(seed=0)
+    if args.features_from == "h5":
+        path = Path(tempfile.mkdtemp(prefix="qace-latency-features-")) / "features.h5"
+        pack_features(((i, store.get(i)) for i in images), path, progress=False)
+        store = HDF5Store(path)
+    return NewImageIds(store, images, held=args.features_from == "memory") if args.new_images else store
 
 
 @contextmanager
@@ -295,9 +321,7 @@ def run_variant(
 ) -> None:
     """Time every (batch, path) cell of ``variant`` into ``report["cells"]``, writing after each."""
     load = time.perf_counter()
-    features = None
-    if args.new_images and variant == "img":
-        features = NewImageIds(RandomFeatureStore(seed=0), sorted({r.image_id or "" for r in records}))
+    features = feature_store(args, records) if variant == "img" else None
     scorer = make_scorer(models_dir, variant, args.device, args, features)
     preload_features(scorer, records)
     reward = QACEReward(scorer)
@@ -456,6 +480,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--candidate-cache", action="store_true", help="keep spaCy candidates across calls (off by default)"
     )
     parser.add_argument(
+        "--features-from",
+        choices=["memory", "h5"],
+        default="memory",
+        help="QACE-Img: random features held in memory, or read from an HDF5 store of them (docstring)",
+    )
+    parser.add_argument(
         "--new-images",
         action="store_true",
         help="QACE-Img: every call's images are new to the device's feature cache (module docstring)",
@@ -512,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             "candidate_cache": args.candidate_cache,
             "features_preloaded": True,
             "new_images_each_call": args.new_images,
+            "features_from": args.features_from,
             "graph_warm_up_length": args.graph_warm_up_length,
             "warmup_per_cell_and_round": args.warmup,
             "rounds": args.rounds,

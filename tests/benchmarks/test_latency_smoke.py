@@ -133,16 +133,22 @@ def test_no_host_processes_are_started(report: dict[str, Any]) -> None:
     assert report["settings"]["host_workers"].startswith("not started")
 
 
-def test_new_images_upload_every_call_and_change_no_reward(tiny_models: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("features_from", ["memory", "h5"])
+def test_new_images_upload_every_call_and_change_no_reward(
+    tiny_models: Path, tmp_path: Path, features_from: str
+) -> None:
     """``--new-images``: each timed call uploads every image of its batch to the device's feature cache,
-    and the rewards are those of the same batches without it (a renamed id has its image's features)."""
+    and the rewards are those of the same batches without it (a renamed id has its image's features),
+    with the features held in memory or read from an HDF5 store."""
     argv = ["--tiny", "--no-service", "--variants", "img", "--models-dir", str(tiny_models)]
+    argv += ["--features-from", features_from]
     cells = {}
     for new in (False, True):
         out = tmp_path / f"new{new}.json"
         assert latency.main([*argv, "--out", str(out), *(["--new-images"] if new else [])]) == 0
         report = json.loads(out.read_text())
         assert report["settings"]["new_images_each_call"] is new
+        assert report["settings"]["features_from"] == features_from
         cells[new] = {c["batch"]: c for c in report["cells"]}
     records = latency.flickr_workload(SHARED_DATA)
     for batch, cell in cells[True].items():
@@ -161,6 +167,21 @@ def test_new_image_ids_answer_with_their_image_features() -> None:
     assert (new.get("a.jpg@7") == store.get("a.jpg")).all() and new.get("a.jpg@-2") is new.get("a.jpg")
     assert (new.get("b@c.jpg@0") == store.get("b@c.jpg")).all()
     assert "a.jpg@5" in new and "z.jpg@5" not in new
+    read: list[str] = []
+
+    class Reading:
+        signature, identity = "s", "i"
+
+        def get(self, image_id: str) -> object:
+            read.append(image_id)
+            return store.get(image_id)
+
+        def get_many(self, image_ids: list[str], pool: object) -> list[object]:
+            return [self.get(i) for i in image_ids]
+
+    through = latency.NewImageIds(Reading(), ["a.jpg"], held=False)
+    assert (through.get("a.jpg@3") == store.get("a.jpg")).all() and read == ["a.jpg"]  # read when asked
+    assert len(through.get_many(["a.jpg@4", "a.jpg@5"], None)) == 2 and read == ["a.jpg"] * 3
     records = [Record(id=str(i), caption=f"caption {i}", image_id=f"{i % 7}.jpg") for i in range(50)]
     renamed = latency.draw(records, 8, seed=0, iteration=4, new_images=True)
     plain = latency.draw(records, 8, seed=0, iteration=4)
