@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             "chunk_size": args.chunk_size,
             "spacy_workers": args.spacy_workers,
             "candidate_cache": args.candidate_cache,
-            "features_preloaded": True,
+            "features_preloaded": not (args.new_images and args.features_from == "h5"),
             "new_images_each_call": args.new_images,
             "features_from": args.features_from,
             "graph_warm_up_length": args.graph_warm_up_length,
