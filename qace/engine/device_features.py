@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from qace.engine.pinned_upload import to_device
+from qace.engine.pinned_upload import stack_to_device, to_device
 
 NUM_REGIONS, REGION_DIM = 36, 2054
 
@@ -48,9 +48,9 @@ class DeviceFeatureCache:
         missing = [image_id for image_id in image_ids if image_id not in self._slots]
         if missing:
             free = self._free_slots(len(missing))
-            host = np.stack([load(image_id) for image_id in missing]).astype(np.float32, copy=False)
+            uploaded = stack_to_device([load(image_id) for image_id in missing], self.device)
             index = to_device(np.asarray(free, dtype=np.int64), self.device)
-            self._slab.index_copy_(0, index, to_device(host, self.device).to(self.dtype))
+            self._slab.index_copy_(0, index, uploaded.to(self.dtype))
             self._slots.update(zip(missing, free, strict=True))
             self.uploads += len(missing)
         slots = to_device(np.array([self._slots[i] for i in image_ids], dtype=np.int64), self.device)

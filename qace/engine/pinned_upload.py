@@ -1,4 +1,4 @@
-"""Small host arrays to the device without stopping the host.
+"""Host arrays to the device without stopping the host.
 
 A copy from ordinary (pageable) host memory to a GPU that is not asynchronous
 (``torch.tensor(..., device="cuda")``, ``torch.as_tensor(array, device="cuda")``, ``.to("cuda")``) waits
@@ -10,6 +10,8 @@ the pinned block until the copy has run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -20,3 +22,16 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def stack_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
+    """``np.stack(arrays)`` as float32 on ``device``, queued as `to_device` queues a copy. On a GPU the
+    arrays are stacked straight into pinned memory from PyTorch's caching host allocator: one host copy
+    into pages reused from earlier uploads, where stacking and then pinning makes two, the first into
+    freshly allocated pages (a region-feature upload of 1,024 images is 303 MB)."""
+    if not arrays:
+        raise ValueError("stack_to_device: nothing to stack")
+    pinned = device.type == "cuda"
+    host = torch.empty((len(arrays), *arrays[0].shape), dtype=torch.float32, pin_memory=pinned)
+    np.stack(arrays, out=host.numpy())
+    return host.to(device, non_blocking=True) if pinned else host.to(device)
