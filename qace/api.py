@@ -185,6 +185,8 @@ class QACE(FileScorer):
         if self.host is not None:
             self._shutdown()
         self.candidates.close()
+        if self.features is not None:
+            self.features.close()
         if self._froze_heap:  # what the warm-up froze can be collected again (its cycles included)
             self._froze_heap = False
             gc.unfreeze()
@@ -430,6 +432,8 @@ class QACE(FileScorer):
     def _prepare(self, chunk: list[Record | RecordError], here: bool) -> _Prepared:
         results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)
         valid: list[Record] = []
+        if self.features is not None:  # the chunk's new images at once, for `_check` to find
+            self.features.load(r.image_id or "" for r in chunk if isinstance(r, Record))
         for pos, item in enumerate(chunk):
             problem = item if isinstance(item, RecordError) else self._check(item)
             if problem is None:

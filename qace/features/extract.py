@@ -26,7 +26,6 @@ import logging
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
@@ -37,6 +36,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from qace.data.features import HDF5_LAYOUT, REGION_SHAPE, extraction_errors_path, validate
+from qace.data.hdf5_chunks import direct_chunks, shuffled_deflate
 from qace.errors import ConfigError, FeatureError, InputError
 from qace.precision import torch_dtype
 from qace.progress import track
@@ -159,13 +159,9 @@ class RegionWriter:
         self.ids: set[str] = set(f["ids"].asstr()[:])
         features = f["features"]
         self._direct = (
-            features.chunks == (1, *REGION_SHAPE)
-            and features.compression == "gzip"
+            direct_chunks(features, REGION_SHAPE)
             and features.compression_opts == 1
-            and features.shuffle
             and features.dtype == self.dtype
-            and not features.fletcher32
-            and features.scaleoffset is None
         )
         """The dataset is the layout `__init__` creates, so `add` can write its chunks ready-made."""
         self._pool = ThreadPoolExecutor(max_workers=COMPRESS_THREADS, thread_name_prefix="qace-compress")
@@ -174,7 +170,7 @@ class RegionWriter:
         """Append the (id, regions) ``images`` that pass `validate` and fit the store's dtype, in one write
         (one resize per dataset: per image, h5py's calls would each wait for the interpreter lock behind
         the thread driving the detector), each image's chunk compressed beforehand in `COMPRESS_THREADS`
-        threads (`_shuffled_deflate`); returns the errors of the others."""
+        threads (`shuffled_deflate`); returns the errors of the others."""
         keys: list[str] = []
         rows: list[np.ndarray] = []
         errors: list[dict[str, str]] = []
@@ -193,7 +189,7 @@ class RegionWriter:
             row, f = len(self.ids), self._file
             f["features"].resize(row + len(keys), axis=0)
             if self._direct:
-                for i, chunk in enumerate(self._pool.map(_shuffled_deflate, rows)):
+                for i, chunk in enumerate(self._pool.map(shuffled_deflate, rows)):
                     f["features"].id.write_direct_chunk((row + i, 0, 0), chunk)
             else:
                 f["features"][row:] = np.stack(rows)
@@ -212,15 +208,6 @@ class RegionWriter:
 
 COMPRESS_THREADS = 4
 """Threads `RegionWriter` compresses an image's chunk in: zlib runs without the interpreter lock."""
-
-
-def _shuffled_deflate(regions: np.ndarray) -> bytes:
-    """One image's (36, 2054) chunk as HDF5's shuffle and deflate (level 1) filters store it: the bytes
-    of every element regrouped by position (all first bytes, then all second bytes, ...), then a zlib
-    stream. HDF5 writes the same through h5py, but compresses holding the interpreter lock (4.5-5.7 ms
-    an image on the H100 host), which the thread driving the detector needs; zlib releases it."""
-    grouped = np.ascontiguousarray(regions).view(np.uint8).reshape(-1, regions.dtype.itemsize).T
-    return zlib.compress(np.ascontiguousarray(grouped).data, 1)
 
 
 class _Decoded:

@@ -228,3 +228,91 @@ def test_pack_lists_bad_images_and_packs_the_rest(tmp_path: Path) -> None:
     assert "truncated or damaged" in errors[0][1] and "not an .npz" in errors[1][1]
     with HDF5Store(out) as store:
         assert store.ids() == ["a", "c", "e"]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_get_many_reads_as_get_does(tmp_path: Path, dtype: type) -> None:
+    """Raw chunks decoded outside h5py give `get`'s arrays bit for bit, and `get`'s errors in place."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = RandomFeatureStore(3)
+    ids = [f"img{i}" for i in range(12)]
+    path = tmp_path / "f.h5"
+    pack_features(((i, source.get(i)) for i in ids), path, dtype=dtype, progress=False)
+    store = HDF5Store(path)
+    assert store._raw
+    asked = [*ids[::-1], "missing.jpg", ids[0]]
+    with ThreadPoolExecutor(3) as pool:
+        got = store.get_many(asked, pool)
+    for image_id, item in zip(asked[:-2], got[:-2], strict=True):
+        assert isinstance(item, np.ndarray) and item.dtype == np.float32
+        np.testing.assert_array_equal(item, store.get(image_id))
+    assert isinstance(got[-2], FeatureError) and "missing.jpg" in str(got[-2])
+    with pytest.raises(FeatureError) as info:
+        store.get("missing.jpg")
+    assert str(got[-2]) == str(info.value)
+    np.testing.assert_array_equal(got[-1], got[len(ids) - 1])
+
+
+def test_get_many_names_a_damaged_chunk_and_reads_the_rest(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    ids = ["a", "b", "c"]
+    store = HDF5Store(hdf5_with_damaged_row(tmp_path / "f.h5", ids, damaged="b"))
+    with ThreadPoolExecutor(2) as pool:
+        a, b, c = store.get_many(ids, pool)
+    assert isinstance(b, FeatureError)
+    assert "image 'b'" in str(b) and "row 1 cannot be read" in str(b) and "pack it again" in str(b)
+    np.testing.assert_array_equal(a, store.get("a"))
+    np.testing.assert_array_equal(c, store.get("c"))
+
+
+def test_get_many_reads_other_layouts_through_h5py(tmp_path: Path) -> None:
+    """A store whose chunks are filtered otherwise (LZF here) is read by `get`, the same arrays."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = RandomFeatureStore(0)
+    path = tmp_path / "lzf.h5"
+    pack_features(((i, source.get(i)) for i in "xy"), path, progress=False)
+    with h5py.File(path, "a") as f:
+        data = f["features"][:]
+        del f["features"]
+        f.create_dataset("features", data=data, chunks=(1, 36, 2054), compression="lzf")
+    store = HDF5Store(path)
+    assert not store._raw
+    with ThreadPoolExecutor(2) as pool:
+        x, y = store.get_many(["x", "y"], pool)
+    np.testing.assert_array_equal(x, store.get("x"))
+    np.testing.assert_array_equal(y, store.get("y"))
+
+
+def test_decode_chunk_skips_the_filters_the_writer_skipped() -> None:
+    """HDF5 leaves a filter out of a chunk where it was optional and failed; the mask says which."""
+    import zlib
+
+    from qace.data.hdf5_chunks import inflated_unshuffled, shuffled_deflate
+
+    array = RandomFeatureStore(1).get("z").astype(np.float16)
+    raw = array.tobytes()
+    shuffled = np.frombuffer(raw, np.uint8).reshape(-1, 2).T.tobytes()
+    dtype = np.dtype(np.float16)
+
+    def decoded(chunk: bytes, mask: int) -> np.ndarray:
+        return inflated_unshuffled(chunk, mask, dtype, array.shape)
+
+    np.testing.assert_array_equal(decoded(zlib.compress(shuffled), 0), array)
+    np.testing.assert_array_equal(decoded(shuffled, 2), array)  # deflate skipped
+    np.testing.assert_array_equal(decoded(zlib.compress(raw), 1), array)  # shuffle skipped
+    np.testing.assert_array_equal(decoded(raw, 3), array)
+    assert shuffled_deflate(array) == zlib.compress(shuffled, 1)  # what the writer stores
+
+
+def test_half_precision_converts_bit_for_bit_as_numpy_does() -> None:
+    """Every float16 bit pattern (NaN payloads too), contiguous or not, and other dtypes as `astype`."""
+    from qace.data.features import _as_float32
+
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).reshape(256, 256)
+    for array in (halves, halves[:, ::3], halves.astype(">f2"), halves.astype(np.float64)):
+        converted = _as_float32(array)
+        assert converted.dtype == np.float32 and converted.shape == array.shape
+        np.testing.assert_array_equal(converted.view(np.uint32), array.astype(np.float32).view(np.uint32))
