@@ -4,7 +4,7 @@ Many captions share an image (5 candidates per image is typical), so features ar
 store once and served from memory afterwards; an LRU bound keeps memory flat on huge inputs. The
 scorer's prefetch thread loads the next chunk's features while the models read this chunk's, so the
 cache is locked; a store read happens outside the lock, and the first of two concurrent reads of one
-image wins. `FeatureCache.load` reads a chunk's new images several at once, in threads of its own.
+image wins. `FeatureCache.load` reads a chunk's new images several at once where the store can.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-
-from qace.errors import FeatureError
 
 READ_THREADS = min(8, os.cpu_count() or 1)
 """Threads that read a chunk's new images at once (`FeatureCache.load`)."""
@@ -53,20 +51,18 @@ class FeatureCache:
 
     def load(self, image_ids: Iterable[str]) -> None:
         """Read the images of ``image_ids`` that are not held (at most ``capacity`` of them) into the
-        cache, several at once: through the store's ``get_many(ids, pool)`` where it has one (returning
-        an array or a `FeatureError` per id), else its ``get`` in `READ_THREADS` threads. An image whose
-        read fails is not held: its `get` raises the store's error."""
+        cache: several at once through the store's ``get_many(ids, pool)`` where it has one (an array or
+        a `FeatureError` per id; `READ_THREADS` threads in ``pool``), else one after another through its
+        ``get`` (a store need not be safe to read from several threads: a TSV file's shared handle is
+        not). An image whose read fails is not held: its `get` raises the store's error."""
         with self._lock:
             missing = list(dict.fromkeys(i for i in image_ids if i not in self._items))[: self.capacity]
-        if len(missing) < 2:
-            return  # `get` reads it
+        get_many = getattr(self.store, "get_many", None)
+        if get_many is None or len(missing) < 2:
+            return  # `get` reads them, one after another
         if self._readers is None:
             self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="qace-features")
-        get_many = getattr(self.store, "get_many", None)
-        if get_many is not None:
-            results = get_many(missing, self._readers)
-        else:
-            results = list(self._readers.map(self._read, missing))
+        results = get_many(missing, self._readers)
         with self._lock:
             for image_id, item in zip(missing, results, strict=True):
                 if isinstance(item, np.ndarray):
@@ -75,12 +71,6 @@ class FeatureCache:
                     self._items.move_to_end(image_id)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
-
-    def _read(self, image_id: str) -> np.ndarray | FeatureError:
-        try:
-            return self.store.get(image_id)  # type: ignore[no-any-return]
-        except FeatureError as exc:
-            return exc
 
     def close(self) -> None:
         """Stop the reading threads (idle between loads); a later `load` starts them again."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -49,11 +50,13 @@ def test_threads_sharing_the_cache_get_the_stores_features() -> None:
 
 
 class _Counting:
-    """A store that counts its reads and fails for ids starting with ``bad``."""
+    """A store that counts its reads, fails for ids starting with ``bad`` and reads several at once
+    (``get_many``, each call's ids kept in ``batches``)."""
 
     def __init__(self) -> None:
         self.store = RandomFeatureStore(seed=0)
         self.reads: list[str] = []
+        self.batches: list[list[str]] = []
 
     def get(self, image_id: str) -> np.ndarray:
         self.reads.append(image_id)
@@ -61,13 +64,23 @@ class _Counting:
             raise FeatureError(f"image {image_id!r}: no features")
         return self.store.get(image_id)
 
+    def get_many(self, image_ids: list[str], pool: Any) -> list[np.ndarray | FeatureError]:
+        self.batches.append(list(image_ids))
+        out: list[np.ndarray | FeatureError] = []
+        for image_id in image_ids:
+            try:
+                out.append(self.get(image_id))
+            except FeatureError as exc:
+                out.append(exc)
+        return out
+
 
 def test_load_reads_each_new_image_once_and_leaves_failures_to_get() -> None:
     store = _Counting()
     cache = FeatureCache(store, capacity=8)
     cache.get("a")
     cache.load(["a", "b", "c", "b", "bad1", "d"])
-    assert sorted(store.reads) == ["a", "b", "bad1", "c", "d"] and cache.loads == 4  # "a" was held
+    assert store.batches == [["b", "c", "bad1", "d"]] and cache.loads == 4  # "a" was held
     store.reads.clear()
     for image in "abcd":
         np.testing.assert_array_equal(cache.get(image), store.store.get(image))
@@ -77,17 +90,20 @@ def test_load_reads_each_new_image_once_and_leaves_failures_to_get() -> None:
     cache.close()
 
 
-def test_load_keeps_to_the_capacity_and_uses_the_stores_get_many() -> None:
-    calls: list[list[str]] = []
-
-    class Many(_Counting):
-        def get_many(self, image_ids: list[str], pool: object) -> list[object]:
-            calls.append(list(image_ids))
-            return [self.store.get(i) for i in image_ids]
-
-    cache = FeatureCache(Many(), capacity=3)
+def test_load_keeps_to_the_capacity_and_leaves_single_images_to_get() -> None:
+    store = _Counting()
+    cache = FeatureCache(store, capacity=3)
     cache.load([f"i{k}" for k in range(5)])
-    assert calls == [["i0", "i1", "i2"]] and list(cache._items) == ["i0", "i1", "i2"]
-    cache.load(["i0"])  # one image: left to `get`
-    assert len(calls) == 1
+    assert store.batches == [["i0", "i1", "i2"]] and list(cache._items) == ["i0", "i1", "i2"]
+    cache.load(["i0", "i9"])  # one new image: left to `get`
+    assert len(store.batches) == 1
     cache.close()
+
+
+def test_load_leaves_a_store_without_get_many_to_get() -> None:
+    """A store that cannot say it reads safely from several threads is read one image at a time."""
+    store = RandomFeatureStore(seed=0)
+    cache = FeatureCache(store, capacity=8)
+    cache.load(["a", "b", "c"])
+    assert cache.loads == 0
+    np.testing.assert_array_equal(cache.get("b"), store.get("b"))
