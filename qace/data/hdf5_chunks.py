@@ -1,10 +1,11 @@
 """HDF5 chunks of qace's feature layout, written and read outside h5py.
 
 A packed store (`qace.data.features.pack_features`, `qace features extract`) keeps one image a chunk
-through HDF5's shuffle and deflate filters. h5py runs those filters holding the interpreter lock, about a
-millisecond an image to inflate and several to deflate; zlib and numpy release it. So the writer
-compresses chunks in threads and writes them ready-made (`write_direct_chunk`), and the reader reads them
-raw (`read_direct_chunk`) and decodes them in threads: the same bytes and arrays as h5py's filters.
+through HDF5's shuffle and deflate filters. h5py runs those filters one call at a time (under its own
+lock; compressing, under the interpreter's too), about a millisecond an image to inflate and several to
+deflate; zlib and numpy run in several threads at once. So the writer compresses chunks in threads and
+writes them ready-made (`write_direct_chunk`), and the reader reads them raw (`read_direct_chunk`) and
+decodes them in threads: the same bytes and arrays as h5py's filters.
 """
 
 from __future__ import annotations
