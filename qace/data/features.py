@@ -381,22 +381,23 @@ class HDF5Store:
         staged = [pool.submit(self._decode, image_id, self._raw_chunk(image_id)) for image_id in image_ids]
         return [future.result() for future in staged]
 
-    def _raw_chunk(self, image_id: str) -> tuple[int, int, bytes] | FeatureError:
-        """``(row, filter mask, compressed bytes)`` of an image, or its error."""
+    def _raw_chunk(self, image_id: str) -> tuple[int, int, bytes] | np.ndarray | FeatureError:
+        """``(row, filter mask, compressed bytes)`` of an image; or, where its chunk cannot be read raw,
+        what `get` gives (its array or its error)."""
         key = self._ids.find(image_id)
         if key is None:
             return self._missing(image_id)
         row = self._index[key]
         try:
             mask, raw = self._features.id.read_direct_chunk((row, 0, 0))
-        except OSError as exc:
-            return self._damaged(image_id, row, exc)
+        except Exception:  # noqa: BLE001 - h5py's own read names what is wrong with the row
+            return _or_error(self.get, image_id)
         return row, mask, raw
 
     def _decode(
-        self, image_id: str, chunk: tuple[int, int, bytes] | FeatureError
+        self, image_id: str, chunk: tuple[int, int, bytes] | np.ndarray | FeatureError
     ) -> np.ndarray | FeatureError:
-        if isinstance(chunk, FeatureError):
+        if not isinstance(chunk, tuple):
             return chunk
         row, mask, raw = chunk
         try:

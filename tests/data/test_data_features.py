@@ -316,3 +316,27 @@ def test_half_precision_converts_bit_for_bit_as_numpy_does() -> None:
         converted = _as_float32(array)
         assert converted.dtype == np.float32 and converted.shape == array.shape
         np.testing.assert_array_equal(converted.view(np.uint32), array.astype(np.float32).view(np.uint32))
+
+
+def test_get_many_reads_a_chunk_it_cannot_read_raw_through_h5py(tmp_path: Path) -> None:
+    """A row never written has no chunk (h5py's raw read raises RuntimeError): `get`'s answer stands."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qace.data.features import HDF5_LAYOUT
+
+    source = RandomFeatureStore(0)
+    path = tmp_path / "sparse.h5"
+    with h5py.File(path, "w") as f:
+        data = f.create_dataset(
+            "features", shape=(3, 36, 2054), dtype=np.float16, chunks=(1, 36, 2054),
+            compression="gzip", compression_opts=1, shuffle=True,
+        )  # fmt: skip
+        data[0], data[2] = source.get("a"), source.get("c")
+        f.create_dataset("ids", data=["a", "b", "c"], dtype=h5py.string_dtype("utf-8"))
+        f.attrs["layout"] = HDF5_LAYOUT
+    store = HDF5Store(path)
+    assert store._raw
+    with ThreadPoolExecutor(2) as pool:
+        got = store.get_many(["a", "b", "c"], pool)
+    for image_id, item in zip("abc", got, strict=True):
+        np.testing.assert_array_equal(item, store.get(image_id))
