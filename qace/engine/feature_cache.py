@@ -9,6 +9,7 @@ image wins. `FeatureCache.load` reads a chunk's new images several at once where
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -17,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 READ_THREADS = min(8, os.cpu_count() or 1)
 """Threads that read a chunk's new images at once (`FeatureCache.load`)."""
@@ -62,7 +65,11 @@ class FeatureCache:
             return  # `get` reads them, one after another
         if self._readers is None:
             self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="qace-features")
-        results = get_many(missing, self._readers)
+        try:
+            results = get_many(missing, self._readers)
+        except Exception as exc:  # noqa: BLE001 - reading ahead is an optimisation: `get` reads them
+            log.warning("reading %d images at once failed (%s); reading them one by one", len(missing), exc)
+            return
         with self._lock:
             for image_id, item in zip(missing, results, strict=True):
                 if isinstance(item, np.ndarray):

@@ -107,3 +107,21 @@ def test_load_leaves_a_store_without_get_many_to_get() -> None:
     cache.load(["a", "b", "c"])
     assert cache.loads == 0
     np.testing.assert_array_equal(cache.get("b"), store.get("b"))
+
+
+def test_a_failing_get_many_leaves_the_reads_to_get(caplog: pytest.LogCaptureFixture) -> None:
+    """Reading ahead is an optimisation: where it fails, it says so and `get` reads each image."""
+
+    class Broken(_Counting):
+        def get_many(self, image_ids: list[str], pool: Any) -> list[np.ndarray | FeatureError]:
+            raise RuntimeError("the store's threads are gone")
+
+    store = Broken()
+    cache = FeatureCache(store, capacity=8)
+    with caplog.at_level("WARNING"):
+        cache.load(["a", "b"])
+    said = "reading 2 images at once failed (the store's threads are gone); reading them one by one"
+    assert said in caplog.text
+    np.testing.assert_array_equal(cache.get("a"), store.store.get("a"))
+    assert store.reads == ["a"] and cache.loads == 1
+    cache.close()
