@@ -317,6 +317,29 @@ def idle_profile(reward: QACEReward, call: Callable[[int], None], calls: int) ->
     return gpu_idle(events, calls)
 
 
+def idle_stretches(events: list[dict[str, Any]], min_gap_us: float) -> list[tuple[float, float]]:
+    """``(start, end)`` in µs of every stretch of at least ``min_gap_us`` (and longer than 0) inside the
+    trace's ``qace:call`` spans in which the GPU runs nothing (`_device_work`)."""
+    device = _device_work(events)
+    gaps: list[tuple[float, float]] = []
+    for c in events:
+        if c.get("ph") != "X" or c.get("cat") != "user_annotation" or c.get("name") != _CALL:
+            continue
+        lo, hi = float(c["ts"]), float(c["ts"]) + float(c["dur"])
+        reach = lo
+        for start, end in device:
+            if end <= lo:
+                continue
+            if start >= hi:
+                break
+            if start > reach and start - reach >= min_gap_us:
+                gaps.append((reach, start))
+            reach = max(reach, min(end, hi))
+        if hi > reach and hi - reach >= min_gap_us:
+            gaps.append((reach, hi))
+    return gaps
+
+
 IDLE_MIN_US = 50.0
 """The shortest GPU idle stretch `gpu_idle` counts (shorter ones are a kernel's own launch gap)."""
 
@@ -335,21 +358,7 @@ def gpu_idle(
     if not call_spans:
         return {"min_gap_us": min_gap_us, "idle_ms_per_call": 0.0, "stretches_per_call": 0.0}
     thread = call_spans[0]["tid"]
-    device = _device_work(events)
-    gaps: list[tuple[float, float]] = []  # (start, end), us
-    for c in call_spans:
-        lo, hi = float(c["ts"]), float(c["ts"]) + float(c["dur"])
-        reach = lo
-        for start, end in device:
-            if end <= lo:
-                continue
-            if start >= hi:
-                break
-            if start - reach >= min_gap_us:
-                gaps.append((reach, start))
-            reach = max(reach, min(end, hi))
-        if hi - reach >= min_gap_us:
-            gaps.append((reach, hi))
+    gaps = idle_stretches(events, min_gap_us)
     frames = sorted(
         (
             (float(e["ts"]), float(e["ts"]) + float(e["dur"]), _ADDRESS.sub("", str(e["name"])))

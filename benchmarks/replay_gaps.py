@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.profile import _CALL, _device_work, _labelled, gpu_idle, stage_busy
+from benchmarks.profile import _CALL, _labelled, gpu_idle, idle_stretches, stage_busy
 from benchmarks.run_info import default_result, gpu_name, record
 from benchmarks.throughput import DATA, recorded_requests, replay, replayed_seconds
 from benchmarks.workload import (
@@ -62,37 +62,23 @@ BINS_US = (0.0, 5.0, 20.0, 50.0, 200.0, 1000.0)
 
 
 def idle_histogram(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every stretch inside the trace's ``qace:call`` spans in which the GPU ran nothing (kernels, copies
-    and fills as one union), binned by length (`BINS_US`): per bin the stretches and their milliseconds;
-    with the calls' wall and busy milliseconds, so that ``busy + idle == wall``."""
-    calls = [e for e in events if e.get("ph") == "X" and e.get("name") == _CALL]
-    device = _device_work(events)
+    """Every stretch inside the trace's ``qace:call`` spans in which the GPU ran nothing
+    (`benchmarks.profile.idle_stretches`: kernels, copies and fills as one union), binned by length
+    (`BINS_US`): per bin the stretches and their milliseconds; with the calls' wall and busy
+    milliseconds, so that ``busy + idle == wall``."""
+    wall = sum(
+        float(e["dur"]) for e in events if e.get("cat") == "user_annotation" and e.get("name") == _CALL
+    )
     counts = [0] * len(BINS_US)
     ms = [0.0] * len(BINS_US)
-    wall = busy = 0.0
-    for c in calls:
-        lo, hi = float(c["ts"]), float(c["ts"]) + float(c["dur"])
-        wall += hi - lo
-        reach, gaps = lo, []
-        for start, end in device:
-            if end <= lo:
-                continue
-            if start >= hi:
-                break
-            if start > reach:
-                gaps.append(start - reach)
-            busy += max(0.0, min(end, hi) - max(start, reach))
-            reach = max(reach, min(end, hi))
-        if hi > reach:
-            gaps.append(hi - reach)
-        for gap in gaps:
-            k = max(i for i, edge in enumerate(BINS_US) if gap >= edge)
-            counts[k] += 1
-            ms[k] += gap / 1000
+    for lo, hi in idle_stretches(events, 0.0):
+        k = max(i for i, edge in enumerate(BINS_US) if hi - lo >= edge)
+        counts[k] += 1
+        ms[k] += (hi - lo) / 1000
     edges = [*BINS_US[1:], None]
     return {
         "wall_ms": wall / 1000,
-        "busy_ms": busy / 1000,
+        "busy_ms": wall / 1000 - sum(ms),
         "idle_ms": sum(ms),
         "bins": [
             {"from_us": lo, "to_us": hi, "stretches": n, "ms": t}
