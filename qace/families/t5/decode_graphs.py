@@ -387,9 +387,11 @@ class GraphedDecoding:
         graph = torch.cuda.CUDAGraph()
         # on an explicit stream of this device (torch's default capture stream lives on whichever device
         # first captured in this process, and a capture on another device's stream records nothing);
-        # `torch.cuda.graph` would also empty the allocator's cache first (see the module docstring)
+        # `torch.cuda.graph` would also empty the allocator's cache first (see the module docstring).
+        # Thread-local: other threads' CUDA calls meanwhile (an RL trainer's data loader pinning its
+        # next batch beside an in-process reward) would otherwise invalidate the capture
         with torch.cuda.stream(stream):
-            graph.capture_begin(pool=self._pool)
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
                 body()
             finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -102,6 +104,37 @@ def test_prepared_buckets_are_replayed_not_captured(test_models_dir, monkeypatch
     _decode(model, tokenizer, prompts[:3], "cuda", graphs=True, decoder=decoder)
     assert decoder.graphed().captures == new  # both batches replayed prepared graphs
     assert np.array_equal(warm, cold) and np.array_equal(an_warm, an_cold)
+
+
+@pytest.mark.gpu
+def test_a_capture_survives_another_thread_pinning_memory(test_models_dir, monkeypatch) -> None:
+    """Another thread of the process may pin memory while a graph is captured (an RL trainer's data
+    loader beside an in-process reward); in CUDA's global capture mode its allocation would invalidate
+    the capture. Here every capture has such an allocation in it."""
+    model, tokenizer = load_seq2seq(
+        str(test_models_dir / "tqa"), role="TQA", device="cuda", dtype=torch.float32
+    )
+    eager, an_eager, _ = _decode(model, tokenizer, PROMPTS, "cuda", graphs=False)
+    pinned: list[torch.Tensor] = []
+    ends = []
+    capture_end = torch.cuda.CUDAGraph.capture_end
+
+    def pinned_meanwhile(graph: torch.cuda.CUDAGraph) -> None:
+        ends.append(graph)
+
+        def pin() -> None:  # kept, so each is a new pinned allocation, not a cached block
+            pinned.append(torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True))
+
+        thread = threading.Thread(target=pin)
+        thread.start()
+        thread.join()
+        capture_end(graph)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_end", pinned_meanwhile)
+    graphed, an_graphed, decoder = _decode(model, tokenizer, PROMPTS, "cuda", graphs=True)
+    assert decoder._graphs.captures == 1 and len(ends) >= 1 and len(pinned) == len(ends)
+    assert np.array_equal(graphed, eager)
+    np.testing.assert_allclose(an_graphed, an_eager, atol=1e-5)
 
 
 @pytest.mark.gpu
