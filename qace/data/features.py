@@ -60,7 +60,9 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 @runtime_checkable
 class FeatureStore(Protocol):
-    """Anything that maps an image id to its validated (36, 2054) float32 region features."""
+    """Anything that maps an image id to its validated (36, 2054) float32 region features. ``get`` may be
+    called from several threads at once (a scorer's prefetch thread, the reward service's concurrent
+    batches), so a store reading through one shared handle holds a lock around each read."""
 
     signature: str
     """Short description of the store (kind, location, size) for logs and error messages."""

@@ -56,8 +56,8 @@ class FeatureCache:
         """Read the images of ``image_ids`` that are not held (at most ``capacity`` of them) into the
         cache: several at once through the store's ``get_many(ids, pool)`` where it has one (an array or
         a `FeatureError` per id; `READ_THREADS` threads in ``pool``), else one after another through its
-        ``get`` (a store need not be safe to read from several threads: a TSV file's shared handle is
-        not). An image whose read fails is not held: its `get` raises the store's error."""
+        ``get`` as they are asked for (a TSV file has one handle to read through, so reads at once would
+        only take turns). An image whose read fails is not held: its `get` raises the store's error."""
         with self._lock:
             missing = list(dict.fromkeys(i for i in image_ids if i not in self._items))[: self.capacity]
         get_many = getattr(self.store, "get_many", None)

@@ -15,6 +15,7 @@ import base64
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -177,6 +178,7 @@ class BUTDTSVStore(IndexedStore):
     The first open scans the file once for each line's image id and byte offset and writes them to a
     sidecar ``<file>.qace-index.json`` (or keeps them in memory if the folder is read-only); later
     opens read the sidecar, which is rebuilt when the file's size or modification time changes.
+    Threads may share a store: a line is sought and read under a lock, and must name the image asked for.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -188,15 +190,23 @@ class BUTDTSVStore(IndexedStore):
         self.signature = f"butd-tsv:{self.path.name}:{len(offsets)} images"
         self._ids = IdIndex(list(offsets), self.signature)
         self._file: IO[bytes] | None = None
+        self._lock = threading.Lock()
         self.identity = content_identity("tsv", self.ids(), self.get)
 
     def get(self, image_id: str) -> np.ndarray:
         key = self._ids.key(image_id)
-        if self._file is None:
-            self._file = self.path.open("rb")
-        self._file.seek(self._offsets[key])
-        line = self._file.readline()
+        with self._lock:  # one file position: a seek and its read are not split between threads
+            if self._file is None:
+                self._file = self.path.open("rb")
+            self._file.seek(self._offsets[key])
+            line = self._file.readline()
         where = f"{self.signature} line of {key!r}"
+        found = line.split(b"\t", 1)[0].decode("utf-8", errors="replace").strip()
+        if found != key:
+            raise FeatureError(
+                f"image {image_id!r}: {where} holds image {found!r}; its index is stale: delete "
+                f"{str(self.path.with_name(self.path.name + INDEX_SUFFIX))!r} and run again"
+            )
         return parse_tsv_line(image_id, line, where)
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 from pathlib import Path
 
 import h5py
@@ -138,6 +139,51 @@ def test_an_id_of_superscript_digits_is_missing_not_a_crash(sample, tmp_path: Pa
     assert "²" not in store and "2" in store
     with pytest.raises(FeatureError, match="no region features for image '²'"):
         store.get("²")
+
+
+def test_threads_sharing_a_tsv_store_each_get_their_own_image(sample, tmp_path: Path) -> None:
+    """Two threads read one store (the reward service's batches, each through its prefetch thread): both
+    seek before either reads, where the GIL lets them; each must still get its own image's features."""
+    features, boxes = sample
+    path = tmp_path / "f.tsv"
+    path.write_bytes(b"".join(_tsv_line(k, features * (1 + n), boxes) for n, k in enumerate("123")))
+    store = BUTDTSVStore(path)
+    meet = threading.Barrier(2)
+
+    class SeekThenWait:
+        def __init__(self, file) -> None:  # noqa: ANN001 - the store's binary file
+            self.file = file
+
+        def seek(self, offset: int) -> int:
+            at = self.file.seek(offset)
+            try:  # without the store's lock the other thread seeks here too, before this one reads
+                meet.wait(timeout=0.5)
+            except threading.BrokenBarrierError:
+                pass
+            return at
+
+        def readline(self) -> bytes:
+            return self.file.readline()
+
+    store._file = SeekThenWait(path.open("rb"))
+    got: dict[str, np.ndarray] = {}
+    threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, store.get(k))) for k in "12"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for n, k in enumerate("12"):
+        np.testing.assert_allclose(got[k], _expected(features * (1 + n), boxes, W, H))
+
+
+def test_a_stale_tsv_index_is_an_error_naming_the_sidecar(sample, tmp_path: Path) -> None:
+    features, boxes = sample
+    path = tmp_path / "f.tsv"
+    path.write_bytes(_tsv_line("1", features, boxes) + _tsv_line("2", features, boxes))
+    store = BUTDTSVStore(path)
+    store._offsets["2"] = store._offsets["1"]  # as if the file changed under an index that still matched
+    with pytest.raises(FeatureError, match=r"image '2'.*holds image '1'.*stale.*f\.tsv\.qace-index\.json"):
+        store.get("2")
 
 
 def test_butd_tsv_fewer_than_36_boxes_is_an_error(sample, tmp_path: Path) -> None:
