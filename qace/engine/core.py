@@ -287,12 +287,17 @@ class RemoteRunner:
     ) -> Iterator[tuple[K, Generated]]:
         """Send every job as soon as it is built (a thread builds and sends: building a later batch
         tokenises its prompts) and yield ``(key, Generated)`` as the core answers, in order. Every
-        request sent is answered before this returns, also when the caller stops early."""
+        request sent is answered before this returns, also when the caller stops early or an answer
+        fails: the thread then sends no more, and the answers due are read while it stops (the core
+        blocks sending answers no one reads, and then reads no more requests)."""
         sent: queue.SimpleQueue[tuple[CoreClient, int, Any] | BaseException | None] = queue.SimpleQueue()
+        stop = threading.Event()
 
         def send_all() -> None:
             try:
                 for runner, key, batch, uid in jobs:
+                    if stop.is_set():
+                        break
                     seq = runner.client.send(runner.name, (batch, uid, max_new_tokens))
                     sent.put((runner.client, seq, key))
                 sent.put(None)
@@ -312,10 +317,11 @@ class RemoteRunner:
             done = True
         finally:
             if not done:  # answers still due would be read as the next stage's: read and drop them
-                sender.join()
+                stop.set()
                 while (item := sent.get()) is not None and not isinstance(item, BaseException):
                     client, seq, _ = item
                     try:
                         client.receive(seq)
                     except CoreError:
                         pass
+                sender.join()

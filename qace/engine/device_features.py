@@ -47,8 +47,8 @@ class DeviceFeatureCache:
                 self._slots.move_to_end(image_id)
         missing = [image_id for image_id in image_ids if image_id not in self._slots]
         if missing:
-            free = self._free_slots(len(missing))
             uploaded = stack_to_device([load(image_id) for image_id in missing], self.device)
+            free = self._free_slots(len(missing))  # after the loads: one that raises takes no slot
             index = to_device(np.asarray(free, dtype=np.int64), self.device)
             self._slab.index_copy_(0, index, uploaded.to(self.dtype))
             self._slots.update(zip(missing, free, strict=True))

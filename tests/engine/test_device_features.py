@@ -80,6 +80,24 @@ def test_qace_img_uploads_each_image_once_across_chunks(test_models_dir) -> None
     assert [r["qace"] for r in chunked] == pytest.approx([r["qace"] for r in again], abs=2e-6)
 
 
+def test_a_load_that_fails_takes_no_slot() -> None:
+    """A request whose load raises (a transient read error) leaves every slot to later requests: one
+    needing the whole capacity still fits."""
+    cache, store = DeviceFeatureCache(torch.device("cpu"), torch.float32, capacity=4), _Store()
+    _check(cache, ["img1", "img2"], store)
+
+    def failing(image_id: str) -> np.ndarray:
+        if image_id == "img4":
+            raise OSError("transient read error")
+        return store(image_id)
+
+    with pytest.raises(OSError, match="transient"):
+        cache.rows(["img3", "img4"], failing)
+    assert set(cache._slots) == {"img1", "img2"}
+    _check(cache, ["img5", "img6", "img7", "img8"], store)
+    assert set(cache._slots) == {"img5", "img6", "img7", "img8"}
+
+
 def test_slots_are_the_lowest_unused_then_the_least_recent_under_requests_and_discards() -> None:
     """Against the rule spelt out with sets: a new image takes the lowest slot holding no image (the slab
     grown first when it is short), else the least recently used image's."""

@@ -1,0 +1,61 @@
+"""The engine core's request stream (`RemoteRunner.generate_jobs`) over a real pipe and core thread."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from multiprocessing import Pipe
+
+import numpy as np
+
+from qace.engine.batches import Generated, TextBatch
+from qace.engine.core import CoreClient, CoreError, DeviceCore, RemoteRunner
+
+ROWS, LENGTH = 256, 64
+
+
+class _FailsFirst:
+    """Stands in for a model runner: batch 0 fails on the device (say, out of memory), the others answer
+    with large outputs, so unread answers fill the pipe back to the host."""
+
+    def generate(
+        self, batch: TextBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
+    ) -> Generated:
+        if batch.input_ids[0, 0] == 0:
+            raise RuntimeError("out of memory (a stand-in)")
+        return Generated(tokens=[list(range(100, 120))] * ROWS, answerability=np.zeros(ROWS))
+
+
+def test_a_failed_batch_fails_the_stream_at_once_while_later_batches_are_still_sent() -> None:
+    """The answer of batch 0 fails while the host still sends the stage's other 200 batches: the call
+    raises the core's error (before, the host waited for its sender while the core blocked sending
+    answers no one read: both waited for good, the core holding the device lock)."""
+    lock, interval = threading.RLock(), sys.getswitchinterval()
+    core = DeviceCore({"tqa": _FailsFirst()}, lock=lock)
+    core.start()
+    host_end, core_end = Pipe()
+    core.attach(core_end)
+    remote = RemoteRunner(CoreClient(host_end), "tqa")
+    jobs = (
+        (remote, i, TextBatch(np.full((ROWS, LENGTH), i, np.int64), np.ones((ROWS, LENGTH), np.int64)), None)
+        for i in range(200)
+    )
+    outcome: list[object] = []
+
+    def host() -> None:
+        try:
+            outcome.extend(key for key, _ in RemoteRunner.generate_jobs(jobs, max_new_tokens=20))
+        except CoreError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=host, daemon=True)
+    thread.start()
+    thread.join(60)
+    try:
+        assert not thread.is_alive(), "the call hung"
+        assert len(outcome) == 1 and isinstance(outcome[0], CoreError) and "out of memory" in str(outcome[0])
+        assert lock.acquire(timeout=30)  # the core is not left holding the device lock
+        lock.release()
+    finally:
+        core.stop()
+        sys.setswitchinterval(interval)  # `DeviceCore.start` lowers it for the whole process
