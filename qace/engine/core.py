@@ -104,15 +104,29 @@ class DeviceCore:
     # -- the loop ------------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        while not self._stopped:
-            if self._pending:
-                self._receive(block=False)
-            else:
-                start = time.perf_counter()
-                self._receive(block=True)
-                self.idle_seconds += time.perf_counter() - start
-            while self._pending and not self._stopped:
-                self._run_next()
+        """Serve until stopped. Should the loop itself fail (a request that cannot be read, an answer
+        that cannot be sent), the core closes every host process's pipe, so a host waiting for an
+        answer reads the end of it and fails its call, rather than waiting for good."""
+        try:
+            while not self._stopped:
+                if self._pending:
+                    self._receive(block=False)
+                else:
+                    start = time.perf_counter()
+                    self._receive(block=True)
+                    self.idle_seconds += time.perf_counter() - start
+                while self._pending and not self._stopped:
+                    self._run_next()
+        except BaseException:
+            log.exception("engine core: its loop failed; the host processes' pipes are closed")
+            self._stopped = True
+            while True:
+                try:
+                    self._conns.append(self._added.get_nowait())
+                except queue.Empty:
+                    break
+            for conn in self._conns:
+                conn.close()
 
     def _receive(self, *, block: bool) -> None:
         """Move every request that has arrived into the queue; with ``block``, wait for one first."""

@@ -59,3 +59,31 @@ def test_a_failed_batch_fails_the_stream_at_once_while_later_batches_are_still_s
     finally:
         core.stop()
         sys.setswitchinterval(interval)  # `DeviceCore.start` lowers it for the whole process
+
+
+def test_a_core_whose_loop_fails_closes_the_pipes_so_hosts_do_not_wait_for_good() -> None:
+    """A request the core cannot read (here: bytes that are no pickle) ends its loop; the host waiting
+    for an answer then reads the end of its pipe instead of waiting for good."""
+    interval = sys.getswitchinterval()
+    core = DeviceCore({"tqa": _FailsFirst()}, lock=threading.RLock())
+    core.start()
+    host_end, core_end = Pipe()
+    core.attach(core_end)
+    outcome: list[BaseException] = []
+
+    def host() -> None:
+        try:
+            host_end.send_bytes(b"not a pickle")
+            CoreClient(host_end).receive(1)
+        except BaseException as exc:  # noqa: BLE001 - what the host's call raises is the point
+            outcome.append(exc)
+
+    thread = threading.Thread(target=host, daemon=True)
+    thread.start()
+    thread.join(60)
+    try:
+        assert not thread.is_alive(), "the host waited for good"
+        assert len(outcome) == 1 and isinstance(outcome[0], EOFError | OSError)
+    finally:
+        core.stop()
+        sys.setswitchinterval(interval)
