@@ -201,7 +201,7 @@ class BUTDTSVStore(IndexedStore):
             self._file.seek(self._offsets[key])
             line = self._file.readline()
         where = f"{self.signature} line of {key!r}"
-        found = line.split(b"\t", 1)[0].decode("utf-8", errors="replace").strip()
+        found = _line_id(line)
         if found != key:
             raise FeatureError(
                 f"image {image_id!r}: {where} holds image {found!r}; its index is stale: delete "
@@ -234,6 +234,11 @@ def parse_tsv_line(image_id: str, line: bytes, where: str) -> np.ndarray:
     return regions(image_id, features, boxes, width, height, where)
 
 
+def _line_id(line: bytes) -> str:
+    """The image id a TSV line starts with (its first column)."""
+    return line.split(b"\t", 1)[0].decode("utf-8", errors="replace").strip()
+
+
 def load_or_build_index(path: Path) -> dict[str, int]:
     """Image id -> byte offset of its line, from the sidecar if it matches the file, else by one scan."""
     sidecar = path.with_name(path.name + INDEX_SUFFIX)
@@ -250,7 +255,7 @@ def load_or_build_index(path: Path) -> dict[str, int]:
     position = 0
     with path.open("rb") as f:
         for line in f:
-            key = line.split(b"\t", 1)[0].decode("utf-8", errors="replace").strip()
+            key = _line_id(line)
             if key in offsets:
                 raise ConfigError(f"{str(path)!r}: image id {key!r} appears twice")
             if key:
