@@ -17,10 +17,17 @@ _LOCKS: dict[str, threading.RLock] = {}
 _GUARD = threading.Lock()
 
 
-def device_lock(device: str | torch.device) -> threading.RLock:
-    """The process-wide lock of ``device`` (``cuda`` means the current CUDA device; re-entrant)."""
+def bound_device(device: str | torch.device) -> torch.device:
+    """``device`` with its index: ``cuda`` is the CUDA device current now. A model keeps the device it
+    was built on, whichever device is current in the thread that later runs it (a new thread starts on
+    device 0, whatever `torch.cuda.set_device` chose where the model was built)."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    return dev
+
+
+def device_lock(device: str | torch.device) -> threading.RLock:
+    """The process-wide lock of ``device`` (``cuda`` means the current CUDA device; re-entrant)."""
     with _GUARD:
-        return _LOCKS.setdefault(str(dev), threading.RLock())
+        return _LOCKS.setdefault(str(bound_device(device)), threading.RLock())

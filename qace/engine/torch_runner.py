@@ -12,6 +12,7 @@ import torch
 from qace.engine import instrument
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
+from qace.engine.device_lock import bound_device
 from qace.engine.instrument import StageTimer
 from qace.engine.pinned_upload import to_device
 from qace.engine.seq2seq import Seq2SeqParts
@@ -25,7 +26,7 @@ class TorchRunner:
 
     def __init__(self, model: Any, parts: Seq2SeqParts, *, device: str = "cpu") -> None:
         self.model = model
-        self.device = torch.device(device)
+        self.device = bound_device(device)
         self.encoder = parts.encoder
         self.decoder = parts.decoder
         self.features: DeviceFeatureCache | None = None

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from qace.engine.device_lock import bound_device
 from qace.engine.gemm_rows import padded_rows
 from qace.engine.pinned_upload import to_device
 from qace.engine.prompt_ids import prompt_ids
@@ -128,7 +129,7 @@ def _resolve_device(device: str) -> torch.device:
         raise BackendUnavailableError(
             f"BertScoreMatcher: device {device!r} requested but CUDA is not available; use device='cpu'"
         )
-    return dev
+    return bound_device(dev)
 
 
 @dataclass(frozen=True)
