@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from multiprocessing import Pipe
+from multiprocessing.connection import Connection
 
 import numpy as np
+import pytest
 
 from qace.engine.batches import Generated, TextBatch
 from qace.engine.core import CoreClient, CoreError, DeviceCore, RemoteRunner
@@ -26,64 +29,66 @@ class _FailsFirst:
         return Generated(tokens=[list(range(100, 120))] * ROWS, answerability=np.zeros(ROWS))
 
 
-def test_a_failed_batch_fails_the_stream_at_once_while_later_batches_are_still_sent() -> None:
-    """The answer of batch 0 fails while the host still sends the stage's other 200 batches: the call
-    raises the core's error (before, the host waited for its sender while the core blocked sending
-    answers no one read: both waited for good, the core holding the device lock)."""
+@pytest.fixture
+def core_pipe() -> Iterator[tuple[threading.RLock, Connection]]:
+    """A core serving `_FailsFirst` from its thread, its device lock, and a host's end of a pipe to it;
+    stopped after the test, the interpreter's switch interval put back (`DeviceCore.start` lowers it)."""
     lock, interval = threading.RLock(), sys.getswitchinterval()
     core = DeviceCore({"tqa": _FailsFirst()}, lock=lock)
     core.start()
     host_end, core_end = Pipe()
     core.attach(core_end)
+    try:
+        yield lock, host_end
+    finally:
+        core.stop()
+        sys.setswitchinterval(interval)
+
+
+def _outcome(host: Callable[[], object], catch: type[BaseException]) -> list[object]:
+    """What ``host`` returned or raised (of ``catch``), run in a thread; fails if it is still waiting
+    after 60 s."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(host())
+        except catch as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the host waited for good"
+    return outcome
+
+
+def test_a_failed_batch_fails_the_stream_at_once_while_later_batches_are_still_sent(core_pipe) -> None:
+    """The answer of batch 0 fails while the host still sends the stage's other 200 batches: the call
+    raises the core's error (before, the host waited for its sender while the core blocked sending
+    answers no one read: both waited for good, the core holding the device lock)."""
+    lock, host_end = core_pipe
     remote = RemoteRunner(CoreClient(host_end), "tqa")
     jobs = (
         (remote, i, TextBatch(np.full((ROWS, LENGTH), i, np.int64), np.ones((ROWS, LENGTH), np.int64)), None)
         for i in range(200)
     )
-    outcome: list[object] = []
-
-    def host() -> None:
-        try:
-            outcome.extend(key for key, _ in RemoteRunner.generate_jobs(jobs, max_new_tokens=20))
-        except CoreError as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=host, daemon=True)
-    thread.start()
-    thread.join(60)
-    try:
-        assert not thread.is_alive(), "the call hung"
-        assert len(outcome) == 1 and isinstance(outcome[0], CoreError) and "out of memory" in str(outcome[0])
-        assert lock.acquire(timeout=30)  # the core is not left holding the device lock
-        lock.release()
-    finally:
-        core.stop()
-        sys.setswitchinterval(interval)  # `DeviceCore.start` lowers it for the whole process
+    outcome = _outcome(
+        lambda: [key for key, _ in RemoteRunner.generate_jobs(jobs, max_new_tokens=20)], CoreError
+    )
+    assert len(outcome) == 1 and isinstance(outcome[0], CoreError) and "out of memory" in str(outcome[0])
+    assert lock.acquire(timeout=30)  # the core is not left holding the device lock
+    lock.release()
 
 
-def test_a_core_whose_loop_fails_closes_the_pipes_so_hosts_do_not_wait_for_good() -> None:
+def test_a_core_whose_loop_fails_closes_the_pipes_so_hosts_do_not_wait_for_good(core_pipe) -> None:
     """A request the core cannot read (here: bytes that are no pickle) ends its loop; the host waiting
     for an answer then reads the end of its pipe instead of waiting for good."""
-    interval = sys.getswitchinterval()
-    core = DeviceCore({"tqa": _FailsFirst()}, lock=threading.RLock())
-    core.start()
-    host_end, core_end = Pipe()
-    core.attach(core_end)
-    outcome: list[BaseException] = []
+    _, host_end = core_pipe
 
-    def host() -> None:
-        try:
-            host_end.send_bytes(b"not a pickle")
-            CoreClient(host_end).receive(1)
-        except BaseException as exc:  # noqa: BLE001 - what the host's call raises is the point
-            outcome.append(exc)
+    def host() -> object:
+        host_end.send_bytes(b"not a pickle")
+        return CoreClient(host_end).receive(1)
 
-    thread = threading.Thread(target=host, daemon=True)
-    thread.start()
-    thread.join(60)
-    try:
-        assert not thread.is_alive(), "the host waited for good"
-        assert len(outcome) == 1 and isinstance(outcome[0], EOFError | OSError)
-    finally:
-        core.stop()
-        sys.setswitchinterval(interval)
+    outcome = _outcome(host, BaseException)
+    assert len(outcome) == 1 and isinstance(outcome[0], EOFError | OSError)
