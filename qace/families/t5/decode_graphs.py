@@ -20,7 +20,13 @@ CTranslate2 do the same for their decode steps). What that takes:
   16, then all): a bucket has one graph per window, so the first steps, and all of a three-token
   answer, do not read the empty rest of a 31-position cache (2.3 GB a step for 2,048 T5-base rows);
 - the step's position, the tokens fed back, the ended flags and the outputs are device tensors the
-  graph updates itself, so the host only replays and checks once a step whether all rows ended;
+  graph updates itself, so the host only replays and reads once a step how many rows have not ended;
+- that read does not hold the next step back: the count is copied to pinned memory behind each step,
+  and while more than `AHEAD_ROWS` rows were left a step earlier, the next step is queued before the
+  current one's count arrives (the host waits on the step before, so the GPU always has a step queued).
+  Near the end the host waits for each step's count. A step queued after every row has ended changes
+  nothing (ended rows write ``-1``, which the outputs already hold), so the outputs never depend on
+  this; it costs one step only when more than `AHEAD_ROWS` rows end at the same step;
 - a QA model's first step has a graph of its own that also writes the answerability of its logits to a
   static buffer, so no graph keeps its logits (a 2,048-row bucket's are 263 MB) and any number of
   buckets can be captured;
@@ -85,6 +91,10 @@ class StepDecoder(Protocol):
         ended: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
+
+AHEAD_ROWS = 8
+"""While more rows than this had not ended a step earlier, the next step is queued before the host knows
+whether the current one ended them all."""
 
 LENGTH_STEP = 16
 """Encoder lengths are padded up to a multiple of this for the graph's shape."""
@@ -194,6 +204,8 @@ class GraphedDecoding:
         self._store: _Storage | None = None
         self._views: dict[tuple[int, int, bool, int | None], _View] = {}
         self._pool: Any = None
+        self._left: tuple[torch.Tensor, list[torch.cuda.Event]] | None = None
+        """Two pinned host slots for the ended-row counts of alternate steps, and their events."""
         self._stream: torch.cuda.Stream | None = None
         """The one stream every capture runs on: the caching allocator reuses a block only on the stream
         it was allocated on, so with a stream per capture no graph could reuse the intermediates another
@@ -292,10 +304,14 @@ class GraphedDecoding:
     def _run(
         self, view: _View, rows: int, steps: int, unanswerable_id: int | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Replay the step until every row has ended (or ``steps`` ran out)."""
+        """Replay the step until every row has ended (or ``steps`` ran out), one step queued ahead of
+        the host's reads while more than `AHEAD_ROWS` rows were left a step earlier."""
         dec = self.dec
         answerability = None
         sizes = windows(steps)
+        ended, events = self._ended_counts()
+        bucket = view.finished.shape[0]
+        left = rows  # rows not ended before the step
         for step in range(steps):
             if step == 0 and view.first_step is not None:
                 view.first_step.replay()
@@ -303,9 +319,30 @@ class GraphedDecoding:
             else:
                 view.graphs[next(w for w in sizes if step < w)].replay()
             dec.row_steps += view.token.shape[0]
-            if bool(view.finished.all()):
+            slot = step % 2
+            ended[slot].copy_(view.finished.sum(), non_blocking=True)
+            events[slot].record()
+            if step + 1 == steps:
+                break
+            if step > 0:  # the step before: done or nearly, with this one queued behind it
+                events[1 - slot].synchronize()
+                left = bucket - int(ended[1 - slot])
+                if left == 0:
+                    break
+            if left > AHEAD_ROWS:
+                continue
+            events[slot].synchronize()
+            if int(ended[slot]) == bucket:
                 break
         return view.out[:rows].clone(), answerability
+
+    def _ended_counts(self) -> tuple[torch.Tensor, list[torch.cuda.Event]]:
+        if self._left is None:
+            self._left = (
+                torch.zeros(2, dtype=torch.long, pin_memory=True),
+                [torch.cuda.Event(), torch.cuda.Event()],
+            )
+        return self._left
 
     def _reserve(self, rows: int, tokens: int, steps: int, like: torch.Tensor) -> None:
         """Storage for at least ``rows`` rows and ``tokens`` encoder positions; growing it drops the

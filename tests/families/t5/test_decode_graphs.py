@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qace.engine.scheduler import pad_batch
-from qace.families.t5.decode_graphs import bucket_length, bucket_rows, windows
+from qace.families.t5.decode_graphs import AHEAD_ROWS, bucket_length, bucket_rows, windows
 from qace.families.t5.decoder import StaticT5Decoder
 from qace.families.t5.encoder import T5Encoder
 from qace.models.loading import load_seq2seq
@@ -78,6 +78,37 @@ def test_graph_replay_equals_eager_on_gpu(test_models_dir, dtype) -> None:
     out, _, _ = _decode(model, tokenizer, prompts, "cuda", graphs=True, forced=forced, decoder=decoder)
     assert np.array_equal(out[:, :6], forced[:, :6].cpu().numpy()) and np.all(out[:, 6:] == -1)
     assert decoder._graphs.captures == 3  # forcing is part of the graph
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_step_queued_ahead_changes_no_output(test_models_dir, dtype, monkeypatch) -> None:
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device="cuda", dtype=dtype)
+    prompts = PROMPTS * 7  # 35 rows, more than AHEAD_ROWS
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(graph) or replay(graph))
+    decoder = StaticT5Decoder(model)
+    _decode(model, tokenizer, prompts, "cuda", graphs=True, decoder=decoder)  # captures
+    for ends in (
+        [5] * 35,
+        [2] * 34 + [20],
+        [1] * (35 - AHEAD_ROWS) + [9] * AHEAD_ROWS,
+        [3 + i % 7 for i in range(35)],
+    ):
+        forced = torch.randint(3, 50, (len(prompts), 31), device="cuda")
+        for row, end in enumerate(ends):
+            forced[row, end] = 1  # the row's EOS
+        replays.clear()
+        out, _, _ = _decode(model, tokenizer, prompts, "cuda", graphs=True, forced=forced, decoder=decoder)
+        for row, end in enumerate(ends):
+            assert out[row, : end + 1].tolist() == forced[row, : end + 1].tolist() and np.all(
+                out[row, end + 1 :] == -1
+            )
+        # every step to the last row's EOS, and one more only where more than AHEAD_ROWS rows ended at it
+        last = max(ends)
+        extra = int(sum(end == last for end in ends) > AHEAD_ROWS)
+        assert len(replays) == last + 1 + extra
 
 
 @pytest.mark.gpu
