@@ -21,12 +21,12 @@ CTranslate2 do the same for their decode steps). What that takes:
   answer, do not read the empty rest of a 31-position cache (2.3 GB a step for 2,048 T5-base rows);
 - the step's position, the tokens fed back, the ended flags and the outputs are device tensors the
   graph updates itself, so the host only replays and reads once a step how many rows have not ended;
-- that read does not hold the next step back: the count is copied to pinned memory behind each step,
-  and while more than `AHEAD_ROWS` rows were left a step earlier, the next step is queued before the
-  current one's count arrives (the host waits on the step before, so the GPU always has a step queued).
-  Near the end the host waits for each step's count. A step queued after every row has ended changes
-  nothing (ended rows write ``-1``, which the outputs already hold), so the outputs never depend on
-  this; it costs one step only when more than `AHEAD_ROWS` rows end at the same step;
+- that read need not hold the next step back: the count is copied to pinned memory behind each step,
+  and while rows end slowly (`queue_ahead`) the next step is queued before the current one's count
+  arrives, the host waiting on the step before, so the GPU has a step queued. Near the end the host
+  waits for each step's count. A step queued after every row has ended changes nothing (ended rows
+  write ``-1``, which the outputs already hold), so the outputs never depend on this; it costs a step
+  only when the rows left all end at once;
 - a QA model's first step has a graph of its own that also writes the answerability of its logits to a
   static buffer, so no graph keeps its logits (a 2,048-row bucket's are 263 MB) and any number of
   buckets can be captured;
@@ -93,8 +93,17 @@ class StepDecoder(Protocol):
 
 
 AHEAD_ROWS = 8
-"""While more rows than this had not ended a step earlier, the next step is queued before the host knows
-whether the current one ended them all."""
+"""The next step is queued ahead only while more rows than this are left (`queue_ahead`)."""
+
+
+def queue_ahead(before: int | None, left: int) -> bool:
+    """Whether to queue the next step before the current step's count of rows left is read, given the
+    rows left after the step before it (``left``) and a step earlier (``before``; None: not known).
+    Yes while more than `AHEAD_ROWS` are left and more than twice as many as the step before ended:
+    at the rate rows end, the current step is unlikely to end them all, and a step queued after every
+    row ended costs a whole step."""
+    return before is not None and left > AHEAD_ROWS and left > 2 * (before - left)
+
 
 LENGTH_STEP = 16
 """Encoder lengths are padded up to a multiple of this for the graph's shape."""
@@ -304,14 +313,14 @@ class GraphedDecoding:
     def _run(
         self, view: _View, rows: int, steps: int, unanswerable_id: int | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Replay the step until every row has ended (or ``steps`` ran out), one step queued ahead of
-        the host's reads while more than `AHEAD_ROWS` rows were left a step earlier."""
+        """Replay the step until every row has ended (or ``steps`` ran out), the next step queued before
+        the current one's count is read where `queue_ahead` says so."""
         dec = self.dec
         answerability = None
         sizes = windows(steps)
         ended, events = self._ended_counts()
         bucket = view.finished.shape[0]
-        left = rows  # rows not ended before the step
+        left = [rows]  # rows not ended before the first step, then after each step whose count was read
         for step in range(steps):
             if step == 0 and view.first_step is not None:
                 view.first_step.replay()
@@ -324,15 +333,16 @@ class GraphedDecoding:
             events[slot].record()
             if step + 1 == steps:
                 break
-            if step > 0:  # the step before: done or nearly, with this one queued behind it
+            if len(left) == step:  # the step before was queued ahead: read it, this one queued behind it
                 events[1 - slot].synchronize()
-                left = bucket - int(ended[1 - slot])
-                if left == 0:
+                left.append(bucket - int(ended[1 - slot]))
+                if left[-1] == 0:
                     break
-            if left > AHEAD_ROWS:
+            if queue_ahead(left[-2] if len(left) > 1 else None, left[-1]):
                 continue
             events[slot].synchronize()
-            if int(ended[slot]) == bucket:
+            left.append(bucket - int(ended[slot]))
+            if left[-1] == 0:
                 break
         return view.out[:rows].clone(), answerability
 

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from qace.engine.scheduler import pad_batch
-from qace.families.t5.decode_graphs import AHEAD_ROWS, bucket_length, bucket_rows, windows
+from qace.families.t5.decode_graphs import (
+    AHEAD_ROWS,
+    bucket_length,
+    bucket_rows,
+    queue_ahead,
+    windows,
+)
 from qace.families.t5.decoder import StaticT5Decoder
 from qace.families.t5.encoder import T5Encoder
 from qace.models.loading import load_seq2seq
@@ -80,6 +86,30 @@ def test_graph_replay_equals_eager_on_gpu(test_models_dir, dtype) -> None:
     assert decoder._graphs.captures == 3  # forcing is part of the graph
 
 
+def test_a_step_is_queued_ahead_only_while_rows_end_slowly() -> None:
+    assert not queue_ahead(None, 2048)  # the first step: no rate known
+    assert queue_ahead(2048, 2000) and queue_ahead(100, 67)  # 48 / 33 ended, far more left
+    assert not queue_ahead(100, 66)  # 34 ended: 66 left could end at the next step
+    assert not queue_ahead(9, AHEAD_ROWS) and queue_ahead(AHEAD_ROWS + 1, AHEAD_ROWS + 1)
+
+
+def _replays_expected(ends: list[int], steps: int) -> int:
+    """Step replays of a batch whose row ``i`` ends at step ``ends[i]``, under `queue_ahead`."""
+    left = [len(ends)]
+    for step in range(steps):
+        if step + 1 == steps:
+            return step + 1
+        if len(left) == step:
+            left.append(sum(end >= step for end in ends))
+            if left[-1] == 0:
+                return step + 1
+        if not queue_ahead(left[-2] if len(left) > 1 else None, left[-1]):
+            left.append(sum(end > step for end in ends))
+            if left[-1] == 0:
+                return step + 1
+    return steps
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_step_queued_ahead_changes_no_output(test_models_dir, dtype, monkeypatch) -> None:
@@ -90,25 +120,25 @@ def test_a_step_queued_ahead_changes_no_output(test_models_dir, dtype, monkeypat
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(graph) or replay(graph))
     decoder = StaticT5Decoder(model)
     _decode(model, tokenizer, prompts, "cuda", graphs=True, decoder=decoder)  # captures
-    for ends in (
+    cases = [
         [5] * 35,
         [2] * 34 + [20],
-        [1] * (35 - AHEAD_ROWS) + [9] * AHEAD_ROWS,
+        [1] * 20 + [9] * 15,
         [3 + i % 7 for i in range(35)],
-    ):
+        [4 + i for i in range(35)],
+    ]
+    for ends in cases:
         forced = torch.randint(3, 50, (len(prompts), 31), device="cuda")
         for row, end in enumerate(ends):
             forced[row, end] = 1  # the row's EOS
         replays.clear()
         out, _, _ = _decode(model, tokenizer, prompts, "cuda", graphs=True, forced=forced, decoder=decoder)
         for row, end in enumerate(ends):
-            assert out[row, : end + 1].tolist() == forced[row, : end + 1].tolist() and np.all(
-                out[row, end + 1 :] == -1
-            )
-        # every step to the last row's EOS, and one more only where more than AHEAD_ROWS rows ended at it
-        last = max(ends)
-        extra = int(sum(end == last for end in ends) > AHEAD_ROWS)
-        assert len(replays) == last + 1 + extra
+            assert out[row, : end + 1].tolist() == forced[row, : end + 1].tolist()
+            assert np.all(out[row, end + 1 :] == -1)
+        assert len(replays) == _replays_expected(ends, 31) >= max(ends) + 1
+    assert _replays_expected([5] * 35, 31) == 7  # all rows end at once: one step queued past the end
+    assert _replays_expected([2] * 34 + [20], 31) == 21
 
 
 @pytest.mark.gpu
