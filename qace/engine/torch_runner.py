@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -71,7 +72,7 @@ class TorchRunner:
         """Greedy-decode every row of ``batch``."""
         start = self._clock(instrument.of(self).profile)
         hidden, mask = self.encode(batch)
-        return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id)
+        return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id).result()
 
     def warm_up(
         self,
@@ -107,9 +108,11 @@ class TorchRunner:
         row has ended; between steps, and while the host fetches the next batch, the GPU idled. The
         next batch's encoder (matrix products) now fills those gaps beside the decoder's memory-bound
         steps, also when the next batch belongs to another model (the engine streams a call's answers
-        on the caption and on the image as one stream of jobs). The results are the same: each batch
-        runs the same kernels, in the same order on its own data. Profiled runners (``profile``) keep the
-        stages apart to time them.
+        on the caption and on the image as one stream of jobs). A batch's outputs are copied to the
+        host behind it and turned into lists (`_Outputs.result`) once the next batch's first step is
+        queued, so the device does not wait for that host work; a job's result is yielded after the
+        next job has decoded. The results are the same: each batch runs the same kernels, in the same
+        order on its own data. Profiled runners (``profile``) keep the stages apart to time them.
         """
         it = iter(jobs)
         upcoming = next(it, None)
@@ -128,6 +131,7 @@ class TorchRunner:
         main = torch.cuda.current_stream(first.device)
         job: tuple[TorchRunner, K, TextBatch | VisualBatch, int | None] | None = upcoming
         encoded = first._encode_aside(upcoming[2], main)
+        behind: tuple[K, _Outputs] | None = None  # the job before: copied to the host, not yet lists
         while job is not None:
             runner, key, batch, unanswerable_id = job
             hidden, mask, ready = encoded
@@ -135,7 +139,15 @@ class TorchRunner:
             job = next(it, None)
             if job is not None:
                 encoded = job[0]._encode_aside(job[2], main)
-            yield key, runner._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id)
+            finished: list[tuple[K, Generated]] = []
+            meanwhile = None if behind is None else partial(_finish_into, finished, *behind)
+            outputs = runner._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id, meanwhile)
+            if meanwhile is not None and not finished:
+                meanwhile()
+            yield from finished
+            behind = key, outputs
+        if behind is not None:
+            yield behind[0], behind[1].result()
 
     def _encode_aside(
         self, batch: TextBatch | VisualBatch, main: torch.cuda.Stream
@@ -160,7 +172,8 @@ class TorchRunner:
         start: float,
         max_new_tokens: int,
         unanswerable_id: int | None,
-    ) -> Generated:
+        meanwhile: Callable[[], object] | None = None,
+    ) -> _Outputs:
         hooks = instrument.of(self)
         encoded = self._clock(hooks.profile)
         forced = None
@@ -168,14 +181,45 @@ class TorchRunner:
             wanted = np.asarray(hooks.force_tokens(batch, max_new_tokens), dtype=np.int64)
             forced = to_device(wanted, self.device)
         tokens, answerability = self.decoder.generate(
-            hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
+            hidden,
+            mask,
+            max_new_tokens=max_new_tokens,
+            unanswerable_id=unanswerable_id,
+            forced=forced,
+            meanwhile=meanwhile,
         )
         if hooks.profile is not None:
             hooks.profile.seconds["encoder"] += encoded - start
             hooks.profile.seconds["decoder"] += self._clock(hooks.profile) - encoded
         self.stats["sequences"] += mask.shape[0]
         self.stats["encoder_tokens"] += mask.numel()
+        return _Outputs(tokens, answerability, self.decoder.eos_id)
+
+
+def _finish_into(finished: list[tuple[K, Generated]], key: K, outputs: _Outputs) -> None:
+    finished.append((key, outputs.result()))
+
+
+class _Outputs:
+    """A batch's decoder outputs on their way to the host: the copies are queued on the current stream
+    (into pinned memory on CUDA, so they do not hold the host), and `result` waits for them and turns
+    them into a `Generated`. `TorchRunner.generate_jobs` calls it while the next batch decodes."""
+
+    def __init__(self, tokens: torch.Tensor, answerability: torch.Tensor | None, eos_id: int) -> None:
+        self.eos_id = eos_id
+        self.tokens = tokens.to("cpu", non_blocking=True)
+        self.answerability = (
+            None if answerability is None else answerability.double().to("cpu", non_blocking=True)
+        )
+        self.copied: torch.cuda.Event | None = None
+        if tokens.is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+    def result(self) -> Generated:
+        if self.copied is not None:
+            self.copied.synchronize()
         return Generated(
-            tokens=cut_at_eos(tokens.cpu().numpy(), self.decoder.eos_id),
-            answerability=None if answerability is None else answerability.double().cpu().numpy(),
+            tokens=cut_at_eos(self.tokens.numpy(), self.eos_id),
+            answerability=None if self.answerability is None else self.answerability.numpy(),
         )

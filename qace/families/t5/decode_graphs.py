@@ -231,6 +231,7 @@ class GraphedDecoding:
         max_new_tokens: int,
         unanswerable_id: int | None,
         forced: torch.Tensor | None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same contract as `StaticT5Decoder.generate` (``-1`` after a row ended).
 
@@ -239,7 +240,7 @@ class GraphedDecoding:
         """
         with torch.cuda.device(hidden.device):
             view = self._load(hidden, mask, max_new_tokens, forced, unanswerable_id)
-            return self._run(view, mask.shape[0], max_new_tokens, unanswerable_id)
+            return self._run(view, mask.shape[0], max_new_tokens, meanwhile)
 
     @torch.inference_mode()
     def prepare(
@@ -311,10 +312,11 @@ class GraphedDecoding:
         return view
 
     def _run(
-        self, view: _View, rows: int, steps: int, unanswerable_id: int | None
+        self, view: _View, rows: int, steps: int, meanwhile: Callable[[], object] | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Replay the step until every row has ended (or ``steps`` ran out), the next step queued before
-        the current one's count is read where `queue_ahead` says so."""
+        the current one's count is read where `queue_ahead` says so; ``meanwhile`` once the first step
+        is queued."""
         dec = self.dec
         answerability = None
         sizes = windows(steps)
@@ -331,6 +333,8 @@ class GraphedDecoding:
             slot = step % 2
             ended[slot].copy_(view.finished.sum(), non_blocking=True)
             events[slot].record()
+            if step == 0 and meanwhile is not None:
+                meanwhile()
             if step + 1 == steps:
                 break
             if len(left) == step:  # the step before was queued ahead: read it, this one queued behind it

@@ -37,11 +37,15 @@ def test_buckets_cover_every_batch_with_few_shapes() -> None:
     assert windows(31) == [8, 16, 31] and windows(8) == [8] and windows(5) == [5] and windows(9) == [8, 9]
 
 
-def _decode(model, tokenizer, prompts: list[str], device: str, graphs: bool, forced=None, decoder=None):
+def _ids(tokenizer, prompts: list[str], device: str = "cuda") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     ids, mask = pad_batch(tokenizer(prompts)["input_ids"], tokenizer.pad_token_id)
-    ids_t, mask_t = torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+    return torch.from_numpy(mask).to(device), {"input_ids": torch.from_numpy(ids).to(device)}
+
+
+def _decode(model, tokenizer, prompts: list[str], device: str, graphs: bool, forced=None, decoder=None):
+    mask_t, ids = _ids(tokenizer, prompts, device)
     decoder = decoder or StaticT5Decoder(model, cuda_graphs=graphs)
-    hidden, mask_t = T5Encoder(model)(mask_t, input_ids=ids_t)  # fp32: Hugging Face's forward
+    hidden, mask_t = T5Encoder(model)(mask_t, **ids)  # fp32: Hugging Face's forward
     tokens, answerability = decoder.generate(
         hidden, mask_t, max_new_tokens=31, unanswerable_id=5, forced=forced
     )
@@ -137,6 +141,12 @@ def test_a_step_queued_ahead_changes_no_output(test_models_dir, dtype, monkeypat
             assert out[row, : end + 1].tolist() == forced[row, : end + 1].tolist()
             assert np.all(out[row, end + 1 :] == -1)
         assert len(replays) == _replays_expected(ends, 31) >= max(ends) + 1
+    seen: list[int] = []
+    mask, ids = _ids(tokenizer, prompts)
+    hidden, mask = T5Encoder(model)(mask, **ids)
+    replays.clear()
+    decoder.generate(hidden, mask, max_new_tokens=31, meanwhile=lambda: seen.append(len(replays)))
+    assert seen == [1] and len(replays) > 1  # once, after the first step was queued
     assert _replays_expected([5] * 35, 31) == 7  # all rows end at once: one step queued past the end
     assert _replays_expected([2] * 34 + [20], 31) == 21
 
