@@ -1,17 +1,23 @@
-"""Reward latency of two or more trees on one machine, runs alternated: an A/B that names its spread.
+"""Reward latency (or the models-alone replay) of two or more trees on one machine, runs alternated: an
+A/B that names its spread.
 
     python -m benchmarks.ab_latency --tree main=../main-copy --tree branch=. --rounds 3 \\
         --out benchmarks/results/latency_<change>_<gpu>.json -- --variants img ref --batches 64 256
+    python -m benchmarks.ab_latency --benchmark replay_gaps --tree main=../main-copy --tree branch=. \\
+        --rounds 2 --out benchmarks/results/replay_gaps_<change>_<gpu>.json -- --models-dir /tmp/qm
 
-One run of `benchmarks.latency` (the arguments after ``--``, each run in its own process, from its own
-tree: the tree's folder is the working directory and the first entry of ``PYTHONPATH``) per tree per
-round. Rounds alternate the order (A B, then B A, ...), so a drift over the lease (clocks, the host's
-other work) weighs on every tree alike. A tree is ``NAME=DIR`` or ``NAME=DIR@COMMIT``: a copy without git
-metadata (a GPU host's) names its commit, which its runs record (``QACE_COMMIT``).
+One run of `benchmarks.latency` (or of ``--benchmark replay_gaps``; the arguments after ``--``, each run
+in its own process, from its own tree: the tree's folder is the working directory and the first entry of
+``PYTHONPATH``) per tree per round. Rounds alternate the order (A B, then B A, ...), so a drift over the
+lease (clocks, the host's other work) weighs on every tree alike. A tree is ``NAME=DIR`` or
+``NAME=DIR@COMMIT``: a copy without git metadata (a GPU host's) names its commit, which its runs record
+(``QACE_COMMIT``).
 
-The record: the run metadata, the trees, the order, every run's own record (``runs``) and ``summary``:
-per cell (``img_64``: variant and batch, in-process path), each tree's p50 in every round, their median
-and range, and the ratio of each tree's median to the first tree's. The spread between one tree's rounds
+The record: the run metadata, the benchmark and its arguments, the trees, the order, every run's own
+record (``runs``) and ``summary``: for latency, per cell (``img_64``: variant and batch, in-process path),
+each tree's p50 in every round, their median and range, and the ratio of each tree's median to the first
+tree's; for the replay, the same of its median replay (``replay``, seconds) and of its kernels' time
+(``kernels``, ms: a change that queues more device work shows there). The spread between one tree's rounds
 is what a difference must exceed to be a difference (4-12% between single runs on an H200 lease).
 """
 
@@ -60,15 +66,21 @@ def order(trees: Sequence[Tree], rounds: int) -> list[Tree]:
     return runs
 
 
-def run_latency(tree: Tree, latency_args: Sequence[str], out: Path) -> dict[str, Any]:
-    """One `benchmarks.latency` run of ``tree`` in a process of its own; its record."""
+BENCHMARKS = ("latency", "replay_gaps")
+"""What `main` alternates: `benchmarks.latency` or `benchmarks.replay_gaps`."""
+
+
+def run_latency(
+    tree: Tree, latency_args: Sequence[str], out: Path, benchmark: str = "latency"
+) -> dict[str, Any]:
+    """One run of `benchmarks.<benchmark>` from ``tree``, in a process of its own; its record."""
     env = dict(os.environ)
     paths = env.get("PYTHONPATH", "").split(os.pathsep)
     others = [p for p in paths if p and Path(p).resolve() != tree.folder]
     env["PYTHONPATH"] = os.pathsep.join([str(tree.folder), *others])
     if tree.commit:
         env["QACE_COMMIT"] = tree.commit
-    command = [sys.executable, "-m", "benchmarks.latency", *latency_args, "--out", str(out)]
+    command = [sys.executable, "-m", f"benchmarks.{benchmark}", *latency_args, "--out", str(out)]
     subprocess.run(command, cwd=tree.folder, env=env, check=True)
     return dict(json.loads(out.read_text()))
 
@@ -95,6 +107,24 @@ def summarize(names: Sequence[str], runs: Sequence[tuple[str, dict[str, Any]]]) 
     return summary
 
 
+def summarize_replays(names: Sequence[str], runs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """`benchmarks.replay_gaps` runs: each tree's replay (median of its repeats, seconds) and kernel time
+    (ms) a round, their medians and ranges, and each tree's median over the first tree's."""
+    summary: dict[str, Any] = {}
+    for key, field, unit, digits in (("replay", "replay_seconds", "s", 4), ("kernels", "kernel_ms", "ms", 1)):
+        by_tree = {n: [round(float(r[field]), digits) for name, r in runs if name == n] for n in names}
+        if not all(by_tree.values()):
+            continue
+        medians = {n: statistics.median(v) for n, v in by_tree.items()}
+        summary[key] = {
+            **{f"{n}_{unit}": v for n, v in by_tree.items()},
+            **{f"{n}_median_{unit}": round(m, digits) for n, m in medians.items()},
+            **{f"{n}_range_{unit}": [min(v), max(v)] for n, v in by_tree.items()},
+            **{f"{n}_over_{names[0]}": round(medians[n] / medians[names[0]], 4) for n in names[1:]},
+        }
+    return summary
+
+
 def main(argv: list[str] | None = None, runner: Callable[..., dict[str, Any]] = run_latency) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     own, latency_args = (
@@ -109,6 +139,7 @@ def main(argv: list[str] | None = None, runner: Callable[..., dict[str, Any]] = 
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--note", default="", help="what the trees differ in, for the record")
+    parser.add_argument("--benchmark", choices=BENCHMARKS, default="latency", help="what each run times")
     args = parser.parse_args(own)
     names = [t.name for t in args.tree]
     if len(set(names)) != len(names) or len(names) < 2:
@@ -116,20 +147,21 @@ def main(argv: list[str] | None = None, runner: Callable[..., dict[str, Any]] = 
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if any(a == "--out" or a.startswith("--out=") for a in latency_args):
-        parser.error("benchmarks.latency's --out is this driver's to set")
+        parser.error(f"benchmarks.{args.benchmark}'s --out is this driver's to set")
     runs: list[tuple[str, dict[str, Any]]] = []
     planned = order(args.tree, args.rounds)
     report: dict[str, Any] = {
         **record("benchmarks.ab_latency", argv),
         "note": args.note,
         "trees": {t.name: {"folder": str(t.folder), "commit": t.commit} for t in args.tree},
-        "latency_arguments": latency_args,
+        "benchmark": args.benchmark,
+        "arguments": latency_args,
         "order": [t.name for t in planned],
     }
     with tempfile.TemporaryDirectory(prefix="qace-ab-") as tmp:
         for i, tree in enumerate(planned):
-            runs.append((tree.name, runner(tree, latency_args, Path(tmp) / f"run{i}.json")))
-            report["summary"] = summarize(names, runs)
+            runs.append((tree.name, runner(tree, latency_args, Path(tmp) / f"run{i}.json", args.benchmark)))
+            report["summary"] = (summarize if args.benchmark == "latency" else summarize_replays)(names, runs)
             report["runs"] = [{"tree": name, **run} for name, run in runs]
             args.out.write_text(json.dumps(report, indent=1) + "\n")  # what ran so far, if cut short
     print(json.dumps(report["summary"], indent=1))

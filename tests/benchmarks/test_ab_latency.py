@@ -47,7 +47,8 @@ def test_each_cell_gets_every_trees_rounds_median_and_ratio(tmp_path: Path) -> N
     }  # fmt: skip
     seen: list[tuple[str, list[str]]] = []
 
-    def fake(tree: Tree, latency_args: list[str], out: Path) -> dict[str, Any]:
+    def fake(tree: Tree, latency_args: list[str], out: Path, benchmark: str) -> dict[str, Any]:
+        assert benchmark == "latency"
         r = sum(name == tree.name for name, _ in seen)
         seen.append((tree.name, latency_args))
         skipped = tree.name == "b" and r == 1
@@ -90,3 +91,24 @@ def test_real_runs_from_each_tree(tmp_path: Path) -> None:
     assert all(run["tiny"] is True for run in report["runs"])
     cell = report["summary"]["ref_4"]
     assert len(cell["a_p50_ms"]) == len(cell["b_p50_ms"]) == 1 and cell["b_over_a"] > 0
+
+
+def test_replays_get_every_trees_rounds_median_and_ratio(tmp_path: Path) -> None:
+    replays = {("a", 0): 0.88, ("b", 0): 0.85, ("b", 1): 0.843, ("a", 1): 0.86}
+    seen: list[tuple[str, str]] = []
+
+    def fake(tree: Tree, arguments: list[str], out: Path, benchmark: str) -> dict[str, Any]:
+        r = sum(name == tree.name for name, _ in seen)
+        seen.append((tree.name, benchmark))
+        return {"replay_seconds": replays[tree.name, r], "kernel_ms": 690.0 + r}
+
+    out = tmp_path / "ab.json"
+    argv = ["--benchmark", "replay_gaps", "--tree", f"a={REPO}", "--tree", f"b={REPO}", "--rounds", "2"]
+    assert ab_latency.main([*argv, "--out", str(out), "--", "--tiny"], runner=fake) == 0
+    assert seen == [(n, "replay_gaps") for n in ("a", "b", "b", "a")]
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "replay_gaps" and report["arguments"] == ["--tiny"]
+    replay = report["summary"]["replay"]
+    assert replay["a_s"] == [0.88, 0.86] and replay["b_median_s"] == 0.8465
+    assert replay["b_over_a"] == round(0.8465 / 0.87, 4)
+    assert report["summary"]["kernels"]["b_ms"] == [690.0, 691.0]
