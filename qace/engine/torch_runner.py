@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -108,11 +107,12 @@ class TorchRunner:
         row has ended; between steps, and while the host fetches the next batch, the GPU idled. The
         next batch's encoder (matrix products) now fills those gaps beside the decoder's memory-bound
         steps, also when the next batch belongs to another model (the engine streams a call's answers
-        on the caption and on the image as one stream of jobs). A batch's outputs are copied to the
-        host behind it and turned into lists (`_Outputs.result`) once the next batch's first step is
-        queued, so the device does not wait for that host work; a job's result is yielded after the
-        next job has decoded. The results are the same: each batch runs the same kernels, in the same
-        order on its own data. Profiled runners (``profile``) keep the stages apart to time them.
+        on the caption and on the image as one stream of jobs). The host's work between batches (the
+        batch before turned into lists, the next job fetched and its encoder queued: `_Between`) runs
+        once the current batch's first step is queued, so the device does not wait for it; a job's
+        result is yielded after the next job has decoded. The results are the same: each batch runs
+        the same kernels, in the same order on its own data. Profiled runners (``profile``) keep the
+        stages apart to time them.
         """
         it = iter(jobs)
         upcoming = next(it, None)
@@ -129,23 +129,19 @@ class TorchRunner:
                 upcoming = next(it, None)
             return
         main = torch.cuda.current_stream(first.device)
-        job: tuple[TorchRunner, K, TextBatch | VisualBatch, int | None] | None = upcoming
+        job: _Job[K] | None = upcoming
         encoded = first._encode_aside(upcoming[2], main)
         behind: tuple[K, _Outputs] | None = None  # the job before: copied to the host, not yet lists
         while job is not None:
             runner, key, batch, unanswerable_id = job
             hidden, mask, ready = encoded
             main.wait_event(ready)
-            job = next(it, None)
-            if job is not None:
-                encoded = job[0]._encode_aside(job[2], main)
-            finished: list[tuple[K, Generated]] = []
-            meanwhile = None if behind is None else partial(_finish_into, finished, *behind)
-            outputs = runner._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id, meanwhile)
-            if meanwhile is not None and not finished:
-                meanwhile()
-            yield from finished
+            between = _Between(it, main, behind)
+            outputs = runner._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id, between)
+            between()  # nothing where the decoder called it
+            yield from between.finished
             behind = key, outputs
+            job, encoded = between.upcoming, between.encoded
         if behind is not None:
             yield behind[0], behind[1].result()
 
@@ -196,8 +192,31 @@ class TorchRunner:
         return _Outputs(tokens, answerability, self.decoder.eos_id)
 
 
-def _finish_into(finished: list[tuple[K, Generated]], key: K, outputs: _Outputs) -> None:
-    finished.append((key, outputs.result()))
+_Job = tuple[TorchRunner, K, TextBatch | VisualBatch, int | None]
+
+
+class _Between(Generic[K]):
+    """The host's work between two batches of `TorchRunner.generate_jobs`, done once the current
+    batch's first step is queued (the decoder's ``meanwhile``), so the device has work meanwhile: the
+    batch before turned into its result, the next job fetched (a visual batch's features gathered) and
+    its encoder queued on its side stream."""
+
+    def __init__(self, jobs: Iterator[_Job[K]], main: torch.cuda.Stream, behind: tuple[K, _Outputs] | None):
+        self.jobs, self.main, self.behind = jobs, main, behind
+        self.finished: list[tuple[K, Generated]] = []
+        self.upcoming: _Job[K] | None = None
+        self.encoded: Any = None
+        self.done = False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.behind is not None:
+            self.finished.append((self.behind[0], self.behind[1].result()))
+        self.upcoming = next(self.jobs, None)
+        if self.upcoming is not None:
+            self.encoded = self.upcoming[0]._encode_aside(self.upcoming[2], self.main)
 
 
 class _Outputs:

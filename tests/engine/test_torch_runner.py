@@ -75,3 +75,31 @@ def test_jobs_of_two_models_stream_as_one(test_models_dir, device: str) -> None:
         want = runner.generate(batch, max_new_tokens=12, unanswerable_id=uid)
         assert got.tokens == want.tokens
         np.testing.assert_array_equal(got.answerability, want.answerability)
+
+
+@pytest.mark.gpu
+def test_the_host_work_between_batches_runs_once_the_next_step_is_queued(
+    test_models_dir, monkeypatch
+) -> None:
+    """The next job is fetched (and the job before turned into its result) after the current batch's
+    first step is queued, not before it: the device has that step to run meanwhile."""
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device="cuda")
+    batches = _text_batches(tokenizer, 3)
+    runner = torch_runner(model, device="cuda")
+    one_by_one = [runner.generate(batch, max_new_tokens=12, unanswerable_id=5) for _, batch in batches]
+    replays: list[object] = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(graph) or replay(graph))
+    pulled: list[int] = []
+
+    def jobs():
+        for index, batch in batches:
+            pulled.append(len(replays))
+            yield runner, index, batch, 5
+
+    streamed = list(TorchRunner.generate_jobs(jobs(), max_new_tokens=12))
+    assert pulled[:2] == [0, 1]  # the second job once the first batch's first step was queued
+    assert pulled[2] > pulled[1]  # the third after the second batch's first step too
+    for (_, got), want in zip(streamed, one_by_one, strict=True):
+        assert got.tokens == want.tokens
+        np.testing.assert_array_equal(got.answerability, want.answerability)
