@@ -90,6 +90,20 @@ def test_qace_img_reports_missing_and_malformed_features(test_models_dir, tmp_pa
     assert "missing image_id" in rows[4]["error"]
 
 
+def test_a_record_whose_features_fail_leaves_the_others_rows_as_without_it(test_models_dir, tmp_path):
+    """The chunk's parse starts before its features are read; a record they reject is listed and the
+    others are parsed again without it, so their rows are those of a chunk without it."""
+    good = RandomFeatureStore(seed=0).get("x")
+    np.savez(tmp_path / "ok.npz", features=good[:, :2048], norm_bb=good[:, 2048:])
+    captions = ["a girl runs on the beach", "two dogs play in the park", "a man rides a red bike"]
+    scorer = QACE(models=test_models_dir, variant="img", features=tmp_path, progress=False)
+    rows = scorer.score(captions, image_ids=["ok", "absent", "ok"])
+    assert "absent" in rows[1]["error"]
+    alone = QACE(models=test_models_dir, variant="img", features=tmp_path, progress=False)
+    expected = alone.score([captions[0], captions[2]], image_ids=["ok", "ok"])
+    assert [rows[0], {**rows[2], "id": "1"}] == expected  # ids are positions in the input
+
+
 def test_qace_img_without_features_is_a_config_error(test_models_dir):
     scorer = QACE(models=test_models_dir, variant="img", progress=False)
     with pytest.raises(ConfigError, match="region features"):
@@ -301,7 +315,7 @@ def test_callers_in_several_threads_take_turns_on_the_device(test_models_dir, mo
 )
 def test_chunks_grow_then_shrink_only_when_there_is_more_than_one(ref_scorer, monkeypatch, n, chunks):
     """A call that fits one chunk (a reward call) stays one chunk; a longer input starts the models on an
-    eighth of one, grows to whole chunks, and ends in halves down to an eighth (`qace.api._Tapered`),
+    eighth of one, grows to whole chunks, and ends in halves down to an eighth (`qace.chunks.Tapered`),
     whichever design scores it. Files keep whole chunks (resume), tested above."""
     sizes: list[int] = []
     real = api.score_chunk
