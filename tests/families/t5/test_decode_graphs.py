@@ -144,9 +144,18 @@ def test_a_step_queued_ahead_changes_no_output(test_models_dir, dtype, monkeypat
     seen: list[int] = []
     mask, ids = _ids(tokenizer, prompts)
     hidden, mask = T5Encoder(model)(mask, **ids)
+    forced = torch.randint(3, 50, (len(prompts), 31), device="cuda")
+    forced[:, 5] = 1  # every row ends at step 5
     replays.clear()
-    decoder.generate(hidden, mask, max_new_tokens=31, meanwhile=lambda: seen.append(len(replays)))
-    assert seen == [1] and len(replays) > 1  # once, after the first step was queued
+    decoder.generate(
+        hidden,
+        mask,
+        max_new_tokens=31,
+        unanswerable_id=5,
+        forced=forced,
+        meanwhile=lambda: seen.append(len(replays)),
+    )
+    assert seen == [1] and len(replays) == 7  # once, after the first step was queued
     assert _replays_expected([5] * 35, 31) == 7  # all rows end at once: one step queued past the end
     assert _replays_expected([2] * 34 + [20], 31) == 21
 
