@@ -232,8 +232,8 @@ class _Outputs:
         )
         self.copied: torch.cuda.Event | None = None
         if tokens.is_cuda:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+            self.copied = torch.cuda.Event()  # on the copy's device, which need not be the current one
+            self.copied.record(torch.cuda.current_stream(tokens.device))
 
     def result(self) -> Generated:
         if self.copied is not None:
