@@ -103,3 +103,18 @@ def test_the_host_work_between_batches_runs_once_the_next_step_is_queued(
     for (_, got), want in zip(streamed, one_by_one, strict=True):
         assert got.tokens == want.tokens
         np.testing.assert_array_equal(got.answerability, want.answerability)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_streamed_jobs_on_a_device_that_is_not_current(test_models_dir) -> None:
+    """Each batch's copy to the host is waited for on its model's device, not the current one."""
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device="cuda:1")
+    runner = torch_runner(model, device="cuda:1")
+    batches = _text_batches(tokenizer, 3)
+    one_by_one = [runner.generate(batch, max_new_tokens=12, unanswerable_id=5) for _, batch in batches]
+    assert torch.cuda.current_device() == 0
+    jobs = ((runner, index, batch, 5) for index, batch in batches)
+    for (_, got), want in zip(TorchRunner.generate_jobs(jobs, max_new_tokens=12), one_by_one, strict=True):
+        assert got.tokens == want.tokens
+        np.testing.assert_array_equal(got.answerability, want.answerability)
