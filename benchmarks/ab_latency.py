@@ -70,8 +70,8 @@ BENCHMARKS = ("latency", "replay_gaps")
 """What `main` alternates: `benchmarks.latency` or `benchmarks.replay_gaps`."""
 
 
-def run_latency(
-    tree: Tree, latency_args: Sequence[str], out: Path, benchmark: str = "latency"
+def run_benchmark(
+    tree: Tree, benchmark_args: Sequence[str], out: Path, benchmark: str = "latency"
 ) -> dict[str, Any]:
     """One run of `benchmarks.<benchmark>` from ``tree``, in a process of its own; its record."""
     env = dict(os.environ)
@@ -80,7 +80,7 @@ def run_latency(
     env["PYTHONPATH"] = os.pathsep.join([str(tree.folder), *others])
     if tree.commit:
         env["QACE_COMMIT"] = tree.commit
-    command = [sys.executable, "-m", f"benchmarks.{benchmark}", *latency_args, "--out", str(out)]
+    command = [sys.executable, "-m", f"benchmarks.{benchmark}", *benchmark_args, "--out", str(out)]
     subprocess.run(command, cwd=tree.folder, env=env, check=True)
     return dict(json.loads(out.read_text()))
 
@@ -125,9 +125,9 @@ def summarize_replays(names: Sequence[str], runs: Sequence[tuple[str, dict[str, 
     return summary
 
 
-def main(argv: list[str] | None = None, runner: Callable[..., dict[str, Any]] = run_latency) -> int:
+def main(argv: list[str] | None = None, runner: Callable[..., dict[str, Any]] = run_benchmark) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    own, latency_args = (
+    own, benchmark_args = (
         (args_list[: args_list.index("--")], args_list[args_list.index("--") + 1 :])
         if "--" in args_list
         else (args_list, [])
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None, runner: Callable[..., dict[str, Any]] = 
         parser.error("give two or more --tree entries with distinct names")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    if any(a == "--out" or a.startswith("--out=") for a in latency_args):
+    if any(a == "--out" or a.startswith("--out=") for a in benchmark_args):
         parser.error(f"benchmarks.{args.benchmark}'s --out is this driver's to set")
     runs: list[tuple[str, dict[str, Any]]] = []
     planned = order(args.tree, args.rounds)
@@ -155,12 +155,12 @@ def main(argv: list[str] | None = None, runner: Callable[..., dict[str, Any]] = 
         "note": args.note,
         "trees": {t.name: {"folder": str(t.folder), "commit": t.commit} for t in args.tree},
         "benchmark": args.benchmark,
-        "arguments": latency_args,
+        "arguments": benchmark_args,
         "order": [t.name for t in planned],
     }
     with tempfile.TemporaryDirectory(prefix="qace-ab-") as tmp:
         for i, tree in enumerate(planned):
-            runs.append((tree.name, runner(tree, latency_args, Path(tmp) / f"run{i}.json", args.benchmark)))
+            runs.append((tree.name, runner(tree, benchmark_args, Path(tmp) / f"run{i}.json", args.benchmark)))
             report["summary"] = (summarize if args.benchmark == "latency" else summarize_replays)(names, runs)
             report["runs"] = [{"tree": name, **run} for name, run in runs]
             args.out.write_text(json.dumps(report, indent=1) + "\n")  # what ran so far, if cut short

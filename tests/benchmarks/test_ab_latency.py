@@ -47,10 +47,10 @@ def test_each_cell_gets_every_trees_rounds_median_and_ratio(tmp_path: Path) -> N
     }  # fmt: skip
     seen: list[tuple[str, list[str]]] = []
 
-    def fake(tree: Tree, latency_args: list[str], out: Path, benchmark: str) -> dict[str, Any]:
+    def fake(tree: Tree, arguments: list[str], out: Path, benchmark: str) -> dict[str, Any]:
         assert benchmark == "latency"
         r = sum(name == tree.name for name, _ in seen)
-        seen.append((tree.name, latency_args))
+        seen.append((tree.name, arguments))
         skipped = tree.name == "b" and r == 1
         cells = {("img", 64): times[tree.name, r], ("ref", 256): None if skipped else 300.0}
         if tree.name == "a" and r == 1:
