@@ -107,12 +107,14 @@ class TorchRunner:
         row has ended; between steps, and while the host fetches the next batch, the GPU idled. The
         next batch's encoder (matrix products) now fills those gaps beside the decoder's memory-bound
         steps, also when the next batch belongs to another model (the engine streams a call's answers
-        on the caption and on the image as one stream of jobs). The host's work between batches (the
-        batch before turned into lists, the next job fetched and its encoder queued: `_Between`) runs
-        once the current batch's first step is queued, so the device does not wait for it; a job's
-        result is yielded after the next job has decoded. The results are the same: each batch runs
-        the same kernels, in the same order on its own data. Profiled runners (``profile``) keep the
-        stages apart to time them.
+        on the caption and on the image as one stream of jobs). The host's work between batches runs
+        while the device has work: a job's result (its outputs turned into lists) is made and yielded
+        while the next job's encoder runs, before that job decodes; the job after is fetched and its
+        encoder queued (`_Between`) once the current batch's first step is queued. So a job's result
+        is yielded before the job two after it is fetched (`qace.engine.engine.Runner`: a stage may be
+        built from an earlier stage's outputs). The results are the same: each batch runs the same
+        kernels, in the same order on its own data. Profiled runners (``profile``) keep the stages
+        apart to time them.
         """
         it = iter(jobs)
         upcoming = next(it, None)
@@ -136,10 +138,11 @@ class TorchRunner:
             runner, key, batch, unanswerable_id = job
             hidden, mask, ready = encoded
             main.wait_event(ready)
-            between = _Between(it, main, behind)
+            if behind is not None:  # while this job's encoder runs
+                yield behind[0], behind[1].result()
+            between = _Between(it, main)
             outputs = runner._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id, between)
             between()  # nothing where the decoder called it
-            yield from between.finished
             behind = key, outputs
             job, encoded = between.upcoming, between.encoded
         if behind is not None:
@@ -198,12 +201,11 @@ _Job = tuple[TorchRunner, K, TextBatch | VisualBatch, int | None]
 class _Between(Generic[K]):
     """The host's work between two batches of `TorchRunner.generate_jobs`, done once the current
     batch's first step is queued (the decoder's ``meanwhile``), so the device has work meanwhile: the
-    batch before turned into its result, the next job fetched (a visual batch's features gathered) and
-    its encoder queued on its side stream."""
+    next job fetched (a visual batch's features gathered, a stage built) and its encoder queued on its
+    side stream."""
 
-    def __init__(self, jobs: Iterator[_Job[K]], main: torch.cuda.Stream, behind: tuple[K, _Outputs] | None):
-        self.jobs, self.main, self.behind = jobs, main, behind
-        self.finished: list[tuple[K, Generated]] = []
+    def __init__(self, jobs: Iterator[_Job[K]], main: torch.cuda.Stream):
+        self.jobs, self.main = jobs, main
         self.upcoming: _Job[K] | None = None
         self.encoded: Any = None
         self.done = False
@@ -212,8 +214,6 @@ class _Between(Generic[K]):
         if self.done:
             return
         self.done = True
-        if self.behind is not None:
-            self.finished.append((self.behind[0], self.behind[1].result()))
         self.upcoming = next(self.jobs, None)
         if self.upcoming is not None:
             self.encoded = self.upcoming[0]._encode_aside(self.upcoming[2], self.main)
@@ -222,7 +222,7 @@ class _Between(Generic[K]):
 class _Outputs:
     """A batch's decoder outputs on their way to the host: the copies are queued on the current stream
     (into pinned memory on CUDA, so they do not hold the host), and `result` waits for them and turns
-    them into a `Generated`. `TorchRunner.generate_jobs` calls it while the next batch decodes."""
+    them into a `Generated`. `TorchRunner.generate_jobs` calls it while the next batch's encoder runs."""
 
     def __init__(self, tokens: torch.Tensor, answerability: torch.Tensor | None, eos_id: int) -> None:
         self.eos_id = eos_id

@@ -81,8 +81,8 @@ def test_jobs_of_two_models_stream_as_one(test_models_dir, device: str) -> None:
 def test_the_host_work_between_batches_runs_once_the_next_step_is_queued(
     test_models_dir, monkeypatch
 ) -> None:
-    """The next job is fetched (and the job before turned into its result) after the current batch's
-    first step is queued, not before it: the device has that step to run meanwhile."""
+    """The next job is fetched after the current batch's first step is queued, not before it: the
+    device has that step to run meanwhile."""
     model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device="cuda")
     batches = _text_batches(tokenizer, 3)
     runner = torch_runner(model, device="cuda")
@@ -103,6 +103,26 @@ def test_the_host_work_between_batches_runs_once_the_next_step_is_queued(
     for (_, got), want in zip(streamed, one_by_one, strict=True):
         assert got.tokens == want.tokens
         np.testing.assert_array_equal(got.answerability, want.answerability)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_result_is_yielded_before_the_job_two_after_it_is_fetched(test_models_dir, device: str) -> None:
+    """The order a stage built from an earlier stage's outputs relies on (`qace.engine.engine.Runner`):
+    when job ``i + 2`` is fetched, the results of jobs up to ``i`` have been yielded."""
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device=device)
+    runner = torch_runner(model, device=device)
+    events: list[tuple[str, int]] = []
+
+    def jobs():
+        for i, (_, batch) in enumerate(_text_batches(tokenizer, 5)):
+            events.append(("fetched", i))
+            yield runner, i, batch, 5
+
+    for i, _ in TorchRunner.generate_jobs(jobs(), max_new_tokens=12):
+        events.append(("yielded", i))
+    assert sorted(events) == sorted([("fetched", i) for i in range(5)] + [("yielded", i) for i in range(5)])
+    for i in range(3):
+        assert events.index(("yielded", i)) < events.index(("fetched", i + 2)), events
 
 
 @pytest.mark.gpu
