@@ -570,6 +570,42 @@ def test_a_large_chunk_parsed_in_two_parts_scores_as_one_part(ref_scorer, monkey
     assert [r["id"] for r in parted] == [r["id"] for r in whole]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["ref", "img"])
+def test_on_a_gpu_a_chunk_in_two_parts_asks_and_answers_as_one_part(test_models_dir, monkeypatch, variant):
+    """On CUDA (graphs, side-stream encoders, results yielded before the job two after is fetched), each
+    part's answers built in the questions' run give the one-part rows' questions and answers (fp32)."""
+    from qace.metric import candidates as candidates_module
+
+    words = "a young girl in red dress runs on the beach with two dogs near blue sea".split()
+    captions = [" ".join(words[i % 6 : i % 6 + 3 + i % 8]) for i in range(48)]
+    kw = dict(models=test_models_dir, variant=variant, device="cuda", precision="fp32", progress=False)
+    kw |= dict(explain=True, spacy_workers=0, host_workers=0, max_batch_rows=16, max_batch_tokens=1024)
+    context = (
+        {"references": [REFS] * 48} if variant == "ref" else {"image_ids": [f"i{i % 5}" for i in range(48)]}
+    )
+    if variant == "img":
+        kw["features"] = RandomFeatureStore(seed=0)
+    whole = QACE(**kw).score(captions, **context)
+    monkeypatch.setattr(candidates_module, "PARTS_MIN_CAPTIONS", 4)
+    monkeypatch.setattr(candidates_module.CandidateExtractor, "processes", property(lambda self: 2))
+    seen, real = [], api.score_chunk
+    monkeypatch.setattr(
+        api,
+        "score_chunk",
+        lambda records, cands, *a, **k: seen.append(cands) or real(records, cands, *a, **k),
+    )
+    parted = QACE(**kw).score(captions, **context)
+    assert [len(c.parts) for c in seen] == [2]
+
+    def asked(rows):
+        fields = ("question", "answer_on_caption", "answers_on_context")
+        return [[[q[f] for f in fields] for q in r["explanation"]["questions"]] for r in rows]
+
+    assert asked(parted) == asked(whole)
+    np.testing.assert_allclose([r["qace"] for r in parted], [r["qace"] for r in whole], atol=1e-5)
+
+
 def test_the_parts_joined_put_each_records_candidates_back_in_place():
     """What host processes get for a chunk parsed in parts: one list, once every part is done."""
     from concurrent.futures import Future
