@@ -132,16 +132,18 @@ class TorchRunner:
             return
         main = torch.cuda.current_stream(first.device)
         job: _Job[K] | None = upcoming
-        encoded = first._encode_aside(upcoming[2], main)
+        encoded = first._encode_aside(upcoming[2], main, max_new_tokens)
         behind: tuple[K, _Outputs] | None = None  # the job before: copied to the host, not yet lists
         while job is not None:
             runner, key, batch, unanswerable_id = job
-            hidden, mask, ready = encoded
+            hidden, mask, forced, ready = encoded
             main.wait_event(ready)
             if behind is not None:  # while this job's encoder runs
                 yield behind[0], behind[1].result()
-            between = _Between(it, main)
-            outputs = runner._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id, between)
+            between = _Between(it, main, max_new_tokens)
+            outputs = runner._decode(
+                batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id, between, forced
+            )
             between()  # nothing where the decoder called it
             behind = key, outputs
             job, encoded = between.upcoming, between.encoded
@@ -149,19 +151,30 @@ class TorchRunner:
             yield behind[0], behind[1].result()
 
     def _encode_aside(
-        self, batch: TextBatch | VisualBatch, main: torch.cuda.Stream
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+        self, batch: TextBatch | VisualBatch, main: torch.cuda.Stream, max_new_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.cuda.Event]:
         """Queue ``batch``'s encoder on this runner's side stream, after what ``main`` has queued so far
-        (a visual batch's features are gathered there); its outputs are marked as used on ``main``."""
+        (a visual batch's features are gathered there), and a benchmark's forced outputs (`_forced`)
+        with it; its outputs are marked as used on ``main``."""
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
             hidden, mask = self.encode(batch)
+            forced = self._forced(batch, max_new_tokens)
             ready = self._side.record_event()
-        hidden.record_stream(main)
-        mask.record_stream(main)
-        return hidden, mask, ready
+        for tensor in (hidden, mask) if forced is None else (hidden, mask, forced):
+            tensor.record_stream(main)
+        return hidden, mask, forced, ready
+
+    def _forced(self, batch: TextBatch | VisualBatch, max_new_tokens: int) -> torch.Tensor | None:
+        """A benchmark's forced outputs of ``batch`` on the device (`qace.engine.instrument`'s
+        ``force_tokens``), or None. Streamed jobs make them while the batch before decodes, as they
+        build its inputs: a real run chooses its tokens on the device, so they cost its host nothing."""
+        force = instrument.of(self).force_tokens
+        if force is None:
+            return None
+        return to_device(np.asarray(force(batch, max_new_tokens), dtype=np.int64), self.device)
 
     def _decode(
         self,
@@ -172,13 +185,14 @@ class TorchRunner:
         max_new_tokens: int,
         unanswerable_id: int | None,
         meanwhile: Callable[[], object] | None = None,
+        forced: torch.Tensor | None = None,
     ) -> _Outputs:
+        """Decode ``batch`` from its encoder's outputs; ``forced``: its `_forced` outputs, made already
+        (else made here)."""
         hooks = instrument.of(self)
         encoded = self._clock(hooks.profile)
-        forced = None
-        if hooks.force_tokens is not None:
-            wanted = np.asarray(hooks.force_tokens(batch, max_new_tokens), dtype=np.int64)
-            forced = to_device(wanted, self.device)
+        if forced is None:
+            forced = self._forced(batch, max_new_tokens)
         tokens, answerability = self.decoder.generate(
             hidden,
             mask,
@@ -204,8 +218,8 @@ class _Between(Generic[K]):
     next job fetched (a visual batch's features gathered, a stage built) and its encoder queued on its
     side stream."""
 
-    def __init__(self, jobs: Iterator[_Job[K]], main: torch.cuda.Stream):
-        self.jobs, self.main = jobs, main
+    def __init__(self, jobs: Iterator[_Job[K]], main: torch.cuda.Stream, max_new_tokens: int):
+        self.jobs, self.main, self.max_new_tokens = jobs, main, max_new_tokens
         self.upcoming: _Job[K] | None = None
         self.encoded: Any = None
         self.done = False
@@ -216,7 +230,7 @@ class _Between(Generic[K]):
         self.done = True
         self.upcoming = next(self.jobs, None)
         if self.upcoming is not None:
-            self.encoded = self.upcoming[0]._encode_aside(self.upcoming[2], self.main)
+            self.encoded = self.upcoming[0]._encode_aside(self.upcoming[2], self.main, self.max_new_tokens)
 
 
 class _Outputs:

@@ -106,6 +106,31 @@ def test_the_host_work_between_batches_runs_once_the_next_step_is_queued(
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_streamed_jobs_decode_their_own_forced_outputs(test_models_dir, device: str) -> None:
+    """A benchmark's forced outputs (`qace.engine.instrument`'s ``force_tokens``) are made for each job
+    as its encoder is queued (on a GPU while the job before decodes): each batch gets its own."""
+    from qace.engine import instrument
+
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device=device)
+    runner = torch_runner(model, device=device)
+    eos = tokenizer.eos_token_id
+
+    def force(batch, steps):  # row i of a batch of n rows: i + n, then i + 10, then EOS
+        n = len(batch.input_ids)
+        out = np.full((n, steps), eos, dtype=np.int64)
+        out[:, 0], out[:, 1] = np.arange(n) + n + 10, np.arange(n) + 10
+        return out
+
+    batches = _text_batches(tokenizer, 4)
+    with instrument.attached(runner, force_tokens=force):
+        jobs = ((runner, index, batch, 5) for index, batch in batches)
+        streamed = list(TorchRunner.generate_jobs(jobs, max_new_tokens=6))
+    for (_, got), (_, batch) in zip(streamed, batches, strict=True):
+        n = len(batch.input_ids)
+        assert got.tokens == [[i + n + 10, i + 10] for i in range(n)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_result_is_yielded_before_the_job_two_after_it_is_fetched(test_models_dir, device: str) -> None:
     """The order a stage built from an earlier stage's outputs relies on (`qace.engine.engine.Runner`):
     when job ``i + 2`` is fetched, the results of jobs up to ``i`` have been yielded."""
