@@ -105,6 +105,14 @@ def queue_ahead(before: int | None, left: int) -> bool:
     return before is not None and left > AHEAD_ROWS and left > 2 * (before - left)
 
 
+def first_reads(steps_before: int, steps: int) -> int:
+    """How many steps to queue before the first count of rows left is read and the host's work between
+    batches runs (the decoder's ``meanwhile``): half the steps the batch before ran until its rows had
+    ended (a model's outputs have similar lengths from batch to batch), at least one. A step queued
+    after every row ended costs a whole step; a host with nothing queued leaves the device idle."""
+    return max(1, min(steps, steps_before // 2))
+
+
 LENGTH_STEP = 16
 """Encoder lengths are padded up to a multiple of this for the graph's shape."""
 
@@ -222,6 +230,8 @@ class GraphedDecoding:
         self.captures = 0
         """Bucket shapes captured so far (each once, again only when storage grows), one graph per
         self-attention window each (and one for a QA model's first step)."""
+        self._steps_run = 0
+        """The steps the last batch ran until its rows had ended (`first_reads`)."""
 
     def generate(
         self,
@@ -314,15 +324,19 @@ class GraphedDecoding:
     def _run(
         self, view: _View, rows: int, steps: int, meanwhile: Callable[[], object] | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Replay the step until every row has ended (or ``steps`` ran out), the next step queued before
-        the current one's count is read where `queue_ahead` says so; ``meanwhile`` once the first step
-        is queued."""
+        """Replay the step until every row has ended (or ``steps`` ran out). The first `first_reads`
+        steps are queued before any count of rows left is read, then ``meanwhile`` runs (the device has
+        those steps to run while the host does it); after that the next step is queued before the
+        current one's count is read where `queue_ahead` says so."""
         dec = self.dec
         answerability = None
         sizes = windows(steps)
         ended, events = self._ended_counts()
         bucket = view.finished.shape[0]
-        left = [rows]  # rows not ended before the first step, then after each step whose count was read
+        first = first_reads(self._steps_run, steps)
+        before, left = None, rows  # rows left after the last two steps whose counts were read
+        unread = False  # the step before was queued ahead of reading its count
+        ran = steps
         for step in range(steps):
             if step == 0 and view.first_step is not None:
                 view.first_step.replay()
@@ -333,21 +347,28 @@ class GraphedDecoding:
             slot = step % 2
             ended[slot].copy_(view.finished.sum(), non_blocking=True)
             events[slot].record()
-            if step == 0 and meanwhile is not None:
+            if step + 1 == first and meanwhile is not None:
                 meanwhile()
             if step + 1 == steps:
                 break
-            if len(left) == step:  # the step before was queued ahead: read it, this one queued behind it
+            if step + 1 < first:
+                unread = True
+                continue
+            if unread:  # read the step before first; this one is queued behind it
                 events[1 - slot].synchronize()
-                left.append(bucket - int(ended[1 - slot]))
-                if left[-1] == 0:
+                before, left, unread = left, bucket - int(ended[1 - slot]), False
+                if left == 0:
+                    ran = step
                     break
-            if queue_ahead(left[-2] if len(left) > 1 else None, left[-1]):
+            if queue_ahead(before, left):
+                unread = True
                 continue
             events[slot].synchronize()
-            left.append(bucket - int(ended[slot]))
-            if left[-1] == 0:
+            before, left = left, bucket - int(ended[slot])
+            if left == 0:
+                ran = step + 1
                 break
+        self._steps_run = ran
         return view.out[:rows].clone(), answerability
 
     def _ended_counts(self) -> tuple[torch.Tensor, list[torch.cuda.Event]]:

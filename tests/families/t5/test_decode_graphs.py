@@ -11,6 +11,7 @@ from qace.families.t5.decode_graphs import (
     AHEAD_ROWS,
     bucket_length,
     bucket_rows,
+    first_reads,
     queue_ahead,
     windows,
 )
@@ -97,20 +98,36 @@ def test_a_step_is_queued_ahead_only_while_rows_end_slowly() -> None:
     assert not queue_ahead(9, AHEAD_ROWS) and queue_ahead(AHEAD_ROWS + 1, AHEAD_ROWS + 1)
 
 
-def _replays_expected(ends: list[int], steps: int) -> int:
-    """Step replays of a batch whose row ``i`` ends at step ``ends[i]``, under `queue_ahead`."""
-    left = [len(ends)]
+def test_the_steps_queued_before_the_first_read_are_half_the_batch_befores() -> None:
+    assert first_reads(0, 31) == 1  # nothing known: read after the first step
+    assert first_reads(17, 31) == 8 and first_reads(5, 31) == 2 and first_reads(3, 31) == 1
+    assert first_reads(40, 6) == 6  # never more than the steps there are
+
+
+def _replays_expected(ends: list[int], steps: int, first: int = 1) -> int:
+    """Step replays of a batch whose row ``i`` ends at step ``ends[i]``, ``first`` steps queued before
+    the first count is read, then under `queue_ahead`."""
+
+    def left_after(step: int) -> int:
+        return sum(end > step for end in ends)
+
+    before, left, unread = None, len(ends), False
     for step in range(steps):
         if step + 1 == steps:
             return step + 1
-        if len(left) == step:
-            left.append(sum(end >= step for end in ends))
-            if left[-1] == 0:
+        if step + 1 < first:
+            unread = True
+            continue
+        if unread:
+            before, left, unread = left, left_after(step - 1), False
+            if left == 0:
                 return step + 1
-        if not queue_ahead(left[-2] if len(left) > 1 else None, left[-1]):
-            left.append(sum(end > step for end in ends))
-            if left[-1] == 0:
-                return step + 1
+        if queue_ahead(before, left):
+            unread = True
+            continue
+        before, left = left, left_after(step)
+        if left == 0:
+            return step + 1
     return steps
 
 
@@ -131,7 +148,10 @@ def test_a_step_queued_ahead_changes_no_output(test_models_dir, dtype, monkeypat
         [3 + i % 7 for i in range(35)],
         [4 + i % 26 for i in range(35)],
     ]
-    for ends in cases:
+    graphs = decoder._graphs
+    assert graphs is not None
+    for ends in cases:  # each batch after the one before, which sets how many steps go before a read
+        first = first_reads(graphs._steps_run, 31)
         forced = torch.randint(3, 50, (len(prompts), 31), device="cuda")
         for row, end in enumerate(ends):
             forced[row, end] = 1  # the row's EOS
@@ -140,23 +160,28 @@ def test_a_step_queued_ahead_changes_no_output(test_models_dir, dtype, monkeypat
         for row, end in enumerate(ends):
             assert out[row, : end + 1].tolist() == forced[row, : end + 1].tolist()
             assert np.all(out[row, end + 1 :] == -1)
-        assert len(replays) == _replays_expected(ends, 31) >= max(ends) + 1
-    seen: list[int] = []
+        assert len(replays) == _replays_expected(ends, 31, first) >= max(ends) + 1
+        assert graphs._steps_run == max(ends) + 1
     mask, ids = _ids(tokenizer, prompts)
     hidden, mask = T5Encoder(model)(mask, **ids)
     forced = torch.randint(3, 50, (len(prompts), 31), device="cuda")
     forced[:, 5] = 1  # every row ends at step 5
-    replays.clear()
-    decoder.generate(
-        hidden,
-        mask,
-        max_new_tokens=31,
-        unanswerable_id=5,
-        forced=forced,
-        meanwhile=lambda: seen.append(len(replays)),
-    )
-    assert seen == [1] and len(replays) == 7  # once, after the first step was queued
+    for steps_before, first in [(0, 1), (12, 6)]:
+        graphs._steps_run = steps_before
+        seen: list[int] = []
+        replays.clear()
+        decoder.generate(
+            hidden,
+            mask,
+            max_new_tokens=31,
+            unanswerable_id=5,
+            forced=forced,
+            meanwhile=lambda seen=seen: seen.append(len(replays)),
+        )
+        assert seen == [first] and len(replays) == 7  # once, after the first steps were queued
     assert _replays_expected([5] * 35, 31) == 7  # all rows end at once: one step queued past the end
+    assert _replays_expected([5] * 35, 31, 6) == 7  # the first read is of the 5th step: one past too
+    assert _replays_expected([5] * 35, 31, 9) == 9  # three steps queued past the end
     assert _replays_expected([2] * 34 + [20], 31) == 21
 
 
