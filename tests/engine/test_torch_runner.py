@@ -10,6 +10,7 @@ from qace.engine.batches import TextBatch, VisualBatch
 from qace.engine.scheduler import pad_batch
 from qace.engine.torch_runner import TorchRunner
 from qace.families import torch_runner
+from qace.families.t5.decode_graphs import first_reads
 from qace.models.loading import load_seq2seq, load_visual_t5
 from qace.models.visual_inputs import visual_question_inputs
 
@@ -81,8 +82,8 @@ def test_jobs_of_two_models_stream_as_one(test_models_dir, device: str) -> None:
 def test_the_host_work_between_batches_runs_once_the_next_step_is_queued(
     test_models_dir, monkeypatch
 ) -> None:
-    """The next job is fetched after the current batch's first step is queued, not before it: the
-    device has that step to run meanwhile."""
+    """The next job is fetched after the current batch's first steps are queued (`first_reads`), not
+    before them: the device has those steps to run meanwhile."""
     model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device="cuda")
     batches = _text_batches(tokenizer, 3)
     runner = torch_runner(model, device="cuda")
@@ -97,9 +98,11 @@ def test_the_host_work_between_batches_runs_once_the_next_step_is_queued(
             pulled.append(len(replays))
             yield runner, index, batch, 5
 
+    graphs = runner.decoder._graphs
+    first = first_reads(graphs._steps_run, 12)  # steps queued first, from the batch before's length
     streamed = list(TorchRunner.generate_jobs(jobs(), max_new_tokens=12))
-    assert pulled[:2] == [0, 1]  # the second job once the first batch's first step was queued
-    assert pulled[2] > pulled[1]  # the third after the second batch's first step too
+    assert pulled[:2] == [0, first]  # the second job once the first batch's first steps were queued
+    assert pulled[2] > pulled[1]  # the third after the second batch's first steps too
     for (_, got), want in zip(streamed, one_by_one, strict=True):
         assert got.tokens == want.tokens
         np.testing.assert_array_equal(got.answerability, want.answerability)
