@@ -1,7 +1,9 @@
 """One chunk of records through the metric: candidates -> questions -> answers -> comparisons -> scores.
 
 Each stage is a function of the previous stage's output, run once for the whole chunk, so the engine
-can batch and de-duplicate across captions. Nothing reaches back to an earlier stage.
+can batch and de-duplicate across captions; a chunk parsed in two parts asks and answers part by part
+in one run (each part's answers are built while the device asks the next part's questions), and
+compares all of it at once. Nothing reaches back to an earlier stage.
 """
 
 from __future__ import annotations
