@@ -192,8 +192,9 @@ def score_chunk(
     own_texts: list[str] = []
     ctx_texts: list[str] = []
     ctx_an_parts: list[np.ndarray] = []
-    for k, outputs in enumerate(zip(*[iter(answers)] * len(answer_stages), strict=True)):
-        tqa = outputs[0]
+    roles = len(answer_stages)
+    for k in range(len(parts)):
+        tqa, *visual = answers[k * roles : (k + 1) * roles]
         for t in np.flatnonzero(tqa.truncated).tolist():  # rare: no loop over a chunk's 35,000 pairs
             text_pairs[k][t][0].flags.add("truncated_input")
         n_self = sum(len(item.questions) for item in asked[k])
@@ -203,7 +204,7 @@ def score_chunk(
             ctx_texts += tqa.texts[n_self:]
             ctx_an_parts.append(tqa.answerability[n_self:])
         else:
-            vqa = outputs[1]
+            (vqa,) = visual
             for t in np.flatnonzero(vqa.truncated).tolist():
                 visual_pairs[k][t][0].flags.add("truncated_question")
             ctx_texts += vqa.texts
