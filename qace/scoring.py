@@ -195,7 +195,8 @@ def write_results(
                     if item.line is None or result.reason.startswith(f"line {item.line}:")
                     else (f" (line {item.line})")
                 )
-                log.warning("record %s%s: %s", result.id, where, result.reason)
+                named = "without an id" if result.id is None else result.id
+                log.warning("record %s%s: %s", named, where, result.reason)
                 errors += 1
             else:
                 writer.add(result, mark=mark)

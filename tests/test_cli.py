@@ -39,6 +39,10 @@ def test_score_command_reports_bad_lines_and_scores_the_rest(test_models_dir, tm
     errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").open()]
     assert len(errors) == 4
     assert all(e["reason"] for e in errors)
+    # each is logged by its id, or as without one ("broken" cannot be read, so its id is not known)
+    assert "record without an id: line 2: malformed JSON" in printed.err
+    assert "record c: line 4: references is an empty list" in printed.err
+    assert "record None" not in printed.err
 
 
 def test_missing_models_exit_with_a_clear_message(tmp_path, capsys):
