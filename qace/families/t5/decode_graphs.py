@@ -105,6 +105,13 @@ def queue_ahead(before: int | None, left: int) -> bool:
     return before is not None and left > AHEAD_ROWS and left > 2 * (before - left)
 
 
+def _ended_after(ended: torch.Tensor, bucket: int, live: int, read: int) -> int:
+    """How many steps ran until every row had ended, given each step's count of ended rows (``ended``,
+    up to step ``read``, whose count is the bucket's) and the last step read with rows left (``live``):
+    the first step after ``live`` whose count is the bucket's, plus one."""
+    return next(j for j in range(live + 1, read + 1) if int(ended[j]) == bucket) + 1
+
+
 def first_reads(steps_before: int, steps: int) -> int:
     """How many steps to queue before the first count of rows left is read and the host's work between
     batches runs (the decoder's ``meanwhile``): half the steps the batch before ran until its rows had
@@ -222,7 +229,7 @@ class GraphedDecoding:
         self._views: dict[tuple[int, int, bool, int | None], _View] = {}
         self._pool: Any = None
         self._left: tuple[torch.Tensor, list[torch.cuda.Event]] | None = None
-        """Two pinned host slots for the ended-row counts of alternate steps, and their events."""
+        """A pinned host slot per step for its count of ended rows, and two events (alternate steps)."""
         self._stream: torch.cuda.Stream | None = None
         """The one stream every capture runs on: the caching allocator reuses a block only on the stream
         it was allocated on, so with a stream per capture no graph could reuse the intermediates another
@@ -327,14 +334,16 @@ class GraphedDecoding:
         """Replay the step until every row has ended (or ``steps`` ran out). The first `first_reads`
         steps are queued before any count of rows left is read, then ``meanwhile`` runs (the device has
         those steps to run while the host does it); after that the next step is queued before the
-        current one's count is read where `queue_ahead` says so."""
+        current one's count is read where `queue_ahead` says so. Each step's count has a slot of its
+        own, so the steps the batch ran until its rows had ended are known exactly for the next batch."""
         dec = self.dec
         answerability = None
         sizes = windows(steps)
-        ended, events = self._ended_counts()
+        ended, events = self._ended_counts(steps)
         bucket = view.finished.shape[0]
         first = first_reads(self._steps_run, steps)
         before, left = None, rows  # rows left after the last two steps whose counts were read
+        live = -1  # the last step whose count was read with rows left
         unread = False  # the step before was queued ahead of reading its count
         ran = steps
         for step in range(steps):
@@ -344,9 +353,8 @@ class GraphedDecoding:
             else:
                 view.graphs[next(w for w in sizes if step < w)].replay()
             dec.row_steps += view.token.shape[0]
-            slot = step % 2
-            ended[slot].copy_(view.finished.sum(), non_blocking=True)
-            events[slot].record()
+            ended[step].copy_(view.finished.sum(), non_blocking=True)
+            events[step % 2].record()
             if step + 1 == first and meanwhile is not None:
                 meanwhile()
             if step + 1 == steps:
@@ -355,26 +363,28 @@ class GraphedDecoding:
                 unread = True
                 continue
             if unread:  # read the step before first; this one is queued behind it
-                events[1 - slot].synchronize()
-                before, left, unread = left, bucket - int(ended[1 - slot]), False
+                events[1 - step % 2].synchronize()
+                before, left, unread = left, bucket - int(ended[step - 1]), False
                 if left == 0:
-                    ran = step
+                    ran = _ended_after(ended, bucket, live, step - 1)
                     break
+                live = step - 1
             if queue_ahead(before, left):
                 unread = True
                 continue
-            events[slot].synchronize()
-            before, left = left, bucket - int(ended[slot])
+            events[step % 2].synchronize()
+            before, left = left, bucket - int(ended[step])
             if left == 0:
-                ran = step + 1
+                ran = _ended_after(ended, bucket, live, step)
                 break
+            live = step
         self._steps_run = ran
         return view.out[:rows].clone(), answerability
 
-    def _ended_counts(self) -> tuple[torch.Tensor, list[torch.cuda.Event]]:
-        if self._left is None:
+    def _ended_counts(self, steps: int) -> tuple[torch.Tensor, list[torch.cuda.Event]]:
+        if self._left is None or self._left[0].shape[0] < steps:
             self._left = (
-                torch.zeros(2, dtype=torch.long, pin_memory=True),
+                torch.zeros(max(steps, 64), dtype=torch.long, pin_memory=True),
                 [torch.cuda.Event(), torch.cuda.Event()],
             )
         return self._left

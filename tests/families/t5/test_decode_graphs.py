@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch
 from qace.engine.scheduler import pad_batch
 from qace.families.t5.decode_graphs import (
     AHEAD_ROWS,
+    GraphedDecoding,
     bucket_length,
     bucket_rows,
     first_reads,
@@ -129,6 +132,60 @@ def _replays_expected(ends: list[int], steps: int, first: int = 1) -> int:
         if left == 0:
             return step + 1
     return steps
+
+
+class _Event:
+    """A CUDA event's part `GraphedDecoding._run` uses, on the CPU (copies there are done at once)."""
+
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
+class _Step:
+    """A graph's replay on the CPU: one step of a batch whose row ``i`` ends at step ``ends[i]``."""
+
+    def __init__(self, view: SimpleNamespace, ends: list[int], replays: list[int]) -> None:
+        self.view, self.ends, self.replays = view, torch.tensor(ends), replays
+
+    def replay(self) -> None:
+        step = len(self.replays)
+        self.replays.append(step)
+        self.view.finished[: len(self.ends)] |= self.ends <= step
+
+
+@pytest.mark.parametrize("steps_before", [0, 3, 12, 40])
+@pytest.mark.parametrize(
+    "ends",
+    [
+        [5] * 35,
+        [2] * 34 + [20],
+        [1] * 20 + [9] * 15,
+        [3 + i % 7 for i in range(35)],
+        [4 + i % 26 for i in range(35)],
+    ],
+)
+def test_the_decoding_loop_queues_and_reads_as_its_rules_say(steps_before: int, ends: list[int]) -> None:
+    """`GraphedDecoding._run`'s loop on the CPU, its graphs and events stood in for: the steps it
+    replays (`first_reads` before the first read and ``meanwhile``, then `queue_ahead`) and the steps
+    it records for the next batch."""
+    steps, bucket, replays, seen = 31, 48, [], []
+    view = SimpleNamespace(
+        first_step=None,
+        token=torch.zeros(bucket, dtype=torch.long),
+        finished=torch.ones(bucket, dtype=torch.bool),
+    )
+    view.finished[: len(ends)] = False
+    view.out = torch.full((bucket, steps), -1)
+    view.graphs = dict.fromkeys(windows(steps), _Step(view, ends, replays))
+    graphs = GraphedDecoding.__new__(GraphedDecoding)
+    graphs.dec, graphs._steps_run = SimpleNamespace(row_steps=0), steps_before
+    graphs._left = (torch.zeros(steps, dtype=torch.long), [_Event(), _Event()])
+    first = first_reads(steps_before, steps)
+    graphs._run(view, len(ends), steps, lambda: seen.append(len(replays)))
+    assert len(replays) == _replays_expected(ends, steps, first) >= max(ends) + 1
+    assert seen == [first] and graphs._steps_run == max(ends) + 1
+    assert graphs.dec.row_steps == bucket * len(replays)
 
 
 @pytest.mark.gpu
