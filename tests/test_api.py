@@ -521,13 +521,31 @@ def test_the_list_api_gives_an_integer_image_id_back_as_an_integer(test_models_d
     assert [r["image_id"] for r in rows] == [184613, "184613"]
 
 
-def test_a_large_chunk_parsed_in_two_parts_scores_as_one_part(ref_scorer, monkeypatch):
+def _fetching_a_job_ahead(jobs, *, max_new_tokens):
+    """`TorchRunner.generate_jobs`'s order on a GPU, on the CPU: job ``i + 1`` is fetched before job
+    ``i``'s result is yielded (while job ``i`` decodes there)."""
+    it = iter(jobs)
+    job = next(it, None)
+    while job is not None:
+        runner, key, batch, uid = job
+        out = runner.generate(batch, max_new_tokens=max_new_tokens, unanswerable_id=uid)
+        job = next(it, None)
+        yield key, out
+
+
+@pytest.mark.parametrize("order", ["one after another", "a job ahead"])
+def test_a_large_chunk_parsed_in_two_parts_scores_as_one_part(ref_scorer, monkeypatch, order):
     """With parsing processes and at least `PARTS_MIN_CAPTIONS` distinct captions, a chunk's candidates
     come in two parts, every record of a caption in one of them, and the rows are those of one part:
     the same questions and answers, values within float32's rounding (the parts' answers run in
-    batches of their own, which the CPU's products may sum in another order)."""
+    batches of their own, which the CPU's products may sum in another order); also where the stream
+    fetches a job before it yields the one before, as on a GPU."""
+    from qace.engine.torch_runner import TorchRunner
     from qace.metric import candidates as candidates_module
     from qace.metric import pipeline
+
+    if order == "a job ahead":
+        monkeypatch.setattr(TorchRunner, "generate_jobs", staticmethod(_fetching_a_job_ahead))
 
     captions = [json.loads(line) for line in example_path().open()]
     captions = [c for c in captions if c["caption"].strip()]
