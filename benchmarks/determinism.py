@@ -8,7 +8,7 @@ For each variant and precision, one list of distinct PASCAL-50S captions (defaul
 processes (started and ready before the first pass), every cache emptied before each pass, on the
 workload's paper-shaped random models with forced output lengths (`benchmarks.workload`). Every pass is
 compared with the first single-process pass: rows that differ in any field, and the largest |dQACE|.
-Both designs cut the list alike (`qace.api._Tapered`, ``--chunk-size``), so a difference would come from
+Both designs cut the list alike (`qace.chunks.Tapered`, ``--chunk-size``), so a difference would come from
 the device (kernels that are not run-to-run deterministic, or the engine core's interleaving of the host
 processes' batches), not from how the input was cut.
 """

@@ -141,7 +141,7 @@ def distinct_captions(records: Sequence[Record]) -> int:
 def score_in_full_chunks(scorer: QACE, records: Sequence[Record]) -> None:
     """Score ``records`` as a long run's steady state does: in whole chunks of ``chunk_size`` from the
     first (`QACE.score_committed`), and through the engine core's host processes when they run. A
-    `QACE.score_records` call longer than a chunk tapers its first and last chunks (`qace.api._Tapered`:
+    `QACE.score_records` call longer than a chunk tapers its first and last chunks (`qace.chunks.Tapered`:
     4,096 records at 2,048 a chunk become 256, 512, 1,024, 1,152, 576, 288 and 288), so its batches
     would be smaller than a long run's; calls of one chunk each are scored in the caller's process
     (`QACE._choose_design`), whose host work then shares the interpreter with the models' loop."""

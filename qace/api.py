@@ -14,13 +14,14 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from qace.chunks import Tapered, take
 from qace.config import QACEConfig, build_signature, parsing_beside_hosts, speed_defaults
 from qace.data.records import Record, RecordError, caption_problem, list_record, require
 from qace.engine import instrument
@@ -304,17 +305,16 @@ class QACE(FileScorer):
     ) -> Iterator[dict[str, Any] | RecordError]:
         """Stream results (rows or ``RecordError``) in input order, a chunk of captions at a time.
 
-        While one chunk runs through the models, a prefetch thread reads the next chunk, validates it,
-        loads its region features from the store and hands its captions to the candidate extractor,
-        so reading, feature I/O and (with ``spacy_workers``) parsing overlap the GPU work. Input that
-        fits one chunk (a reward call) stays one chunk; longer input is cut so that the first three
-        chunks grow and the last ones shrink (`_Tapered`): the models start early on a small first chunk
-        and are not left alone with a last big one. The cuts depend on the input only, so rows do not
-        depend on ``host_workers`` or on timing. Input longer than `HOST_MIN_CHUNKS` chunks starts the
-        host processes (`start_host_processes`); input of one chunk is scored in this process even once
-        they run (`_choose_design`). Scorers in several threads share the device: their
-        model stages take turns under the device lock (`qace.engine.device_lock`), their host work
-        overlaps.
+        While one chunk runs through the models, a prefetch thread reads the next chunk, validates it, loads
+        its region features from the store and hands its captions to the candidate extractor, so reading,
+        feature I/O and (with ``spacy_workers``) parsing overlap the GPU work. Input that fits one chunk (a
+        reward call) stays one chunk; longer input is cut so that the first three chunks grow and the last
+        ones shrink (`qace.chunks.Tapered`): the models start early on a small first chunk and are not left
+        alone with a last big one. The cuts depend on the input only, so rows do not depend on
+        ``host_workers`` or on timing. Input longer than `HOST_MIN_CHUNKS` chunks starts the host processes
+        (`start_host_processes`); input of one chunk is scored in this process even once they run
+        (`_choose_design`). Scorers in several threads share the device: their model stages take turns under
+        the device lock (`qace.engine.device_lock`), their host work overlaps.
         """
         return self._stream(records, ramp=True)
 
@@ -329,8 +329,9 @@ class QACE(FileScorer):
     def _stream(
         self, records: Iterable[Record | RecordError], *, ramp: bool
     ) -> Iterator[dict[str, Any] | RecordError]:
-        """Results in input order, in chunks of ``chunk_size`` (with ``ramp``, `_Tapered` chunks for
-        input longer than one); host processes for input longer than `HOST_MIN_CHUNKS` chunks."""
+        """Results in input order, in chunks of ``chunk_size`` (with ``ramp``, `qace.chunks.Tapered`
+        chunks for input longer than one); host processes for input longer than `HOST_MIN_CHUNKS`
+        chunks."""
         if self._closed:
             raise HostWorkerError("this scorer was closed (QACE.close); build a new one to score again")
         size = self.config.chunk_size
@@ -342,9 +343,9 @@ class QACE(FileScorer):
         iterator = itertools.chain(head, iterator)
         chunks: Callable[[], list[Record | RecordError]]
         if ramp and len(head) > size:
-            chunks = _Tapered(iterator, size).next_chunk
+            chunks = Tapered(iterator, size).next_chunk
         else:  # whole chunks (files, and input that fits one chunk: a reward call)
-            chunks = functools.partial(_take, iterator, itertools.repeat(size))
+            chunks = functools.partial(take, iterator, itertools.repeat(size))
         with ThreadPoolExecutor(1, thread_name_prefix="qace-prefetch") as prefetch:
             upcoming = prefetch.submit(self._prepare_next, chunks, not hosted)
             # with host processes ready: chunks in flight, one more than there are processes, so none
@@ -430,20 +431,36 @@ class QACE(FileScorer):
             return self._prepare(chunk, here) if chunk else None
 
     def _prepare(self, chunk: list[Record | RecordError], here: bool) -> _Prepared:
-        results: list[dict[str, Any] | RecordError | None] = [None] * len(chunk)
-        valid: list[Record] = []
-        if self.features is not None:  # the chunk's new images at once, for `_check` to find
-            self.features.load(r.image_id or "" for r in chunk if isinstance(r, Record))
-        for pos, item in enumerate(chunk):
-            problem = item if isinstance(item, RecordError) else self._check(item)
-            if problem is None:
-                valid.append(item)  # type: ignore[arg-type]
-            else:
-                results[pos] = problem
-        captions = [r.caption for r in valid]
+        """Check the chunk's records and start their parse. QACE-Img reads the chunk's new images at once
+        while the parse runs; records whose features fail are listed and the rest parsed again (from the
+        parse's cache, once the first parse is done)."""
+        results: list[dict[str, Any] | RecordError | None] = [
+            item if isinstance(item, RecordError) else self._check(item) for item in chunk
+        ]
+        valid = _unlisted(chunk, results)
+        parsing = self._parse(valid, here)
+        features = self.features
+        if self.config.variant == "img" and valid:
+            if features is None:
+                raise ConfigError("QACE-Img needs region features: pass features=PATH (or --features PATH)")
+            features.load(r.image_id or "" for r in valid)
+            for pos, item in enumerate(chunk):
+                if results[pos] is None and isinstance(item, Record):
+                    try:
+                        features.get(item.image_id or "")
+                    except FeatureError as exc:
+                        results[pos] = RecordError(item.id, exc.reason, item.line)
+            if len(kept := _unlisted(chunk, results)) < len(valid):
+                wait([parsing[0]])
+                valid, parsing = kept, self._parse(kept, here)
+        return _Prepared(results, valid, *parsing)
+
+    def _parse(
+        self, records: list[Record], here: bool
+    ) -> tuple[Future[list[list[str]]], CandidateParts | None]:
+        captions = [r.caption for r in records]
         parts = self.candidates.submit_in_parts(captions) if here else None
-        whole = self.candidates.submit(captions) if parts is None else parts.joined(len(captions))
-        return _Prepared(results, valid, whole, parts)
+        return (self.candidates.submit(captions) if parts is None else parts.joined(len(captions))), parts
 
     def _finish(self, prepared: _Prepared) -> list[dict[str, Any] | RecordError]:
         timer = instrument.of(self).timer  # benchmarks time the stages (`qace.engine.instrument`)
@@ -465,19 +482,19 @@ class QACE(FileScorer):
         return _merge(prepared.results, rows)
 
     def _check(self, record: Record) -> RecordError | None:
-        """Why ``record`` cannot be scored by this variant, as an error naming it; else None."""
+        """Why ``record`` cannot be scored by this variant (its features aside), as an error naming it."""
         img = self.config.variant == "img"
         reason = require(record, references=not img, image=img)
         if reason is None:
             reason = caption_problem(record.caption, self.config.max_caption_chars)
-        if reason is None and img:
-            if self.features is None:
-                raise ConfigError("QACE-Img needs region features: pass features=PATH (or --features PATH)")
-            try:
-                self.features.get(record.image_id or "")
-            except FeatureError as exc:
-                reason = exc.reason
         return None if reason is None else RecordError(record.id, reason, record.line)
+
+
+def _unlisted(
+    chunk: list[Record | RecordError], results: list[dict[str, Any] | RecordError | None]
+) -> list[Record]:
+    """The chunk's records with no result yet: those to score."""
+    return [r for r, result in zip(chunk, results, strict=True) if result is None and isinstance(r, Record)]
 
 
 _WARM_UP_IMAGE = "\x00qace-warm-up"
@@ -539,36 +556,6 @@ def bertscore_precision(config: QACEConfig) -> str:
     """The BERTScore encoder's precision: fp16 for half-precision engines on a GPU (see
     `qace.kernels.bertscore.BertScoreMatcher`), else fp32 as the reference (fp32 engines, CPUs)."""
     return "fp16" if config.device.startswith("cuda") and config.precision != "fp32" else "fp32"
-
-
-def _take(iterator: Iterator[Record | RecordError], sizes: Iterator[int]) -> list[Record | RecordError]:
-    return list(itertools.islice(iterator, next(sizes)))
-
-
-class _Tapered:
-    """Chunks of an input longer than one chunk: the first three grow (an eighth, a quarter, half a
-    chunk) so the device starts early (only the first chunk's parsing is waited for) and host
-    processes fill up, and the last two chunks' worth shrink by halves down to an eighth, so the device
-    is not left alone with the last chunk's host work. The cuts depend on the input only (never on
-    timing or the design), so rows do too."""
-
-    def __init__(self, iterator: Iterator[Record | RecordError], size: int) -> None:
-        self.iterator, self.size = iterator, size
-        self.buffer: deque[Record | RecordError] = deque()
-        self.rising = [max(1, size // 8), max(1, size // 4), max(1, size // 2)]
-
-    def _fill(self, n: int) -> None:
-        self.buffer.extend(itertools.islice(self.iterator, max(0, n - len(self.buffer))))
-
-    def next_chunk(self) -> list[Record | RecordError]:
-        if self.rising:
-            n = self.rising.pop(0)
-        else:
-            self._fill(2 * self.size)
-            left, floor = len(self.buffer), max(1, self.size // 8)
-            n = self.size if left >= 2 * self.size else left if left <= 2 * floor else -(-left // 2)
-        self._fill(n)
-        return [self.buffer.popleft() for _ in range(min(n, len(self.buffer)))]
 
 
 def _with_image_key(record: Record | RecordError) -> Record | RecordError:

@@ -90,6 +90,20 @@ def test_qace_img_reports_missing_and_malformed_features(test_models_dir, tmp_pa
     assert "missing image_id" in rows[4]["error"]
 
 
+def test_a_record_whose_features_fail_leaves_the_others_rows_as_without_it(test_models_dir, tmp_path):
+    """The chunk's parse starts before its features are read; a record they reject is listed and the
+    others are parsed again without it, so their rows are those of a chunk without it."""
+    good = RandomFeatureStore(seed=0).get("x")
+    np.savez(tmp_path / "ok.npz", features=good[:, :2048], norm_bb=good[:, 2048:])
+    captions = ["a girl runs on the beach", "two dogs play in the park", "a man rides a red bike"]
+    scorer = QACE(models=test_models_dir, variant="img", features=tmp_path, progress=False)
+    rows = scorer.score(captions, image_ids=["ok", "absent", "ok"])
+    assert "absent" in rows[1]["error"]
+    alone = QACE(models=test_models_dir, variant="img", features=tmp_path, progress=False)
+    expected = alone.score([captions[0], captions[2]], image_ids=["ok", "ok"])
+    assert [rows[0], {**rows[2], "id": "1"}] == expected  # ids are positions in the input
+
+
 def test_qace_img_without_features_is_a_config_error(test_models_dir):
     scorer = QACE(models=test_models_dir, variant="img", progress=False)
     with pytest.raises(ConfigError, match="region features"):
@@ -301,7 +315,7 @@ def test_callers_in_several_threads_take_turns_on_the_device(test_models_dir, mo
 )
 def test_chunks_grow_then_shrink_only_when_there_is_more_than_one(ref_scorer, monkeypatch, n, chunks):
     """A call that fits one chunk (a reward call) stays one chunk; a longer input starts the models on an
-    eighth of one, grows to whole chunks, and ends in halves down to an eighth (`qace.api._Tapered`),
+    eighth of one, grows to whole chunks, and ends in halves down to an eighth (`qace.chunks.Tapered`),
     whichever design scores it. Files keep whole chunks (resume), tested above."""
     sizes: list[int] = []
     real = api.score_chunk
@@ -507,11 +521,31 @@ def test_the_list_api_gives_an_integer_image_id_back_as_an_integer(test_models_d
     assert [r["image_id"] for r in rows] == [184613, "184613"]
 
 
-def test_a_large_chunk_parsed_in_two_parts_scores_as_one_part(ref_scorer, monkeypatch):
+def _fetching_a_job_ahead(jobs, *, max_new_tokens):
+    """`TorchRunner.generate_jobs`'s order on a GPU, on the CPU: job ``i + 1`` is fetched before job
+    ``i``'s result is yielded (while job ``i`` decodes there)."""
+    it = iter(jobs)
+    job = next(it, None)
+    while job is not None:
+        runner, key, batch, uid = job
+        out = runner.generate(batch, max_new_tokens=max_new_tokens, unanswerable_id=uid)
+        job = next(it, None)
+        yield key, out
+
+
+@pytest.mark.parametrize("order", ["one after another", "a job ahead"])
+def test_a_large_chunk_parsed_in_two_parts_scores_as_one_part(ref_scorer, monkeypatch, order):
     """With parsing processes and at least `PARTS_MIN_CAPTIONS` distinct captions, a chunk's candidates
-    come in two parts, every record of a caption in one of them, and the rows are those of one part."""
+    come in two parts, every record of a caption in one of them, and the rows are those of one part:
+    the same questions and answers, values within float32's rounding (the parts' answers run in
+    batches of their own, which the CPU's products may sum in another order); also where the stream
+    fetches a job before it yields the one before, as on a GPU."""
+    from qace.engine.torch_runner import TorchRunner
     from qace.metric import candidates as candidates_module
     from qace.metric import pipeline
+
+    if order == "a job ahead":
+        monkeypatch.setattr(TorchRunner, "generate_jobs", staticmethod(_fetching_a_job_ahead))
 
     captions = [json.loads(line) for line in example_path().open()]
     captions = [c for c in captions if c["caption"].strip()]
@@ -536,8 +570,58 @@ def test_a_large_chunk_parsed_in_two_parts_scores_as_one_part(ref_scorer, monkey
     first, second = (set(texts[i] for i in positions) for positions, _ in parts.parts)
     assert first and second and not first & second
     assert sorted(i for positions, _ in parts.parts for i in positions) == list(range(len(texts)))
-    assert [r["explanation"] for r in parted] == [r["explanation"] for r in whole]
+    values = ("f1", "bs", "an")
+
+    def texts(rows):
+        return [
+            {**r["explanation"], "questions": [{k: v for k, v in q.items() if k not in values}
+                                               for q in r["explanation"]["questions"]]}
+            for r in rows
+        ]  # fmt: skip
+
+    def numbers(rows):
+        return [x for r in rows for q in r["explanation"]["questions"] for k in values for x in q[k]]
+
+    assert texts(parted) == texts(whole)
+    assert numbers(parted) == pytest.approx(numbers(whole), abs=2e-6)
     assert [r["qace"] for r in parted] == pytest.approx([r["qace"] for r in whole], abs=2e-6)
+    assert [r["id"] for r in parted] == [r["id"] for r in whole]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["ref", "img"])
+def test_on_a_gpu_a_chunk_in_two_parts_asks_and_answers_as_one_part(test_models_dir, monkeypatch, variant):
+    """On CUDA (graphs, side-stream encoders, results yielded before the job two after is fetched), each
+    part's answers built in the questions' run give the one-part rows' questions and answers (fp32)."""
+    from qace.metric import candidates as candidates_module
+
+    words = "a young girl in red dress runs on the beach with two dogs near blue sea".split()
+    captions = [" ".join(words[i % 6 : i % 6 + 3 + i % 8]) for i in range(48)]
+    kw = dict(models=test_models_dir, variant=variant, device="cuda", precision="fp32", progress=False)
+    kw |= dict(explain=True, spacy_workers=0, host_workers=0, max_batch_rows=16, max_batch_tokens=1024)
+    context = (
+        {"references": [REFS] * 48} if variant == "ref" else {"image_ids": [f"i{i % 5}" for i in range(48)]}
+    )
+    if variant == "img":
+        kw["features"] = RandomFeatureStore(seed=0)
+    whole = QACE(**kw).score(captions, **context)
+    monkeypatch.setattr(candidates_module, "PARTS_MIN_CAPTIONS", 4)
+    monkeypatch.setattr(candidates_module.CandidateExtractor, "processes", property(lambda self: 2))
+    seen, real = [], api.score_chunk
+    monkeypatch.setattr(
+        api,
+        "score_chunk",
+        lambda records, cands, *a, **k: seen.append(cands) or real(records, cands, *a, **k),
+    )
+    parted = QACE(**kw).score(captions, **context)
+    assert [len(c.parts) for c in seen] == [2]
+
+    def asked(rows):
+        fields = ("question", "answer_on_caption", "answers_on_context")
+        return [[[q[f] for f in fields] for q in r["explanation"]["questions"]] for r in rows]
+
+    assert asked(parted) == asked(whole)
+    np.testing.assert_allclose([r["qace"] for r in parted], [r["qace"] for r in whole], atol=1e-5)
 
 
 def test_the_parts_joined_put_each_records_candidates_back_in_place():

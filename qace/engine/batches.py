@@ -52,10 +52,13 @@ def cut_at_eos(out: np.ndarray, eos_id: int) -> list[list[int]]:
     """Generated ids per row up to (excluding) EOS; ``-1`` marks steps after a row ended.
 
     A row stops at its first EOS or ``-1`` (decoders write ``-1`` only after a row's EOS), found for
-    all rows at once; a batch of thousands of rows costs one ``tolist`` instead of a loop of them.
+    all rows at once; only the ids kept become Python ints (one ``tolist`` of them all, then sliced per
+    row): a batch's rows are padded to its longest, so most of ``out`` is not kept.
     """
     lengths, _ = eos_lengths(out, eos_id)
-    return [row[:n] for row, n in zip(out.tolist(), lengths.tolist(), strict=True)]
+    kept = out[np.arange(out.shape[1]) < lengths[:, None]].tolist()
+    ends = np.cumsum(lengths).tolist()
+    return [kept[start:end] for start, end in zip([0, *ends][:-1], ends, strict=True)]
 
 
 def eos_lengths(out: np.ndarray, eos_ids: int | Collection[int]) -> tuple[np.ndarray, np.ndarray]:

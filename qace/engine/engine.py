@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,7 +30,10 @@ class Runner(Protocol):
     A runner class may also offer ``generate_jobs(jobs, *, max_new_tokens)``, yielding ``(key,
     Generated)`` for an iterable of ``(runner, key, batch, unanswerable_id)`` in order, to overlap
     consecutive batches, of one model or several (`qace.engine.torch_runner.generate_jobs`); the
-    engine uses it when every runner of a call shares it.
+    engine uses it when every runner of a call shares it. It may fetch a job before the previous
+    job's result is yielded; a stage built from an earlier stage's outputs (`deferred_stage`'s
+    ``needs``) runs in the same stream as that stage where the results of every job but the last
+    fetched are yielded when a job is fetched, else after the stream has drained.
     """
 
     def generate(
@@ -70,6 +73,10 @@ class Stage:
     unanswerable_id: int | None
     bar: Any
     finish: Callable[[list[list[int]], np.ndarray | None], StageOutput]
+    needs: tuple[int, ...] = ()
+    """The stages of the run (their places in it, all before this one) whose outputs build this one
+    (`deferred_stage`); `run_stages` gives them to it (``inputs``) before it asks for its first batch."""
+    inputs: list[StageOutput] = field(default_factory=list)
 
 
 def run_stages(
@@ -78,35 +85,61 @@ def run_stages(
     *,
     max_new_tokens: int,
 ) -> list[StageOutput]:
-    """Run independent stages (answers on the caption and on the image, say) as one stream of batches,
-    each row generating at most ``max_new_tokens`` tokens.
+    """Run stages (answers on the caption and on the image, say) as one stream of batches, each row
+    generating at most ``max_new_tokens`` tokens; their outputs in order.
 
     A runner class that overlaps batches (`Runner`) then overlaps them across the stages too: the
-    first visual batch's encoder runs while the last text-QA batch decodes, instead of after it.
+    first visual batch's encoder runs while the last text-QA batch decodes, instead of after it. A
+    stage that ``needs`` earlier stages' outputs (`deferred_stage`) is built once every batch of those
+    is back; where the stream has not yielded them yet when it reaches the stage, the stream ends
+    there, and a new one starts with that stage once every batch fetched is back.
     """
     with ExitStack() as stack:
         opened = [stack.enter_context(stage) for stage in stages]
-        # a stage's size is read once its batches are done (a deferred stage learns it at its first batch)
+        for k, st in enumerate(opened):
+            if any(not 0 <= j < k for j in st.needs):
+                raise ValueError(f"run_stages: stage {k} needs {st.needs}: only stages before it")
         done: list[list[tuple[np.ndarray, Generated]]] = [[] for _ in opened]
-        jobs = (
-            (st.runner, (k, index), batch, st.unanswerable_id)
-            for k, st in enumerate(opened)
-            for index, batch in st.batches
-        )
+        fetched = [0] * len(opened)
+        outputs: dict[int, StageOutput] = {}
+        reached = 0  # the stage whose batches are being fetched; those before have all been
+
+        def output(k: int) -> StageOutput:  # a stage's size is read once its batches are done
+            if k not in outputs:
+                outputs[k] = _finish(opened[k], done[k])
+            return outputs[k]
+
+        def jobs() -> Iterator[tuple[Runner, tuple[int, np.ndarray], TextBatch | VisualBatch, int | None]]:
+            nonlocal reached
+            while reached < len(opened):
+                st = opened[reached]
+                if any(len(done[j]) < fetched[j] for j in st.needs):
+                    return  # not back yet: this stream drains first
+                st.inputs = [output(j) for j in st.needs]
+                for index, batch in st.batches:
+                    fetched[reached] += 1
+                    yield st.runner, (reached, index), batch, st.unanswerable_id
+                reached += 1
+
         shared = {getattr(type(st.runner), "generate_jobs", None) for st in opened}
         generate_jobs = shared.pop() if len(shared) == 1 else None
         with device_lock:
-            if generate_jobs is not None:
-                results = generate_jobs(jobs, max_new_tokens=max_new_tokens)
-            else:
-                results = (
-                    (key, runner.generate(batch, max_new_tokens=max_new_tokens, unanswerable_id=uid))
-                    for runner, key, batch, uid in jobs
-                )
-            for (k, index), out in results:
-                done[k].append((index, out))
-                opened[k].bar.update(len(index))
-        return [_finish(st, outs) for st, outs in zip(opened, done, strict=True)]
+            while reached < len(opened):
+                at, fetched_before = reached, sum(fetched)
+                stream = jobs()
+                if generate_jobs is not None:
+                    results = generate_jobs(stream, max_new_tokens=max_new_tokens)
+                else:
+                    results = (
+                        (key, runner.generate(batch, max_new_tokens=max_new_tokens, unanswerable_id=uid))
+                        for runner, key, batch, uid in stream
+                    )
+                for (k, index), out in results:
+                    done[k].append((index, out))
+                    opened[k].bar.update(len(index))
+                if (reached, sum(fetched)) == (at, fetched_before):
+                    raise RuntimeError(f"run_stages: a stream answered fewer batches than it fetched ({at})")
+        return [output(k) for k in range(len(opened))]
 
 
 def _finish(stage: Stage, outs: list[tuple[np.ndarray, Generated]]) -> StageOutput:
@@ -123,17 +156,22 @@ def _finish(stage: Stage, outs: list[tuple[np.ndarray, Generated]]) -> StageOutp
 
 @contextmanager
 def deferred_stage(
-    runner: Runner, unanswerable_id: int | None, make: Callable[[], AbstractContextManager[Stage]]
+    runner: Runner,
+    unanswerable_id: int | None,
+    make: Callable[..., AbstractContextManager[Stage]],
+    needs: Sequence[int] = (),
 ) -> Iterator[Stage]:
     """A stage for `run_stages` whose inputs are not known yet when the run starts (a part of a call
-    whose captions are still being parsed): ``make()`` builds it when the run reaches its first batch,
-    so the wait for its inputs overlaps the device's work on the stages before it. ``runner`` and
-    ``unanswerable_id`` must be the ones the built stage has."""
+    whose captions are still being parsed, or whose questions an earlier stage of the run asks):
+    ``make(*outputs)`` builds it when the run reaches its first batch, given the outputs of the stages
+    of the run it ``needs`` (their places in the run), so the wait for its inputs overlaps the device's
+    work on the stages before it. ``runner`` and ``unanswerable_id`` must be the ones the built stage
+    has."""
     with ExitStack() as stack:
-        stage = Stage(runner, 0, iter(()), unanswerable_id, None, _not_built)
+        stage = Stage(runner, 0, iter(()), unanswerable_id, None, _not_built, tuple(needs))
 
         def batches() -> Iterator[tuple[np.ndarray, TextBatch | VisualBatch]]:
-            built = stack.enter_context(make())
+            built = stack.enter_context(make(*stage.inputs))
             if built.runner is not runner or built.unanswerable_id != unanswerable_id:
                 raise ValueError("deferred_stage: the built stage has another runner or unanswerable id")
             stage.n_items, stage.bar, stage.finish = built.n_items, built.bar, built.finish

@@ -24,6 +24,7 @@ cut.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -79,9 +80,12 @@ def greedy_decode(
     max_new_tokens: int,
     unanswerable_id: int | None = None,
     forced: Any = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> tuple[Any, Any]:
     """Greedy tokens ``(rows, max_new_tokens)``, ``-1`` after a row ended, and the first step's
     answerability (None unless ``unanswerable_id``), as the backend's arrays (see module docstring).
+    ``meanwhile`` is called once, after the first step's work is queued and before its count of rows
+    left is read.
 
     ``forced`` (benchmarks only, ``(rows, max_new_tokens)``) replaces each step's greedy choice, so
     random-weight models can be timed on realistic outputs (varied, EOS-terminated) with all the work done.
@@ -100,6 +104,8 @@ def greedy_decode(
         out[alive, step] = arrays.where(finished, -1, token)
         finished |= token == eos_id
         token = arrays.where(finished, eos_id, token)  # ended rows idle until dropped
+        if step == 0 and meanwhile is not None:
+            meanwhile()
         n_alive = int((~finished).sum())
         if n_alive == 0:
             break

@@ -58,10 +58,13 @@ class Decoder(Protocol):
         max_new_tokens: int,
         unanswerable_id: int | None = None,
         forced: torch.Tensor | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Greedy tokens ``(B, max_new_tokens)`` (``-1`` after a row ended) and, with
         ``unanswerable_id``, ``1 - P(unanswerable)`` of the first step per row. ``forced`` (benchmarks,
-        ``(B, max_new_tokens)``) replaces each step's argmax."""
+        ``(B, max_new_tokens)``) replaces each step's argmax. ``meanwhile`` is called once, after the
+        first step is queued and before the host first waits for the device, so the caller's host work
+        runs while the device works."""
         ...
 
     def warm_up(

@@ -83,10 +83,10 @@ def decode(tokenizer: Any, tokens: Sequence[Sequence[int]], *, only_pad_eos: boo
     ``batch_decode`` (which calls that backend per row) without its per-id Python type checks, which
     cost more than the decoding itself on a hundred thousand answers.
     """
-    rows = [list(t) for t in tokens]
-    if only_pad_eos:
+    rows = [t if type(t) is list else list(t) for t in tokens]
+    if only_pad_eos:  # a row is copied only where it holds such an id (rows cut at EOS rarely do)
         dropped = {tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
-        rows = [[i for i in row if i not in dropped] for row in rows]
+        rows = [row if dropped.isdisjoint(row) else [i for i in row if i not in dropped] for row in rows]
     skip = not only_pad_eos
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not tokenizer.clean_up_tokenization_spaces:

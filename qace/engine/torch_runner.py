@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -72,7 +72,7 @@ class TorchRunner:
         """Greedy-decode every row of ``batch``."""
         start = self._clock(instrument.of(self).profile)
         hidden, mask = self.encode(batch)
-        return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id)
+        return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id).result()
 
     def warm_up(
         self,
@@ -108,9 +108,14 @@ class TorchRunner:
         row has ended; between steps, and while the host fetches the next batch, the GPU idled. The
         next batch's encoder (matrix products) now fills those gaps beside the decoder's memory-bound
         steps, also when the next batch belongs to another model (the engine streams a call's answers
-        on the caption and on the image as one stream of jobs). The results are the same: each batch
-        runs the same kernels, in the same order on its own data. Profiled runners (``profile``) keep the
-        stages apart to time them.
+        on the caption and on the image as one stream of jobs). The host's work between batches runs
+        while the device has work: a job's result (its outputs turned into lists) is made and yielded
+        while the next job's encoder runs, before that job decodes; the job after is fetched and its
+        encoder queued (`_Between`) once the current batch's first step is queued. So a job's result
+        is yielded before the job two after it is fetched (`qace.engine.engine.Runner`: a stage may be
+        built from an earlier stage's outputs). The results are the same: each batch runs the same
+        kernels, in the same order on its own data. Profiled runners (``profile``) keep the stages
+        apart to time them.
         """
         it = iter(jobs)
         upcoming = next(it, None)
@@ -127,31 +132,50 @@ class TorchRunner:
                 upcoming = next(it, None)
             return
         main = torch.cuda.current_stream(first.device)
-        job: tuple[TorchRunner, K, TextBatch | VisualBatch, int | None] | None = upcoming
-        encoded = first._encode_aside(upcoming[2], main)
+        job: _Job[K] | None = upcoming
+        encoded = first._encode_aside(upcoming[2], main, max_new_tokens)
+        behind: tuple[K, _Outputs] | None = None  # the job before: copied to the host, not yet lists
         while job is not None:
             runner, key, batch, unanswerable_id = job
-            hidden, mask, ready = encoded
+            hidden, mask, forced, ready = encoded
             main.wait_event(ready)
-            job = next(it, None)
-            if job is not None:
-                encoded = job[0]._encode_aside(job[2], main)
-            yield key, runner._decode(batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id)
+            if behind is not None:  # while this job's encoder runs
+                yield behind[0], behind[1].result()
+            between = _Between(it, main, max_new_tokens)
+            outputs = runner._decode(
+                batch, hidden, mask, 0.0, max_new_tokens, unanswerable_id, between, forced
+            )
+            between()  # nothing where the decoder called it
+            behind = key, outputs
+            job, encoded = between.upcoming, between.encoded
+        if behind is not None:
+            yield behind[0], behind[1].result()
 
     def _encode_aside(
-        self, batch: TextBatch | VisualBatch, main: torch.cuda.Stream
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+        self, batch: TextBatch | VisualBatch, main: torch.cuda.Stream, max_new_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.cuda.Event]:
         """Queue ``batch``'s encoder on this runner's side stream, after what ``main`` has queued so far
-        (a visual batch's features are gathered there); its outputs are marked as used on ``main``."""
+        (a visual batch's features are gathered there), and a benchmark's forced outputs (`_forced`)
+        with it; its outputs are marked as used on ``main``."""
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
             hidden, mask = self.encode(batch)
+            forced = self._forced(batch, max_new_tokens)
             ready = self._side.record_event()
-        hidden.record_stream(main)
-        mask.record_stream(main)
-        return hidden, mask, ready
+        for tensor in (hidden, mask) if forced is None else (hidden, mask, forced):
+            tensor.record_stream(main)
+        return hidden, mask, forced, ready
+
+    def _forced(self, batch: TextBatch | VisualBatch, max_new_tokens: int) -> torch.Tensor | None:
+        """A benchmark's forced outputs of ``batch`` on the device (`qace.engine.instrument`'s
+        ``force_tokens``), or None. Streamed jobs make them while the batch before decodes, as they
+        build its inputs: a real run chooses its tokens on the device, so they cost its host nothing."""
+        force = instrument.of(self).force_tokens
+        if force is None:
+            return None
+        return to_device(np.asarray(force(batch, max_new_tokens), dtype=np.int64), self.device)
 
     def _decode(
         self,
@@ -161,22 +185,75 @@ class TorchRunner:
         start: float,
         max_new_tokens: int,
         unanswerable_id: int | None,
-    ) -> Generated:
+        meanwhile: Callable[[], object] | None = None,
+        forced: torch.Tensor | None = None,
+    ) -> _Outputs:
+        """Decode ``batch`` from its encoder's outputs; ``forced``: its `_forced` outputs, made already
+        (else made here)."""
         hooks = instrument.of(self)
         encoded = self._clock(hooks.profile)
-        forced = None
-        if hooks.force_tokens is not None:
-            wanted = np.asarray(hooks.force_tokens(batch, max_new_tokens), dtype=np.int64)
-            forced = to_device(wanted, self.device)
+        if forced is None:
+            forced = self._forced(batch, max_new_tokens)
         tokens, answerability = self.decoder.generate(
-            hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
+            hidden,
+            mask,
+            max_new_tokens=max_new_tokens,
+            unanswerable_id=unanswerable_id,
+            forced=forced,
+            meanwhile=meanwhile,
         )
         if hooks.profile is not None:
             hooks.profile.seconds["encoder"] += encoded - start
             hooks.profile.seconds["decoder"] += self._clock(hooks.profile) - encoded
         self.stats["sequences"] += mask.shape[0]
         self.stats["encoder_tokens"] += mask.numel()
+        return _Outputs(tokens, answerability, self.decoder.eos_id)
+
+
+_Job = tuple[TorchRunner, K, TextBatch | VisualBatch, int | None]
+
+
+class _Between(Generic[K]):
+    """The host's work between two batches of `TorchRunner.generate_jobs`, done once the current
+    batch's first step is queued (the decoder's ``meanwhile``), so the device has work meanwhile: the
+    next job fetched (a visual batch's features gathered, a stage built) and its encoder queued on its
+    side stream."""
+
+    def __init__(self, jobs: Iterator[_Job[K]], main: torch.cuda.Stream, max_new_tokens: int):
+        self.jobs, self.main, self.max_new_tokens = jobs, main, max_new_tokens
+        self.upcoming: _Job[K] | None = None
+        self.encoded: Any = None
+        self.done = False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.upcoming = next(self.jobs, None)
+        if self.upcoming is not None:
+            self.encoded = self.upcoming[0]._encode_aside(self.upcoming[2], self.main, self.max_new_tokens)
+
+
+class _Outputs:
+    """A batch's decoder outputs on their way to the host: the copies are queued on the current stream
+    (into pinned memory on CUDA, so they do not hold the host), and `result` waits for them and turns
+    them into a `Generated`. `TorchRunner.generate_jobs` calls it while the next batch's encoder runs."""
+
+    def __init__(self, tokens: torch.Tensor, answerability: torch.Tensor | None, eos_id: int) -> None:
+        self.eos_id = eos_id
+        self.tokens = tokens.to("cpu", non_blocking=True)
+        self.answerability = (
+            None if answerability is None else answerability.double().to("cpu", non_blocking=True)
+        )
+        self.copied: torch.cuda.Event | None = None
+        if tokens.is_cuda:
+            self.copied = torch.cuda.Event()  # on the copy's device, which need not be the current one
+            self.copied.record(torch.cuda.current_stream(tokens.device))
+
+    def result(self) -> Generated:
+        if self.copied is not None:
+            self.copied.synchronize()
         return Generated(
-            tokens=cut_at_eos(tokens.cpu().numpy(), self.decoder.eos_id),
-            answerability=None if answerability is None else answerability.double().cpu().numpy(),
+            tokens=cut_at_eos(self.tokens.numpy(), self.eos_id),
+            answerability=None if self.answerability is None else self.answerability.numpy(),
         )

@@ -1,14 +1,16 @@
 """One chunk of records through the metric: candidates -> questions -> answers -> comparisons -> scores.
 
 Each stage is a function of the previous stage's output, run once for the whole chunk, so the engine
-can batch and de-duplicate across captions. Nothing reaches back to an earlier stage.
+can batch and de-duplicate across captions; a chunk parsed in two parts asks and answers part by part
+in one run (each part's answers are built while the device asks the next part's questions), and
+compares all of it at once. Nothing reaches back to an earlier stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -21,6 +23,7 @@ from qace.engine.engine import (
     NO_LOCK,
     BatchLimits,
     Stage,
+    StageOutput,
     deferred_stage,
     run_stages,
     text_stage,
@@ -110,75 +113,111 @@ def score_chunk(
         ) as st:
             yield st
 
-    with timer("questions"):
-        outputs = run_stages(
-            [
-                questions_of(0),
-                *(deferred_stage(models.qg, None, partial(questions_of, k)) for k in range(1, len(parts))),
-            ],
-            models.device_lock,
-            max_new_tokens=MAX_NEW_TOKENS,
-        )
-    for part, qg in zip(owners, outputs, strict=True):
-        for (item, answer), text, cut in zip(part, qg.texts, qg.truncated, strict=True):
-            question = clean_question(text)
-            if cut:
-                item.flags.add("truncated_input")
-            if question not in item.questions:
-                item.questions.append(question)
-                item.sources.append(answer)
+    asked: dict[int, list[CaptionWork]] = {}
 
-    # answers on the caption and on every context: one text-QA pass (and, for QACE-Img, the visual
-    # pass, streamed after it as one run, so their batches overlap on the device)
-    text_pairs = [(item, q, item.record.caption) for item in work for q in item.questions]
-    if config.variant == "ref":
-        text_pairs += [(item, q, ctx) for item in work for ctx in item.contexts for q in item.questions]
-    stages = [
-        text_stage(
+    def part_asked(k: int, qg: StageOutput) -> list[CaptionWork]:
+        """Part ``k``'s captions, their questions taken from the question stage's output (once)."""
+        if k not in asked:
+            for (item, answer), text, cut in zip(owners[k], qg.texts, qg.truncated, strict=True):
+                question = clean_question(text)
+                if cut:
+                    item.flags.add("truncated_input")
+                if question not in item.questions:
+                    item.questions.append(question)
+                    item.sources.append(answer)
+            asked[k] = [work[at] for at in parts[k][0]]
+        return asked[k]
+
+    # answers on the caption and on every context: a text-QA stage (and, for QACE-Img, a visual stage)
+    # per part, over its captions' questions in (caption, context, question) order
+    text_pairs: list[list[tuple[CaptionWork, str, str]]] = [[] for _ in parts]
+    visual_pairs: list[list[tuple[CaptionWork, str]]] = [[] for _ in parts]
+
+    def text_answers(k: int, qg: StageOutput) -> AbstractContextManager[Stage]:
+        items = part_asked(k, qg)
+        pairs = [(item, q, item.record.caption) for item in items for q in item.questions]
+        if config.variant == "ref":
+            pairs += [(item, q, ctx) for item in items for ctx in item.contexts for q in item.questions]
+        text_pairs[k] = pairs
+        return text_stage(
             models.tqa,
             models.tqa_tokenizer,
             TQA_TEMPLATE,
-            [(q, ctx) for _, q, ctx in text_pairs],
+            [(q, ctx) for _, q, ctx in pairs],
             unanswerable_id=models.tqa_unanswerable,
             desc="answers",
             **text_run,
         )
-    ]
-    visual_pairs = [(item, q) for item in work for q in item.questions] if config.variant == "img" else []
-    if config.variant == "img":
-        stages.append(
-            visual_stage(
-                models.vqa,
-                models.vqa_tokenizer,
-                [q for _, q in visual_pairs],
-                [item.record.image_id or "" for item, _ in visual_pairs],
-                features.get if features is not None else None,
-                encode_questions=partial(visual_question_inputs, models.vqa_tokenizer, compose=True),
-                limits=limits,
-                unanswerable_id=models.vqa_unanswerable,
-                progress=progress,
-            )
+
+    def visual_answers(k: int, qg: StageOutput) -> AbstractContextManager[Stage]:
+        visual_pairs[k] = [(item, q) for item in part_asked(k, qg) for q in item.questions]
+        return visual_stage(
+            models.vqa,
+            models.vqa_tokenizer,
+            [q for _, q in visual_pairs[k]],
+            [item.record.image_id or "" for item, _ in visual_pairs[k]],
+            features.get if features is not None else None,
+            encode_questions=partial(visual_question_inputs, models.vqa_tokenizer, compose=True),
+            limits=limits,
+            unanswerable_id=models.vqa_unanswerable,
+            progress=progress,
         )
-    with timer("answers"):
-        tqa, *visual = run_stages(stages, models.device_lock, max_new_tokens=MAX_NEW_TOKENS)
-    for t in np.flatnonzero(tqa.truncated).tolist():  # rare: no loop over a chunk's 35,000 pairs
-        text_pairs[t][0].flags.add("truncated_input")
-    n_self = sum(len(item.questions) for item in work)
-    own_answers = filter_stopwords_all(tqa.texts[:n_self])
-    if config.variant == "ref":
-        ctx_answers = filter_stopwords_all(tqa.texts[n_self:])
+
+    answer_stages: list[tuple[Any, int | None, Callable[[int, StageOutput], AbstractContextManager[Stage]]]]
+    answer_stages = [(models.tqa, models.tqa_unanswerable, text_answers)]
+    if config.variant == "img":
+        answer_stages.append((models.vqa, models.vqa_unanswerable, visual_answers))
+    question_stages = [
+        questions_of(0),
+        *(deferred_stage(models.qg, None, partial(questions_of, k)) for k in range(1, len(parts))),
+    ]
+    run = partial(run_stages, device_lock=models.device_lock, max_new_tokens=MAX_NEW_TOKENS)
+    if len(parts) == 1:  # the answers need every question: a run of their own
+        with timer("questions"):
+            (qg,) = run(question_stages)
+        with timer("answers"):
+            answers = run([make(0, qg) for _, _, make in answer_stages])
+    else:  # a part's answers are built while the device asks the next part's questions, in one run
+        with timer("questions and answers"):
+            answers = run(
+                question_stages
+                + [
+                    deferred_stage(runner, uid, partial(make, k), needs=(k,))
+                    for k in range(len(parts))
+                    for runner, uid, make in answer_stages
+                ]
+            )[len(parts) :]
+
+    # the parts' answers in part order: the chunk's captions in that order from here on
+    own_texts: list[str] = []
+    ctx_texts: list[str] = []
+    ctx_an_parts: list[np.ndarray] = []
+    roles = len(answer_stages)
+    for k in range(len(parts)):
+        tqa, *visual = answers[k * roles : (k + 1) * roles]
+        for t in np.flatnonzero(tqa.truncated).tolist():  # rare: no loop over a chunk's 35,000 pairs
+            text_pairs[k][t][0].flags.add("truncated_input")
+        n_self = sum(len(item.questions) for item in asked[k])
+        own_texts += tqa.texts[:n_self]
         assert tqa.answerability is not None
-        ctx_an = tqa.answerability[n_self:]
-    else:
-        (vqa,) = visual
-        for t in np.flatnonzero(vqa.truncated).tolist():
-            visual_pairs[t][0].flags.add("truncated_question")
-        ctx_answers = filter_stopwords_all(vqa.texts)
-        assert vqa.answerability is not None
-        ctx_an = vqa.answerability
+        if config.variant == "ref":
+            ctx_texts += tqa.texts[n_self:]
+            ctx_an_parts.append(tqa.answerability[n_self:])
+        else:
+            (vqa,) = visual
+            for t in np.flatnonzero(vqa.truncated).tolist():
+                visual_pairs[k][t][0].flags.add("truncated_question")
+            ctx_texts += vqa.texts
+            assert vqa.answerability is not None
+            ctx_an_parts.append(vqa.answerability)
+    own_answers = filter_stopwords_all(own_texts)
+    ctx_answers = filter_stopwords_all(ctx_texts)
+    ctx_an = np.concatenate(ctx_an_parts)
+    order = [at for positions, _ in parts for at in positions]
+    ordered = [work[at] for at in order]
 
     # comparisons, all pairs of the chunk at once
-    own_for_ctx = _align_own_answers(work, own_answers)
+    own_for_ctx = _align_own_answers(ordered, own_answers)
     from qace.kernels.token_f1 import token_f1
 
     # token F1 is host work and BERTScore mostly waits for the GPU, so F1 runs beside it in a helper thread
@@ -189,10 +228,10 @@ def score_chunk(
         with timer("token_f1"):  # only what is left of it once BERTScore is done
             f1 = f1_future.result()
 
-    shapes = [(len(item.contexts), len(item.questions)) for item in work]
+    shapes = [(len(item.contexts), len(item.questions)) for item in ordered]
     scores = caption_scores(f1, bs, ctx_an, shapes)
     rows, own_at, ctx_at = [], 0, 0
-    for item, (k, m), caption in zip(work, shapes, scores, strict=True):
+    for item, (k, m), caption in zip(ordered, shapes, scores, strict=True):
         row = _result_row(item, config, caption, signature)
         if config.explain:
             span = slice(ctx_at, ctx_at + k * m)
@@ -204,7 +243,10 @@ def score_chunk(
             )
         rows.append(row)
         own_at, ctx_at = own_at + m, ctx_at + k * m
-    return rows
+    in_order: list[dict[str, Any]] = [{} for _ in rows]
+    for at, row in zip(order, rows, strict=True):
+        in_order[at] = row
+    return in_order
 
 
 def _align_own_answers(work: Sequence[CaptionWork], own_answers: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ def stopwords() -> frozenset[str]:
 def filter_stopwords(text: str) -> str:
     """Lowercase, split on single spaces, drop stopwords and join the kept words with single spaces."""
     stop = stopwords()
-    return " ".join(word for word in text.lower().split(" ") if word not in stop)
+    return " ".join([word for word in text.lower().split(" ") if word not in stop])
 
 
 def filter_stopwords_all(texts: Sequence[str]) -> list[str]:

@@ -17,14 +17,14 @@ from benchmarks.workload import (
     pascal_workload,
     score_in_full_chunks,
 )
-from qace.api import _Tapered
+from qace.chunks import Tapered
 from tests.helpers import SHARED_DATA
 
 
 def test_profiled_passes_run_every_chunk_at_its_full_size() -> None:
     """One call longer than a chunk tapers (the reason for the helper); the helper makes calls of one
     full chunk each, the last one the rest."""
-    tapered, chunks = _Tapered(iter(range(4096)), 2048), []
+    tapered, chunks = Tapered(iter(range(4096)), 2048), []
     while chunk := tapered.next_chunk():
         chunks.append(len(chunk))
     assert chunks == [256, 512, 1024, 1152, 576, 288, 288]

@@ -159,6 +159,81 @@ def test_a_deferred_stage_is_built_when_the_run_reaches_it_and_gives_what_a_plai
     assert batches_before_built == [len(runner.batches)] and batches_before_built[0] > 1
 
 
+class FetchingAhead(EchoRunner):
+    """A runner whose `generate_jobs` fetches ``ahead`` jobs before it yields the first one's result, as
+    a stream that overlaps batches may."""
+
+    ahead = 2
+    fetched: list[object] = []
+    streams = 0
+
+    @classmethod
+    def generate_jobs(cls, jobs, *, max_new_tokens):
+        cls.streams += 1
+        it, queued = iter(jobs), []
+        while True:
+            while len(queued) < cls.ahead and (job := next(it, None)) is not None:
+                cls.fetched.append(job[1])
+                queued.append(job)
+            if not queued:
+                return
+            runner, key, batch, uid = queued.pop(0)
+            yield key, runner.generate(batch, max_new_tokens=max_new_tokens, unanswerable_id=uid)
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 2, 3])
+def test_a_stage_built_from_earlier_outputs_gives_what_a_run_after_them_gives(tokenizer, ahead) -> None:
+    """``needs``: the answers to part k's questions are built from them in the same run, and a last
+    stage from the stage just before it. Where the stream has fetched past the needed stage's last
+    batch without yielding it (there: two jobs or more ahead), the stream drains and a new one starts
+    there; either way every stage gives what it gives in runs of its own."""
+    prompts = _prompts()
+    parts = [prompts[:20], prompts[20:34], prompts[34:]]
+    limits = BatchLimits(max_batch_tokens=64, max_batch_rows=4)
+    runner = EchoRunner() if ahead == 0 else FetchingAhead()
+    FetchingAhead.ahead, FetchingAhead.fetched = ahead, []
+
+    def stage(rows: list[str]):
+        return text_stage(runner, tokenizer, "{}", [(p,) for p in rows], max_input_tokens=512, limits=limits,
+                          unanswerable_id=5)  # fmt: skip
+
+    def from_texts(out):  # a stage whose prompts are an earlier stage's outputs
+        return stage([f"{t} ?" for t in out.texts])
+
+    first = run_stages([stage(p) for p in parts], max_new_tokens=MAX_NEW_TOKENS)
+    then = run_stages([from_texts(out) for out in first], max_new_tokens=MAX_NEW_TOKENS)
+    (last,) = run_stages([from_texts(then[-1])], max_new_tokens=MAX_NEW_TOKENS)
+    built: list[int] = []
+    FetchingAhead.fetched, FetchingAhead.streams, generated_before = [], 0, len(runner.batches)
+
+    def answers(k: int, out):
+        built.append(k)
+        return from_texts(out)
+
+    one_run = run_stages(
+        [stage(parts[0]), *(deferred_stage(runner, 5, lambda p=p: stage(p)) for p in parts[1:])]
+        + [deferred_stage(runner, 5, lambda out, k=k: answers(k, out), needs=(k,)) for k in range(3)]
+        + [deferred_stage(runner, 5, from_texts, needs=(5,))],
+        max_new_tokens=MAX_NEW_TOKENS,
+    )
+    assert built == [0, 1, 2]
+    assert FetchingAhead.streams == (0 if ahead == 0 else 1 if ahead == 1 else 2)
+    for got, want in zip(one_run, [*first, *then, last], strict=True):
+        assert got.texts == want.texts and got.truncated == want.truncated
+        np.testing.assert_array_equal(got.answerability, want.answerability)
+    if ahead:  # every batch fetched once, none twice, across however many streams
+        keys = [repr(key) for key in FetchingAhead.fetched]
+        assert len(keys) == len(set(keys)) == len(runner.batches) - generated_before
+
+
+def test_a_stage_can_need_only_stages_before_it(tokenizer) -> None:
+    limits = BatchLimits(max_batch_tokens=64, max_batch_rows=4)
+    runner = EchoRunner()
+    plain = text_stage(runner, tokenizer, "{}", [("a dog",)], max_input_tokens=512, limits=limits)
+    with pytest.raises(ValueError, match="only stages before it"):
+        run_stages([plain, deferred_stage(runner, None, lambda out: plain, needs=(1,))], max_new_tokens=3)
+
+
 def test_a_deferred_stage_must_be_built_with_its_runner(tokenizer) -> None:
     limits = BatchLimits(max_batch_tokens=64, max_batch_rows=4)
     built = text_stage(EchoRunner(), tokenizer, "{}", [("a dog",)], max_input_tokens=512, limits=limits)

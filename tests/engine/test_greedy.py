@@ -86,3 +86,19 @@ def test_eos_lengths_stop_at_any_eos_id_or_minus_one_and_say_which_rows_ran_out(
     lengths, stopped = eos_lengths(out, 1)
     assert lengths.tolist() == [4, 4, 2, 1] and stopped.tolist() == [False, False, True, True]
     assert cut_at_eos(out, 1) == [[4, 2, 5, 2], [4, 5, 6, 7], [9, 7], [3]]
+
+
+def test_meanwhile_runs_once_after_the_first_step() -> None:
+    steps = Scripted(NumpyArrays())
+    seen: list[int] = []
+    out, _ = greedy_decode(
+        steps,
+        len(PLANNED),
+        start_id=0,
+        eos_id=EOS,
+        max_new_tokens=7,
+        meanwhile=lambda: seen.append(len(steps.fed)),
+    )
+    assert seen == [1]  # once, with the first step run and no later one
+    plain, _ = greedy_decode(Scripted(NumpyArrays()), len(PLANNED), start_id=0, eos_id=EOS, max_new_tokens=7)
+    assert np.array_equal(out, plain)

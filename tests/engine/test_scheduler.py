@@ -85,3 +85,8 @@ def test_cut_at_eos_keeps_ids_before_the_first_eos(seed):
         ids = row[row >= 0].tolist()
         expected.append(ids[: ids.index(1)] if 1 in ids else ids)
     assert cut_at_eos(out, eos_id=1) == expected
+    assert all(type(i) is int for row in cut_at_eos(out, eos_id=1) for i in row)
+
+
+def test_cut_at_eos_of_no_rows():
+    assert cut_at_eos(np.zeros((0, 5), dtype=np.int64), eos_id=1) == []

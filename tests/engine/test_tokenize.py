@@ -86,9 +86,9 @@ def test_decode_only_pad_eos_keeps_unknown_tokens() -> None:
     ids = tokenizer("a dog { 狗 runs")["input_ids"]
     assert tokenizer.unk_token_id in ids  # the tokenizer does emit <unk>
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    rows = [[pad, *ids, pad, pad], [pad, eos], [tokenizer.unk_token_id, eos]]
-    kept = decode(tokenizer, rows, only_pad_eos=True)
-    assert kept == ["a dog { <unk> runs", "", "<unk>"]
+    rows = [[pad, *ids, pad, pad], [pad, eos], [tokenizer.unk_token_id, eos], ids[:-1], np.asarray(ids)]
+    kept = decode(tokenizer, rows, only_pad_eos=True)  # rows with and without those ids, and an array
+    assert kept == ["a dog { <unk> runs", "", "<unk>", "a dog { <unk> runs", "a dog { <unk> runs"]
     assert decode(tokenizer, rows) == [
         t.strip() for t in tokenizer.batch_decode(rows, skip_special_tokens=True)
     ]

@@ -10,6 +10,7 @@ from qace.engine.batches import TextBatch, VisualBatch
 from qace.engine.scheduler import pad_batch
 from qace.engine.torch_runner import TorchRunner
 from qace.families import torch_runner
+from qace.families.t5.decode_graphs import first_reads
 from qace.models.loading import load_seq2seq, load_visual_t5
 from qace.models.visual_inputs import visual_question_inputs
 
@@ -73,5 +74,95 @@ def test_jobs_of_two_models_stream_as_one(test_models_dir, device: str) -> None:
     assert [key for key, _ in streamed] == [key for _, key, _, _ in jobs]
     for (_, got), (runner, _, batch, uid) in zip(streamed, jobs, strict=True):
         want = runner.generate(batch, max_new_tokens=12, unanswerable_id=uid)
+        assert got.tokens == want.tokens
+        np.testing.assert_array_equal(got.answerability, want.answerability)
+
+
+@pytest.mark.gpu
+def test_the_host_work_between_batches_runs_once_the_next_step_is_queued(
+    test_models_dir, monkeypatch
+) -> None:
+    """The next job is fetched after the current batch's first steps are queued (`first_reads`), not
+    before them: the device has those steps to run meanwhile."""
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device="cuda")
+    batches = _text_batches(tokenizer, 3)
+    runner = torch_runner(model, device="cuda")
+    one_by_one = [runner.generate(batch, max_new_tokens=12, unanswerable_id=5) for _, batch in batches]
+    replays: list[object] = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: replays.append(graph) or replay(graph))
+    pulled: list[int] = []
+
+    def jobs():
+        for index, batch in batches:
+            pulled.append(len(replays))
+            yield runner, index, batch, 5
+
+    graphs = runner.decoder._graphs
+    first = first_reads(graphs._steps_run, 12)  # steps queued first, from the batch before's length
+    streamed = list(TorchRunner.generate_jobs(jobs(), max_new_tokens=12))
+    assert pulled[:2] == [0, first]  # the second job once the first batch's first steps were queued
+    assert pulled[2] > pulled[1]  # the third after the second batch's first steps too
+    for (_, got), want in zip(streamed, one_by_one, strict=True):
+        assert got.tokens == want.tokens
+        np.testing.assert_array_equal(got.answerability, want.answerability)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_streamed_jobs_decode_their_own_forced_outputs(test_models_dir, device: str) -> None:
+    """A benchmark's forced outputs (`qace.engine.instrument`'s ``force_tokens``) are made for each job
+    as its encoder is queued (on a GPU while the job before decodes): each batch gets its own."""
+    from qace.engine import instrument
+
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device=device)
+    runner = torch_runner(model, device=device)
+    eos = tokenizer.eos_token_id
+
+    def force(batch, steps):  # row i of a batch of n rows: i + n, then i + 10, then EOS
+        n = len(batch.input_ids)
+        out = np.full((n, steps), eos, dtype=np.int64)
+        out[:, 0], out[:, 1] = np.arange(n) + n + 10, np.arange(n) + 10
+        return out
+
+    batches = _text_batches(tokenizer, 4)
+    with instrument.attached(runner, force_tokens=force):
+        jobs = ((runner, index, batch, 5) for index, batch in batches)
+        streamed = list(TorchRunner.generate_jobs(jobs, max_new_tokens=6))
+    for (_, got), (_, batch) in zip(streamed, batches, strict=True):
+        n = len(batch.input_ids)
+        assert got.tokens == [[i + n + 10, i + 10] for i in range(n)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_result_is_yielded_before_the_job_two_after_it_is_fetched(test_models_dir, device: str) -> None:
+    """The order a stage built from an earlier stage's outputs relies on (`qace.engine.engine.Runner`):
+    when job ``i + 2`` is fetched, the results of jobs up to ``i`` have been yielded."""
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device=device)
+    runner = torch_runner(model, device=device)
+    events: list[tuple[str, int]] = []
+
+    def jobs():
+        for i, (_, batch) in enumerate(_text_batches(tokenizer, 5)):
+            events.append(("fetched", i))
+            yield runner, i, batch, 5
+
+    for i, _ in TorchRunner.generate_jobs(jobs(), max_new_tokens=12):
+        events.append(("yielded", i))
+    assert sorted(events) == sorted([("fetched", i) for i in range(5)] + [("yielded", i) for i in range(5)])
+    for i in range(3):
+        assert events.index(("yielded", i)) < events.index(("fetched", i + 2)), events
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_streamed_jobs_on_a_device_that_is_not_current(test_models_dir) -> None:
+    """Each batch's copy to the host is waited for on its model's device, not the current one."""
+    model, tokenizer = load_seq2seq(str(test_models_dir / "tqa"), role="TQA", device="cuda:1")
+    runner = torch_runner(model, device="cuda:1")
+    batches = _text_batches(tokenizer, 3)
+    one_by_one = [runner.generate(batch, max_new_tokens=12, unanswerable_id=5) for _, batch in batches]
+    assert torch.cuda.current_device() == 0
+    jobs = ((runner, index, batch, 5) for index, batch in batches)
+    for (_, got), want in zip(TorchRunner.generate_jobs(jobs, max_new_tokens=12), one_by_one, strict=True):
         assert got.tokens == want.tokens
         np.testing.assert_array_equal(got.answerability, want.answerability)

@@ -51,7 +51,7 @@ def _records(n: int) -> list[dict]:
 def test_rows_equal_the_single_process_design(
     test_models_dir: Path, variant: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Lists are cut alike by both designs (`qace.api._Tapered`), so their rows are equal, also while
+    """Lists are cut alike by both designs (`qace.chunks.Tapered`), so their rows are equal, also while
     host processes start (the first chunks run in this process) and once they are ready; input of at
     most `HOST_MIN_CHUNKS` chunks starts no process, longer input starts them and says so, and input of
     one chunk is scored in this process even once they are ready. Beside the host processes the parse

@@ -20,7 +20,13 @@ CTranslate2 do the same for their decode steps). What that takes:
   16, then all): a bucket has one graph per window, so the first steps, and all of a three-token
   answer, do not read the empty rest of a 31-position cache (2.3 GB a step for 2,048 T5-base rows);
 - the step's position, the tokens fed back, the ended flags and the outputs are device tensors the
-  graph updates itself, so the host only replays and checks once a step whether all rows ended;
+  graph updates itself, so the host only replays and reads once a step how many rows have not ended;
+- that read need not hold the next step back: the count is copied to pinned memory behind each step,
+  and while rows end slowly (`queue_ahead`) the next step is queued before the current one's count
+  arrives, the host waiting on the step before, so the GPU has a step queued. Near the end the host
+  waits for each step's count. A step queued after every row has ended changes nothing (ended rows
+  write ``-1``, which the outputs already hold), so the outputs never depend on this; it costs a step
+  only when the rows left all end at once;
 - a QA model's first step has a graph of its own that also writes the answerability of its logits to a
   static buffer, so no graph keeps its logits (a 2,048-row bucket's are 263 MB) and any number of
   buckets can be captured;
@@ -84,6 +90,34 @@ class StepDecoder(Protocol):
         self_bias: torch.Tensor,
         ended: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
+
+
+AHEAD_ROWS = 8
+"""The next step is queued ahead only while more rows than this are left (`queue_ahead`)."""
+
+
+def queue_ahead(before: int | None, left: int) -> bool:
+    """Whether to queue the next step before the current step's count of rows left is read, given the
+    rows left after the step before it (``left``) and a step earlier (``before``; None: not known).
+    Yes while more than `AHEAD_ROWS` are left and more than twice as many as the step before ended:
+    at the rate rows end, the current step is unlikely to end them all, and a step queued after every
+    row ended costs a whole step."""
+    return before is not None and left > AHEAD_ROWS and left > 2 * (before - left)
+
+
+def _ended_after(ended: torch.Tensor, bucket: int, live: int, read: int) -> int:
+    """How many steps ran until every row had ended, given each step's count of ended rows (``ended``,
+    up to step ``read``, whose count is the bucket's) and the last step read with rows left (``live``):
+    the first step after ``live`` whose count is the bucket's, plus one."""
+    return next(j for j in range(live + 1, read + 1) if int(ended[j]) == bucket) + 1
+
+
+def first_reads(steps_before: int, steps: int) -> int:
+    """How many steps to queue before the first count of rows left is read and the host's work between
+    batches runs (the decoder's ``meanwhile``): half the steps the batch before ran until its rows had
+    ended (a model's outputs have similar lengths from batch to batch), at least one. A step queued
+    after every row ended costs a whole step; a host with nothing queued leaves the device idle."""
+    return max(1, min(steps, steps_before // 2))
 
 
 LENGTH_STEP = 16
@@ -194,6 +228,8 @@ class GraphedDecoding:
         self._store: _Storage | None = None
         self._views: dict[tuple[int, int, bool, int | None], _View] = {}
         self._pool: Any = None
+        self._left: tuple[torch.Tensor, list[torch.cuda.Event]] | None = None
+        """A pinned host slot per step for its count of ended rows, and two events (alternate steps)."""
         self._stream: torch.cuda.Stream | None = None
         """The one stream every capture runs on: the caching allocator reuses a block only on the stream
         it was allocated on, so with a stream per capture no graph could reuse the intermediates another
@@ -201,6 +237,8 @@ class GraphedDecoding:
         self.captures = 0
         """Bucket shapes captured so far (each once, again only when storage grows), one graph per
         self-attention window each (and one for a QA model's first step)."""
+        self._steps_run = 0
+        """The steps the last batch ran until its rows had ended (`first_reads`)."""
 
     def generate(
         self,
@@ -210,6 +248,7 @@ class GraphedDecoding:
         max_new_tokens: int,
         unanswerable_id: int | None,
         forced: torch.Tensor | None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same contract as `StaticT5Decoder.generate` (``-1`` after a row ended).
 
@@ -218,7 +257,7 @@ class GraphedDecoding:
         """
         with torch.cuda.device(hidden.device):
             view = self._load(hidden, mask, max_new_tokens, forced, unanswerable_id)
-            return self._run(view, mask.shape[0], max_new_tokens, unanswerable_id)
+            return self._run(view, mask.shape[0], max_new_tokens, meanwhile)
 
     @torch.inference_mode()
     def prepare(
@@ -290,12 +329,23 @@ class GraphedDecoding:
         return view
 
     def _run(
-        self, view: _View, rows: int, steps: int, unanswerable_id: int | None
+        self, view: _View, rows: int, steps: int, meanwhile: Callable[[], object] | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Replay the step until every row has ended (or ``steps`` ran out)."""
+        """Replay the step until every row has ended (or ``steps`` ran out). The first `first_reads`
+        steps are queued before any count of rows left is read, then ``meanwhile`` runs (the device has
+        those steps to run while the host does it); after that the next step is queued before the
+        current one's count is read where `queue_ahead` says so. Each step's count has a slot of its
+        own, so the steps the batch ran until its rows had ended are known exactly for the next batch."""
         dec = self.dec
         answerability = None
         sizes = windows(steps)
+        ended, events = self._ended_counts(steps)
+        bucket = view.finished.shape[0]
+        first = first_reads(self._steps_run, steps)
+        before, left = None, rows  # rows left after the last two steps whose counts were read
+        live = -1  # the last step whose count was read with rows left
+        unread = False  # the step before was queued ahead of reading its count
+        ran = steps
         for step in range(steps):
             if step == 0 and view.first_step is not None:
                 view.first_step.replay()
@@ -303,9 +353,41 @@ class GraphedDecoding:
             else:
                 view.graphs[next(w for w in sizes if step < w)].replay()
             dec.row_steps += view.token.shape[0]
-            if bool(view.finished.all()):
+            ended[step].copy_(view.finished.sum(), non_blocking=True)
+            events[step % 2].record()
+            if step + 1 == first and meanwhile is not None:
+                meanwhile()
+            if step + 1 == steps:
                 break
+            if step + 1 < first:
+                unread = True
+                continue
+            if unread:  # read the step before first; this one is queued behind it
+                events[1 - step % 2].synchronize()
+                before, left, unread = left, bucket - int(ended[step - 1]), False
+                if left == 0:
+                    ran = _ended_after(ended, bucket, live, step - 1)
+                    break
+                live = step - 1
+            if queue_ahead(before, left):
+                unread = True
+                continue
+            events[step % 2].synchronize()
+            before, left = left, bucket - int(ended[step])
+            if left == 0:
+                ran = _ended_after(ended, bucket, live, step)
+                break
+            live = step
+        self._steps_run = ran
         return view.out[:rows].clone(), answerability
+
+    def _ended_counts(self, steps: int) -> tuple[torch.Tensor, list[torch.cuda.Event]]:
+        if self._left is None or self._left[0].shape[0] < steps:
+            self._left = (
+                torch.zeros(max(steps, 64), dtype=torch.long, pin_memory=True),
+                [torch.cuda.Event(), torch.cuda.Event()],
+            )
+        return self._left
 
     def _reserve(self, rows: int, tokens: int, steps: int, like: torch.Tensor) -> None:
         """Storage for at least ``rows`` rows and ``tokens`` encoder positions; growing it drops the

@@ -222,8 +222,10 @@ class StaticT5Decoder:
         max_new_tokens: int,
         unanswerable_id: int | None = None,
         forced: torch.Tensor | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Greedy tokens ``(B, max_new_tokens)`` (``-1`` after a row ended) and first-step answerability.
+        ``meanwhile``: see `qace.engine.seq2seq.Decoder.generate`.
 
         ``forced`` (benchmarks only, ``(B, max_new_tokens)``) replaces each step's argmax, so random-weight
         models can be timed on realistic outputs (varied, EOS-terminated) with all the work still done.
@@ -232,7 +234,12 @@ class StaticT5Decoder:
         """
         if self.cuda_graphs and hidden.is_cuda:
             return self.graphed().generate(
-                hidden, mask, max_new_tokens=max_new_tokens, unanswerable_id=unanswerable_id, forced=forced
+                hidden,
+                mask,
+                max_new_tokens=max_new_tokens,
+                unanswerable_id=unanswerable_id,
+                forced=forced,
+                meanwhile=meanwhile,
             )
         return greedy_decode(
             _EagerSteps(self, hidden, mask, max_new_tokens),
@@ -242,6 +249,7 @@ class StaticT5Decoder:
             max_new_tokens=max_new_tokens,
             unanswerable_id=unanswerable_id,
             forced=forced,
+            meanwhile=meanwhile,
         )
 
     @staticmethod
