@@ -9,7 +9,9 @@ their host work (tokenising, decoding, comparing) overlaps.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -25,6 +27,12 @@ def bound_device(device: str | torch.device) -> torch.device:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
     return dev
+
+
+def current(device: torch.device) -> AbstractContextManager[object]:
+    """A context in which ``device`` is CUDA's current device (nothing for the CPU): kernels launched on
+    the current device (Triton's) then run where the model's weights are, whichever thread runs it."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def device_lock(device: str | torch.device) -> threading.RLock:

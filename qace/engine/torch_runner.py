@@ -12,7 +12,7 @@ import torch
 from qace.engine import instrument
 from qace.engine.batches import Generated, TextBatch, VisualBatch, cut_at_eos
 from qace.engine.device_features import DeviceFeatureCache
-from qace.engine.device_lock import bound_device
+from qace.engine.device_lock import bound_device, current
 from qace.engine.instrument import StageTimer
 from qace.engine.pinned_upload import to_device
 from qace.engine.seq2seq import Seq2SeqParts
@@ -69,10 +69,11 @@ class TorchRunner:
     def generate(
         self, batch: TextBatch | VisualBatch, *, max_new_tokens: int, unanswerable_id: int | None = None
     ) -> Generated:
-        """Greedy-decode every row of ``batch``."""
-        start = self._clock(instrument.of(self).profile)
-        hidden, mask = self.encode(batch)
-        return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id).result()
+        """Greedy-decode every row of ``batch``, with this runner's device current."""
+        with current(self.device):
+            start = self._clock(instrument.of(self).profile)
+            hidden, mask = self.encode(batch)
+            return self._decode(batch, hidden, mask, start, max_new_tokens, unanswerable_id).result()
 
     def warm_up(
         self,
@@ -87,15 +88,16 @@ class TorchRunner:
         batches of up to ``rows`` rows padded to ``length``, for each ``(rows, length)`` of ``shapes``, so
         that no later call pays for it; returns how many decoder batch shapes were new (0 on the CPU)."""
         shapes = list(shapes)
-        self.encoder.warm_up(max((rows * length for rows, length in shapes), default=0))
-        return self.decoder.warm_up(
-            shapes,
-            device=self.device,
-            steps=max_new_tokens,
-            forcing=instrument.of(self).force_tokens is not None,
-            unanswerable_id=unanswerable_id,
-            progress=progress,
-        )
+        with current(self.device):
+            self.encoder.warm_up(max((rows * length for rows, length in shapes), default=0))
+            return self.decoder.warm_up(
+                shapes,
+                device=self.device,
+                steps=max_new_tokens,
+                forcing=instrument.of(self).force_tokens is not None,
+                unanswerable_id=unanswerable_id,
+                progress=progress,
+            )
 
     @staticmethod
     def generate_jobs(

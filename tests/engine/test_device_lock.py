@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -48,3 +50,39 @@ def test_a_scorer_built_after_set_device_runs_from_a_new_thread(test_models_dir)
     thread.join()
     assert scorer.models.qg.device == torch.device("cuda", 1)
     assert [r["qace"] for r in there[0]] == [r["qace"] for r in here]
+
+
+def test_a_runner_makes_its_device_current_for_its_own_calls(monkeypatch) -> None:
+    """`generate` (the profiled and one-batch path) and `warm_up` run with the runner's device current,
+    so kernels that launch on the current device (Triton's) run where the weights are; the streamed
+    path gets it from its streams."""
+    inside: list[object] = []
+
+    @contextlib.contextmanager
+    def device(dev: torch.device) -> Iterator[None]:
+        inside.append(dev)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    seen: dict[str, list[object]] = {}
+
+    def note(name: str, result: object = None) -> Callable[..., object]:
+        def call(*args: object, **kwargs: object) -> object:
+            seen[name] = list(inside)
+            return result
+
+        return call
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    parts = SimpleNamespace(encoder=SimpleNamespace(warm_up=note("encoder.warm_up")), decoder=None)
+    parts.decoder = SimpleNamespace(warm_up=note("decoder.warm_up", 0))
+    runner = TorchRunner(None, parts, device="cuda:1")  # type: ignore[arg-type]
+    monkeypatch.setattr(runner, "encode", note("encode", (None, None)))
+    monkeypatch.setattr(runner, "_decode", note("_decode", SimpleNamespace(result=lambda: None)))
+    runner.generate(None, max_new_tokens=4)  # type: ignore[arg-type]
+    runner.warm_up([(8, 16)], max_new_tokens=4)
+    calls = ("encode", "_decode", "encoder.warm_up", "decoder.warm_up")
+    assert seen == {name: [torch.device("cuda", 1)] for name in calls}
+    assert inside == []
