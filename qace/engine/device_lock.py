@@ -9,9 +9,8 @@ their host work (tokenising, decoding, comparing) overlaps.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -32,7 +31,7 @@ def bound_device(device: str | torch.device) -> torch.device:
 def current(device: torch.device) -> AbstractContextManager[object]:
     """A context in which ``device`` is CUDA's current device (nothing for the CPU): kernels launched on
     the current device (Triton's) then run where the model's weights are, whichever thread runs it."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def device_lock(device: str | torch.device) -> threading.RLock:
