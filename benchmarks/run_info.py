@@ -6,8 +6,11 @@ Contract:
 
 - ``record(module, argv, device=..., packages=...)`` gives ``{"command", "commit", "dirty", "gpu",
   "cpu", "versions"}``: the command that reruns the benchmark (``python -m <module> <argv>``), `commit`,
-  `gpu_name` of ``device`` (None on the CPU), the CPU (``name`` and ``count``), and `versions` of
-  python, torch, cuda and qace followed by ``packages``.
+  `gpu_name` of ``device`` (None on the CPU), the CPU (``name``: `cpu_name`, and ``count``), and
+  `versions` of python, torch, cuda and qace followed by ``packages``.
+- ``cpu_name()`` gives the CPU's model as the kernel names it (``/proc/cpuinfo``'s first ``model name``),
+  else ``platform.processor()``, else ``platform.machine()``: leases of one GPU kind come on hosts of
+  different CPUs, and a host-bound number (a small reward call, a parse) moves with them.
 - ``commit()`` gives ``{"commit": ..., "dirty": ...}``: the checkout's HEAD and whether tracked files
   differ from it, each None outside git. A copy of the tree whose git metadata is not its own (a GPU
   host's copy) names its commit in the ``QACE_COMMIT`` environment variable; then that is the commit and
@@ -52,7 +55,7 @@ def record(
         "command": shlex.join(["python", "-m", module, *args]),
         **commit(),
         "gpu": gpu_name(device),
-        "cpu": {"name": platform.processor() or platform.machine(), "count": os.cpu_count()},
+        "cpu": {"name": cpu_name(), "count": os.cpu_count()},
         "versions": versions(*BASE_VERSIONS, *(name for name in packages if name not in BASE_VERSIONS)),
     }
 
@@ -73,6 +76,18 @@ def commit() -> dict[str, str | bool | None]:
 
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
+
+
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model (see the module docstring); ``cpuinfo`` is the kernel's file, a parameter to test."""
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def gpu_name(device: str | None = None) -> str | None:

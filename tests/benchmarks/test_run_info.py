@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks import run_info
-from benchmarks.run_info import commit, gpu_name, record, versions
+from benchmarks.run_info import commit, cpu_name, gpu_name, record, versions
 from qace import __version__
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -55,13 +55,25 @@ def test_gpu_name_is_none_off_cuda() -> None:
         assert gpu_name() is None and gpu_name("cuda") is None
 
 
+def test_cpu_name_is_the_kernels_model_name_else_the_platforms(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: Vendor\nmodel name\t: Some CPU 9000 @ 3.0GHz\n\n"
+        "processor\t: 1\nmodel name\t: Some CPU 9000 @ 3.0GHz\n"
+    )
+    assert cpu_name(info) == "Some CPU 9000 @ 3.0GHz"
+    info.write_text("processor\t: 0\nmodel name\t:\n")  # no model named (some ARM hosts)
+    assert cpu_name(info) == (platform.processor() or platform.machine())
+    assert cpu_name(tmp_path / "absent") == (platform.processor() or platform.machine())
+
+
 def test_record_opens_a_benchmark_record(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QACE_COMMIT", "abc1234")
     info = record("benchmarks.x", ["--out", "a b.json"], device="cpu", packages=("numpy", "torch"))
     assert list(info) == ["command", "commit", "dirty", "gpu", "cpu", "versions"]
     assert info["command"] == "python -m benchmarks.x --out 'a b.json'"
     assert (info["commit"], info["dirty"], info["gpu"]) == ("abc1234", None, None)
-    assert info["cpu"]["count"] == os.cpu_count() and info["cpu"]["name"]
+    assert info["cpu"] == {"name": cpu_name(), "count": os.cpu_count()} and info["cpu"]["name"]
     assert list(info["versions"]) == ["python", "torch", "cuda", "qace", "numpy"]  # torch named once
 
 
