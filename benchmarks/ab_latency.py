@@ -18,7 +18,9 @@ record (``runs``) and ``summary``: for latency, per cell (``img_64``: variant an
 each tree's p50 in every round, their median and range, and the ratio of each tree's median to the first
 tree's; for the replay, the same of its median replay (``replay``, seconds) and of its kernels' time
 (``kernels``, ms: a change that queues more device work shows there). The spread between one tree's rounds
-is what a difference must exceed to be a difference (4-12% between single runs on an H200 lease).
+is what a difference must exceed to be a difference (docs/performance.md gives it for H200 leases). One
+tree may be named twice (``--tree main=.@C --tree again=.@C``): the gap between the two names is the
+lease's own, with no change of code behind it.
 """
 
 from __future__ import annotations
