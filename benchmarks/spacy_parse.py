@@ -289,7 +289,6 @@ def main(argv: list[str] | None = None) -> int:
     texts = captions(args.data_dir)[: args.captions]
     result = {
         **record("benchmarks.spacy_parse", argv, packages=("spacy", "thinc", "blis", "numpy")),
-        "cpu_model": _cpu_model(),
         "model": args.model,
         "task": args.task,
         "rounds": args.rounds,
@@ -304,15 +303,6 @@ def main(argv: list[str] | None = None) -> int:
     shown = ("speed", "agreement", "parallel")
     print(json.dumps({key: result[key] for key in shown}, indent=1))
     return 0
-
-
-def _cpu_model() -> str | None:
-    """The CPU's model name (Linux's /proc/cpuinfo), or None."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return None
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
 
 
 if __name__ == "__main__":
